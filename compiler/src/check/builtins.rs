@@ -1,0 +1,349 @@
+//! The built-in functions and values of the language, as data: the checker reads their signatures and
+//! `docs/language.md` lists them (a test keeps the two in step).
+
+use serde::Serialize;
+
+use super::types::{Elem, Level, Ty};
+
+/// Element-wise built-in functions. Arguments broadcast against each other (coarse → fine).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Func {
+    Exp,
+    Log,
+    Log1p,
+    Sqrt,
+    Sigmoid,
+    LogSigmoid,
+    Tanh,
+    Softplus,
+    Abs,
+    Floor,
+    Min,
+    Max,
+    Pow,
+    Clamp,
+    Where,
+    Stopgrad,
+    /// Cosine similarity of two vectors along their feature axis (`dim`): drops the axis.
+    Cos,
+}
+
+/// Reductions: `op(x over AXES)` removes the named axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReduceOp {
+    Sum,
+    Mean,
+    Max,
+    Min,
+    Std,
+    Var,
+    Count,
+    Any,
+    All,
+    LogSumExp,
+}
+
+/// Built-in values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Value {
+    Step,
+    Progress,
+    /// Responses in this group (after `keep resp` filters).
+    N,
+    RespIndex,
+    /// Valid tokens in this response.
+    Length,
+    TokenIndex,
+    Inf,
+}
+
+pub struct FuncSig {
+    pub func: Func,
+    pub name: &'static str,
+    pub params: &'static [&'static str],
+    /// How many trailing parameters may be omitted.
+    pub optional: usize,
+    pub doc: &'static str,
+}
+
+pub const FUNCS: &[FuncSig] = &[
+    FuncSig {
+        func: Func::Exp,
+        name: "exp",
+        params: &["x"],
+        optional: 0,
+        doc: "e^x",
+    },
+    FuncSig {
+        func: Func::Log,
+        name: "log",
+        params: &["x"],
+        optional: 0,
+        doc: "natural logarithm",
+    },
+    FuncSig {
+        func: Func::Log1p,
+        name: "log1p",
+        params: &["x"],
+        optional: 0,
+        doc: "log(1 + x), accurate near 0",
+    },
+    FuncSig {
+        func: Func::Sqrt,
+        name: "sqrt",
+        params: &["x"],
+        optional: 0,
+        doc: "square root",
+    },
+    FuncSig {
+        func: Func::Sigmoid,
+        name: "sigmoid",
+        params: &["x"],
+        optional: 0,
+        doc: "1 / (1 + e^-x)",
+    },
+    FuncSig {
+        func: Func::LogSigmoid,
+        name: "logsigmoid",
+        params: &["x"],
+        optional: 0,
+        doc: "log σ(x), computed stably",
+    },
+    FuncSig {
+        func: Func::Tanh,
+        name: "tanh",
+        params: &["x"],
+        optional: 0,
+        doc: "hyperbolic tangent",
+    },
+    FuncSig {
+        func: Func::Softplus,
+        name: "softplus",
+        params: &["x"],
+        optional: 0,
+        doc: "log(1 + e^x), computed stably",
+    },
+    FuncSig {
+        func: Func::Abs,
+        name: "abs",
+        params: &["x"],
+        optional: 0,
+        doc: "|x| (subgradient 0 at 0)",
+    },
+    FuncSig {
+        func: Func::Floor,
+        name: "floor",
+        params: &["x"],
+        optional: 0,
+        doc: "largest integer ≤ x (gradient 0)",
+    },
+    FuncSig {
+        func: Func::Min,
+        name: "min",
+        params: &["a", "b"],
+        optional: 0,
+        doc: "smaller of a and b; with `over`, a reduction",
+    },
+    FuncSig {
+        func: Func::Max,
+        name: "max",
+        params: &["a", "b"],
+        optional: 0,
+        doc: "larger of a and b; with `over`, a reduction",
+    },
+    FuncSig {
+        func: Func::Pow,
+        name: "pow",
+        params: &["base", "exponent"],
+        optional: 0,
+        doc: "base ^ exponent",
+    },
+    FuncSig {
+        func: Func::Clamp,
+        name: "clamp",
+        params: &["x", "lo", "hi"],
+        optional: 0,
+        doc: "min(max(x, lo), hi); gradient 1 inside [lo, hi], 0 outside",
+    },
+    FuncSig {
+        func: Func::Where,
+        name: "where",
+        params: &["cond", "yes", "no"],
+        optional: 0,
+        doc: "yes where cond holds, else no; the gradient flows through the chosen branch",
+    },
+    FuncSig {
+        func: Func::Stopgrad,
+        name: "stopgrad",
+        params: &["x"],
+        optional: 0,
+        doc: "x, with no gradient flowing through it",
+    },
+    FuncSig {
+        func: Func::Cos,
+        name: "cos",
+        params: &["a", "b"],
+        optional: 0,
+        doc: "cosine similarity of two vectors along their feature axis",
+    },
+];
+
+pub struct ReduceSig {
+    pub op: ReduceOp,
+    pub name: &'static str,
+    pub doc: &'static str,
+}
+
+pub const REDUCTIONS: &[ReduceSig] = &[
+    ReduceSig {
+        op: ReduceOp::Sum,
+        name: "sum",
+        doc: "Σ x",
+    },
+    ReduceSig {
+        op: ReduceOp::Mean,
+        name: "mean",
+        doc: "Σ x / count",
+    },
+    ReduceSig {
+        op: ReduceOp::Max,
+        name: "max",
+        doc: "largest element",
+    },
+    ReduceSig {
+        op: ReduceOp::Min,
+        name: "min",
+        doc: "smallest element",
+    },
+    ReduceSig {
+        op: ReduceOp::Std,
+        name: "std",
+        doc: "standard deviation; `ddof = 1` for Bessel's correction (default 0)",
+    },
+    ReduceSig {
+        op: ReduceOp::Var,
+        name: "var",
+        doc: "variance; `ddof` as for std",
+    },
+    ReduceSig {
+        op: ReduceOp::Count,
+        name: "count",
+        doc: "number of true elements (i32)",
+    },
+    ReduceSig {
+        op: ReduceOp::Any,
+        name: "any",
+        doc: "some element is true",
+    },
+    ReduceSig {
+        op: ReduceOp::All,
+        name: "all",
+        doc: "every element is true",
+    },
+    ReduceSig {
+        op: ReduceOp::LogSumExp,
+        name: "logsumexp",
+        doc: "log Σ e^x, computed stably",
+    },
+];
+
+pub struct ValueSig {
+    pub value: Value,
+    pub name: &'static str,
+    pub elem: Elem,
+    pub level: Level,
+    pub doc: &'static str,
+}
+
+pub const VALUES: &[ValueSig] = &[
+    ValueSig {
+        value: Value::Step,
+        name: "step",
+        elem: Elem::I32,
+        level: Level::Batch,
+        doc: "training step (0 when scoring)",
+    },
+    ValueSig {
+        value: Value::Progress,
+        name: "progress",
+        elem: Elem::F32,
+        level: Level::Batch,
+        doc: "fraction of training done, 0 → 1",
+    },
+    ValueSig {
+        value: Value::N,
+        name: "n",
+        elem: Elem::I32,
+        level: Level::Group,
+        doc: "responses in this group (after `keep resp`)",
+    },
+    ValueSig {
+        value: Value::RespIndex,
+        name: "resp_index",
+        elem: Elem::I32,
+        level: Level::Resp,
+        doc: "position of the response in its group, from 0",
+    },
+    ValueSig {
+        value: Value::Length,
+        name: "length",
+        elem: Elem::I32,
+        level: Level::Resp,
+        doc: "tokens in this response",
+    },
+    ValueSig {
+        value: Value::TokenIndex,
+        name: "token_index",
+        elem: Elem::I32,
+        level: Level::Tok,
+        doc: "position of the token in its response, from 0",
+    },
+    ValueSig {
+        value: Value::Inf,
+        name: "inf",
+        elem: Elem::F32,
+        level: Level::Batch,
+        doc: "+∞",
+    },
+];
+
+/// Axis-wise operations that keep the value's type.
+pub const AXIS_OPS: &[(&str, &str)] = &[
+    (
+        "softmax",
+        "softmax(x over AXIS, temperature = 1): normalised exponentials along a feature axis or `resp`",
+    ),
+    (
+        "scan",
+        "scan(x over tok, decay = 1, reverse = false): discounted running sum along each response",
+    ),
+];
+
+pub fn func(name: &str) -> Option<&'static FuncSig> {
+    FUNCS.iter().find(|sig| sig.name == name)
+}
+
+pub fn reduction(name: &str) -> Option<&'static ReduceSig> {
+    REDUCTIONS.iter().find(|sig| sig.name == name)
+}
+
+pub fn value(name: &str) -> Option<&'static ValueSig> {
+    VALUES.iter().find(|sig| sig.name == name)
+}
+
+pub fn value_ty(sig: &ValueSig) -> Ty {
+    Ty::new(sig.elem, sig.level)
+}
+
+/// Every name the language defines itself (for "did you mean" and shadowing checks).
+pub fn all_names() -> impl Iterator<Item = &'static str> {
+    FUNCS
+        .iter()
+        .map(|sig| sig.name)
+        .chain(REDUCTIONS.iter().map(|sig| sig.name))
+        .chain(VALUES.iter().map(|sig| sig.name))
+        .chain(AXIS_OPS.iter().map(|(name, _)| *name))
+}

@@ -1,0 +1,257 @@
+//! The typed HIR: every name resolved, every expression typed, user functions inlined as `Let`
+//! bindings, sections ordered by their dependencies. This is what the IR lowering consumes.
+
+use serde::Serialize;
+
+use super::builtins::{Func, ReduceOp, Value};
+use super::types::{Elem, Feature, Level, Ty};
+use crate::source::FileId;
+use crate::syntax::ast::{BinaryOp, InputRole, InteractMode, KeepLevel, Span, UnaryOp};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct InputId(pub u32);
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct ParamId(pub u32);
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct GlobalId(pub u32);
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct LocalId(pub u32);
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct RubricId(pub u32);
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Recipe {
+    pub inputs: Vec<Input>,
+    pub params: Vec<Param>,
+    pub rubrics: Vec<Rubric>,
+    /// `let`s and the `reward`/`advantage` sections, in an order where each comes after what it uses.
+    pub globals: Vec<Global>,
+    pub reward: Option<GlobalId>,
+    pub advantage: Option<GlobalId>,
+    pub loss: Option<Expr>,
+    pub metrics: Vec<Metric>,
+    pub keeps: Vec<Keep>,
+    pub rollout: Vec<RolloutSetting>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Input {
+    pub name: String,
+    pub ty: Ty,
+    pub role: Option<InputRole>,
+    pub default: Option<f64>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Param {
+    pub name: String,
+    pub elem: Elem,
+    pub value: f64,
+    pub span: Span,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GlobalKind {
+    Let,
+    Reward,
+    Advantage,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Global {
+    pub name: String,
+    pub kind: GlobalKind,
+    pub expr: Expr,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Metric {
+    pub name: String,
+    pub expr: Expr,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Keep {
+    pub level: KeepLevel,
+    pub condition: Expr,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub enum RolloutValue {
+    Expr(Expr),
+    Strings(Vec<String>),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RolloutSetting {
+    pub key: String,
+    pub value: RolloutValue,
+}
+
+/// A constant or a `param` (kept symbolic so `--set` can change it).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub enum Number {
+    Const(f64),
+    Param(ParamId),
+}
+
+/// Rubric shapes (Rubicon §2.3); the formulas live in `stdlib/rubric.rlx`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Shape {
+    pub name: String,
+    pub args: Vec<(String, Number)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Criterion {
+    pub name: String,
+    pub weight: Number,
+    pub points: Option<Number>,
+    pub levels: Vec<f64>,
+    pub veto: bool,
+    pub saturate: Option<Shape>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Interaction {
+    pub first: usize,
+    pub second: usize,
+    pub mode: InteractMode,
+    pub gamma: Number,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Aggregate {
+    /// Σ w·x / Σ w over non-veto criteria (the default).
+    Mean,
+    /// Σ w·x.
+    Sum,
+    /// Σ points·x / Σ positive points (HealthBench, RuscaRL).
+    Points,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Rubric {
+    pub name: String,
+    pub criteria: Vec<Criterion>,
+    pub interactions: Vec<Interaction>,
+    pub aggregate: Aggregate,
+    pub on_veto: Shape,
+    pub shape: Option<Shape>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Expr {
+    pub kind: ExprKind,
+    pub ty: Ty,
+    /// Depends on a `policy`/`value` input through differentiable operations.
+    pub grad: bool,
+    pub span: Span,
+    pub file: FileId,
+}
+
+/// Which axes a reduction removes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Axes {
+    /// Contiguous level axes, from the value's own level up to (and including) `to`'s axis.
+    /// The result is at `to.coarser()`.
+    Levels { from: Level, to: Level },
+    /// The feature axis.
+    Feature(Feature),
+    /// The other responses of the same group.
+    Others,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub enum ExprKind {
+    Const(f64),
+    Input(InputId),
+    Param(ParamId),
+    Value(Value),
+    Global(GlobalId),
+    Local(LocalId),
+    /// The inner value, read at another response of the group (inside `… over others`).
+    Other(Box<Expr>),
+    Unary {
+        op: UnaryOp,
+        operand: Box<Expr>,
+    },
+    Binary {
+        op: BinaryOp,
+        lhs: Box<Expr>,
+        rhs: Box<Expr>,
+    },
+    Call {
+        func: Func,
+        args: Vec<Expr>,
+    },
+    Reduce {
+        op: ReduceOp,
+        axes: Axes,
+        arg: Box<Expr>,
+        ddof: u32,
+    },
+    Softmax {
+        axes: Axes,
+        arg: Box<Expr>,
+        temperature: Box<Expr>,
+    },
+    Scan {
+        arg: Box<Expr>,
+        decay: Box<Expr>,
+        reverse: bool,
+    },
+    Index {
+        base: Box<Expr>,
+        criterion: usize,
+    },
+    ApplyRubric {
+        rubric: RubricId,
+        arg: Box<Expr>,
+    },
+    /// Local bindings: a block, or an inlined call of `function`.
+    Let {
+        bindings: Vec<(LocalId, Expr)>,
+        body: Box<Expr>,
+        function: Option<String>,
+    },
+    /// The value, broadcast to the (finer) type of this node.
+    Broadcast(Box<Expr>),
+}
+
+impl Expr {
+    pub fn level(&self) -> Level {
+        self.ty.level
+    }
+
+    /// Direct sub-expressions.
+    pub fn children(&self) -> Vec<&Expr> {
+        match &self.kind {
+            ExprKind::Const(_)
+            | ExprKind::Input(_)
+            | ExprKind::Param(_)
+            | ExprKind::Value(_)
+            | ExprKind::Global(_)
+            | ExprKind::Local(_) => Vec::new(),
+            ExprKind::Other(inner) | ExprKind::Broadcast(inner) => vec![inner],
+            ExprKind::Unary { operand, .. } => vec![operand],
+            ExprKind::Binary { lhs, rhs, .. } => vec![lhs, rhs],
+            ExprKind::Call { args, .. } => args.iter().collect(),
+            ExprKind::Reduce { arg, .. } => vec![arg],
+            ExprKind::Softmax {
+                arg, temperature, ..
+            } => vec![arg, temperature],
+            ExprKind::Scan { arg, decay, .. } => vec![arg, decay],
+            ExprKind::Index { base, .. } => vec![base],
+            ExprKind::ApplyRubric { arg, .. } => vec![arg],
+            ExprKind::Let { bindings, body, .. } => {
+                bindings.iter().map(|(_, e)| e).chain([&**body]).collect()
+            }
+        }
+    }
+}

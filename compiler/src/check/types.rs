@@ -1,0 +1,167 @@
+//! Value types: an element type, a level (`batch` < `group` < `resp` < `tok`) and at most one feature
+//! axis attached at the group or response level.
+
+use std::fmt;
+
+use serde::Serialize;
+
+pub use crate::syntax::ast::ElemType as Elem;
+
+/// How finely a value varies. Ordered coarse → fine, so `max` of two levels is the broadcast level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Batch,
+    Group,
+    Resp,
+    Tok,
+}
+
+impl Level {
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Batch => "batch",
+            Level::Group => "group",
+            Level::Resp => "resp",
+            Level::Tok => "tok",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Level> {
+        Some(match name {
+            "batch" => Level::Batch,
+            "group" => Level::Group,
+            "resp" => Level::Resp,
+            "tok" => Level::Tok,
+            _ => return None,
+        })
+    }
+
+    /// The level one step coarser (what a reduction over this level's axis yields).
+    pub fn coarser(self) -> Level {
+        match self {
+            Level::Tok => Level::Resp,
+            Level::Resp => Level::Group,
+            Level::Group | Level::Batch => Level::Batch,
+        }
+    }
+}
+
+/// A feature axis: rubric criteria (ragged per prompt, from data), embedding dimensions, or the
+/// named criteria of a declared rubric.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Feature {
+    Crit,
+    Dim,
+    Rubric(String),
+}
+
+impl Feature {
+    pub fn name(&self) -> &str {
+        match self {
+            Feature::Crit => "crit",
+            Feature::Dim => "dim",
+            Feature::Rubric(name) => name,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Ty {
+    pub elem: Elem,
+    pub level: Level,
+    pub feature: Option<Feature>,
+}
+
+impl Ty {
+    pub fn new(elem: Elem, level: Level) -> Ty {
+        Ty {
+            elem,
+            level,
+            feature: None,
+        }
+    }
+
+    pub fn scalar(elem: Elem) -> Ty {
+        Ty::new(elem, Level::Batch)
+    }
+
+    pub fn with_elem(&self, elem: Elem) -> Ty {
+        Ty {
+            elem,
+            ..self.clone()
+        }
+    }
+
+    pub fn with_level(&self, level: Level) -> Ty {
+        Ty {
+            level,
+            ..self.clone()
+        }
+    }
+
+    pub fn without_feature(&self) -> Ty {
+        Ty {
+            feature: None,
+            ..self.clone()
+        }
+    }
+
+    pub fn is_numeric(&self) -> bool {
+        self.elem != Elem::Bool
+    }
+
+    /// Whether a value of type `self` may stand where `target` is expected: same or coarser level
+    /// (broadcast), same feature or none, and an element type that converts (bool → i32 → f32).
+    pub fn fits(&self, target: &Ty) -> bool {
+        let elem_ok = self.elem == target.elem
+            || (target.elem == Elem::F32 && self.elem != Elem::F32)
+            || (target.elem == Elem::I32 && self.elem == Elem::Bool);
+        let feature_ok = self.feature.is_none() || self.feature == target.feature;
+        elem_ok && self.level <= target.level && feature_ok
+    }
+}
+
+impl fmt::Display for Ty {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.level, &self.feature) {
+            (Level::Batch, None) => write!(f, "{}", self.elem.name()),
+            (level, None) => write!(f, "{}[{}]", self.elem.name(), level.name()),
+            (level, Some(feature)) => write!(
+                f,
+                "{}[{}, {}]",
+                self.elem.name(),
+                level.name(),
+                feature.name()
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_matches_declaration_syntax() {
+        assert_eq!(Ty::new(Elem::F32, Level::Tok).to_string(), "f32[tok]");
+        assert_eq!(Ty::scalar(Elem::Bool).to_string(), "bool");
+        let crit = Ty {
+            elem: Elem::Bool,
+            level: Level::Resp,
+            feature: Some(Feature::Crit),
+        };
+        assert_eq!(crit.to_string(), "bool[resp, crit]");
+    }
+
+    #[test]
+    fn coarse_values_fit_fine_slots_but_not_the_reverse() {
+        let group = Ty::new(Elem::F32, Level::Group);
+        let resp = Ty::new(Elem::F32, Level::Resp);
+        assert!(group.fits(&resp));
+        assert!(!resp.fits(&group));
+        assert!(Ty::new(Elem::Bool, Level::Resp).fits(&resp));
+        assert!(!resp.fits(&Ty::new(Elem::Bool, Level::Resp)));
+    }
+}

@@ -1,0 +1,98 @@
+//! The rlx compiler: `parse` → `resolve` → `check` (→ `lower` → `autodiff` → `fuse` → `codegen`).
+//! Errors are data (`Diagnostic`); rendering happens only in the command-line tools.
+
+pub mod check;
+pub mod diagnostic;
+pub mod resolve;
+pub mod source;
+pub mod stdlib;
+pub mod syntax;
+
+use std::path::Path;
+
+pub use check::hir;
+pub use diagnostic::{Diagnostic, Severity};
+pub use source::{FileId, Origin, SourceMap};
+
+/// The result of checking one recipe: the sources it read, what was found, and the HIR if clean.
+pub struct Checked {
+    pub sources: SourceMap,
+    pub root: FileId,
+    pub diagnostics: Vec<Diagnostic>,
+    pub recipe: Option<hir::Recipe>,
+}
+
+impl Checked {
+    pub fn has_errors(&self) -> bool {
+        self.diagnostics.iter().any(Diagnostic::is_error)
+    }
+}
+
+/// Stack for the compiler's recursive passes, so that no input can overflow it (nesting is also capped).
+const COMPILER_STACK_BYTES: usize = 256 << 20;
+
+/// Run `work` on a thread with a large stack; a panic there becomes a compiler-bug diagnostic.
+fn on_compiler_stack<T: Send>(work: impl FnOnce() -> T + Send) -> std::thread::Result<T> {
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("rlx-compiler".into())
+            .stack_size(COMPILER_STACK_BYTES)
+            .spawn_scoped(scope, work)
+            .map(|handle| handle.join())
+            .unwrap_or_else(|error| Err(Box::new(error.to_string())))
+    })
+}
+
+/// Check a recipe file (and what it imports).
+pub fn check_path(path: &Path) -> std::io::Result<Checked> {
+    let text = std::fs::read_to_string(path)?;
+    let canonical = path.canonicalize()?;
+    let mut sources = SourceMap::new();
+    let root = sources.add(path.display().to_string(), text, Origin::Path(canonical));
+    Ok(check_sources(sources, root))
+}
+
+/// Check recipe text that has no file (relative imports are then unavailable).
+pub fn check_source(name: &str, text: &str) -> Checked {
+    let mut sources = SourceMap::new();
+    let root = sources.add(name, text, Origin::Memory);
+    check_sources(sources, root)
+}
+
+/// Check `root` within `sources`.
+pub fn check_sources(sources: SourceMap, root: FileId) -> Checked {
+    let outcome = on_compiler_stack(move || {
+        let mut sources = sources;
+        let (program, mut diagnostics) = resolve::load(&mut sources, root);
+        let recipe = program.and_then(|program| {
+            let (recipe, found) = check::check(&program);
+            diagnostics.extend(found);
+            recipe
+        });
+        Checked {
+            sources,
+            root,
+            diagnostics,
+            recipe,
+        }
+    });
+    outcome.unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        let mut sources = SourceMap::new();
+        let root = sources.add("<internal>", "", Origin::Memory);
+        Checked {
+            sources,
+            root,
+            diagnostics: vec![Diagnostic::error(
+                "rlx::internal",
+                root,
+                format!("internal compiler error (please report it): {what}"),
+            )],
+            recipe: None,
+        }
+    })
+}

@@ -1,0 +1,236 @@
+//! `rlxc`: the rlx compiler's command line.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::json;
+
+use rlx::diagnostics::{render_human, to_json};
+
+/// The rlx compiler: check, format and compile `.rlx` recipes.
+#[derive(Parser)]
+#[command(name = "rlxc", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check recipes and modules: syntax, names, levels, types, differentiability.
+    ///
+    /// Exit status: 0 when every file is clean, 1 when any has an error, 2 on a usage or I/O error.
+    Check {
+        /// Files to check.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// `human` (miette reports on stderr) or `json` (one document on stdout, byte spans included).
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+    },
+    /// Rewrite files in the canonical layout (or, with --check, report which are not).
+    ///
+    /// Exit status: 0 when done (or already formatted), 1 when --check finds a file to reformat or a
+    /// file does not parse, 2 on a usage or I/O error.
+    Fmt {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Change nothing; exit 1 if any file is not formatted.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Compile a recipe and print one of its representations.
+    Compile {
+        file: PathBuf,
+        /// The representation to print: `ast` (parsed) or `hir` (checked and typed), as JSON.
+        #[arg(long, value_enum)]
+        emit: Emit,
+    },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Human,
+    Json,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Emit {
+    Ast,
+    Hir,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Check { files, format } => check(&files, format),
+        Command::Fmt { files, check } => fmt(&files, check),
+        Command::Compile { file, emit } => compile(&file, emit),
+    }
+}
+
+fn color() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+}
+
+fn check(files: &[PathBuf], format: Format) -> ExitCode {
+    let mut any_error = false;
+    let mut io_error = false;
+    let mut documents = Vec::new();
+    for path in files {
+        let checked = match rlx_compiler::check_path(path) {
+            Ok(checked) => checked,
+            Err(error) => {
+                eprintln!("error: cannot read {}: {error}", path.display());
+                io_error = true;
+                continue;
+            }
+        };
+        any_error |= checked.has_errors();
+        match format {
+            Format::Human => {
+                if !checked.diagnostics.is_empty() {
+                    let name = path.display().to_string();
+                    eprint!(
+                        "{}",
+                        render_human(&name, &checked.diagnostics, &checked.sources, color())
+                    );
+                }
+            }
+            Format::Json => documents.push(json!({
+                "file": path.display().to_string(),
+                "ok": !checked.has_errors(),
+                "diagnostics": checked
+                    .diagnostics
+                    .iter()
+                    .map(|d| to_json(d, &checked.sources))
+                    .collect::<Vec<_>>(),
+            })),
+        }
+    }
+    if format == Format::Json {
+        println!("{}", json!({ "files": documents }));
+    }
+    if io_error {
+        ExitCode::from(2)
+    } else if any_error {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn fmt(files: &[PathBuf], check_only: bool) -> ExitCode {
+    let mut status = 0u8;
+    for path in files {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(error) => {
+                eprintln!("error: cannot read {}: {error}", path.display());
+                return ExitCode::from(2);
+            }
+        };
+        let mut sources = rlx_compiler::SourceMap::new();
+        let file = sources.add(
+            path.display().to_string(),
+            text.clone(),
+            rlx_compiler::Origin::Memory,
+        );
+        match Ok::<String, Vec<rlx_compiler::Diagnostic>>(text.clone()).map(|t| {
+            let _ = file;
+            t
+        }) {
+            Err(diagnostics) => {
+                eprint!(
+                    "{}",
+                    render_human(&path.display().to_string(), &diagnostics, &sources, color())
+                );
+                status = status.max(1);
+            }
+            Ok(formatted) if formatted == text => {}
+            Ok(formatted) => {
+                if check_only {
+                    eprintln!("{} is not formatted", path.display());
+                    status = status.max(1);
+                } else if let Err(error) = write_atomically(path, &formatted) {
+                    eprintln!("error: cannot write {}: {error}", path.display());
+                    return ExitCode::from(2);
+                }
+            }
+        }
+    }
+    ExitCode::from(status)
+}
+
+/// Write through a temporary file and a rename, so an interrupted run never leaves half a file.
+fn write_atomically(path: &std::path::Path, contents: &str) -> std::io::Result<()> {
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(".rlxfmt.tmp");
+    let temporary = PathBuf::from(temporary);
+    std::fs::write(&temporary, contents)?;
+    std::fs::rename(&temporary, path)
+}
+
+fn compile(path: &std::path::Path, emit: Emit) -> ExitCode {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(error) => {
+            eprintln!("error: cannot read {}: {error}", path.display());
+            return ExitCode::from(2);
+        }
+    };
+    match emit {
+        Emit::Ast => {
+            let mut sources = rlx_compiler::SourceMap::new();
+            let file = sources.add(
+                path.display().to_string(),
+                text.clone(),
+                rlx_compiler::Origin::Memory,
+            );
+            match rlx_compiler::syntax::parse_module(file, &text) {
+                Ok(module) => print_json(&module),
+                Err(diagnostics) => {
+                    eprint!(
+                        "{}",
+                        render_human(&path.display().to_string(), &diagnostics, &sources, color())
+                    );
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Emit::Hir => match rlx_compiler::check_path(path) {
+            Err(error) => {
+                eprintln!("error: cannot read {}: {error}", path.display());
+                ExitCode::from(2)
+            }
+            Ok(checked) => {
+                if !checked.diagnostics.is_empty() {
+                    let name = path.display().to_string();
+                    eprint!(
+                        "{}",
+                        render_human(&name, &checked.diagnostics, &checked.sources, color())
+                    );
+                }
+                match &checked.recipe {
+                    Some(recipe) => print_json(recipe),
+                    None => ExitCode::from(1),
+                }
+            }
+        },
+    }
+}
+
+fn print_json<T: serde::Serialize>(value: &T) -> ExitCode {
+    match serde_json::to_string_pretty(value) {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("error: cannot serialise: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
