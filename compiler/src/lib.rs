@@ -3,6 +3,8 @@
 
 pub mod check;
 pub mod diagnostic;
+pub mod format;
+pub mod ir;
 pub mod resolve;
 pub mod source;
 pub mod stdlib;
@@ -65,7 +67,7 @@ pub fn check_sources(sources: SourceMap, root: FileId) -> Checked {
         let mut sources = sources;
         let (program, mut diagnostics) = resolve::load(&mut sources, root);
         let recipe = program.and_then(|program| {
-            let (recipe, found) = check::check(&program);
+            let (recipe, found) = check::check(&program, &sources);
             diagnostics.extend(found);
             recipe
         });
@@ -95,4 +97,16 @@ pub fn check_sources(sources: SourceMap, root: FileId) -> Checked {
             recipe: None,
         }
     })
+}
+
+/// Lower a checked recipe to IR with these param overrides, and append the loss gradient.
+pub fn compile_graph(
+    recipe: &hir::Recipe,
+    overrides: &[(String, f64)],
+) -> Result<ir::Graph, String> {
+    let params = ir::lower::param_values(recipe, overrides)?;
+    let graph = ir::lower::lower(recipe, &params);
+    let mut graph = ir::autodiff::differentiate(graph);
+    graph.eliminate_dead_code();
+    Ok(graph)
 }

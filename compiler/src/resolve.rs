@@ -28,6 +28,13 @@ pub struct Program {
 
 impl Program {
     pub const ROOT: usize = 0;
+
+    /// The loaded module of `std/NAME`, if any.
+    pub fn stdlib_module(&self, sources: &SourceMap, name: &str) -> Option<usize> {
+        self.modules
+            .iter()
+            .position(|m| sources.get(m.file).origin == Origin::Stdlib(name.to_string()))
+    }
 }
 
 struct Loader<'s> {
@@ -59,6 +66,27 @@ pub fn load(sources: &mut SourceMap, root: FileId) -> (Option<Program>, Vec<Diag
         diagnostics: Vec::new(),
     };
     let loaded = loader.load_module(root, 0);
+    // A `rubric` block is scored by functions of `std/rubric`, loaded even when not imported.
+    let declares_rubric = loader
+        .modules
+        .first()
+        .and_then(|m| m.as_ref())
+        .is_some_and(|m| {
+            m.ast
+                .items
+                .iter()
+                .any(|item| matches!(item.kind, ItemKind::Rubric(_)))
+        });
+    if loaded.is_some() && declares_rubric {
+        loader.stack.push(Program::ROOT);
+        loader.import(
+            root,
+            &ImportSource::Std("rubric".into()),
+            Span::default(),
+            0,
+        );
+        loader.stack.pop();
+    }
     let diagnostics = loader.diagnostics;
     if loaded.is_none() || diagnostics.iter().any(Diagnostic::is_error) {
         return (None, diagnostics);
@@ -115,7 +143,7 @@ impl Loader<'_> {
                             file,
                             "an imported module may only define functions and import others",
                         )
-                        .label(item.span, "not allowed in an imported module")
+                        .label(trim_item_span(&text, item.span), "not allowed in an imported module")
                         .help("inputs, params, rubrics, `let`s and sections belong in the recipe itself"),
                     );
                 }
@@ -299,4 +327,34 @@ impl Loader<'_> {
         }
         Some(canonical)
     }
+}
+
+/// `span` without the whitespace and `//` comments that the parser's item span runs on into.
+fn trim_item_span(text: &str, span: Span) -> Span {
+    let start = span.start as usize;
+    let Some(mut item) = text.get(start..span.end as usize) else {
+        return span;
+    };
+    loop {
+        item = item.trim_end();
+        let line_start = item.rfind('\n').map_or(0, |n| n + 1);
+        let mut in_string = false;
+        let mut comment = None;
+        let line = item.as_bytes();
+        for index in line_start..line.len() {
+            match line[index] {
+                b'"' => in_string = !in_string,
+                b'/' if !in_string && line.get(index + 1) == Some(&b'/') => {
+                    comment = Some(index);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        match comment {
+            Some(index) => item = &item[..index],
+            None => break,
+        }
+    }
+    Span::new(start, start + item.len())
 }

@@ -1,1 +1,8 @@
-pub fn _x() {}
+//! rlx runtime: the packed batch layout, reading rollout files, kernel execution.
+
+pub mod batch;
+pub mod geometry;
+pub mod interp;
+pub mod rollouts;
+pub mod score;
+pub mod synthetic;

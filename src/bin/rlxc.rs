@@ -44,9 +44,13 @@ enum Command {
     /// Compile a recipe and print one of its representations.
     Compile {
         file: PathBuf,
-        /// The representation to print: `ast` (parsed) or `hir` (checked and typed), as JSON.
+        /// The representation to print: `ast` (parsed, JSON), `hir` (checked and typed, JSON), `ir`
+        /// (the dataflow graph with the loss gradient, readable text) or `ir-json`.
         #[arg(long, value_enum)]
         emit: Emit,
+        /// Override a param before lowering: `--set beta=0.01` (repeatable).
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        set: Vec<String>,
     },
 }
 
@@ -60,6 +64,8 @@ enum Format {
 enum Emit {
     Ast,
     Hir,
+    Ir,
+    IrJson,
 }
 
 fn main() -> ExitCode {
@@ -67,7 +73,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Check { files, format } => check(&files, format),
         Command::Fmt { files, check } => fmt(&files, check),
-        Command::Compile { file, emit } => compile(&file, emit),
+        Command::Compile { file, emit, set } => compile(&file, emit, &set),
     }
 }
 
@@ -138,10 +144,7 @@ fn fmt(files: &[PathBuf], check_only: bool) -> ExitCode {
             text.clone(),
             rlx_compiler::Origin::Memory,
         );
-        match Ok::<String, Vec<rlx_compiler::Diagnostic>>(text.clone()).map(|t| {
-            let _ = file;
-            t
-        }) {
+        match rlx_compiler::format::format_source(file, &text) {
             Err(diagnostics) => {
                 eprint!(
                     "{}",
@@ -154,7 +157,7 @@ fn fmt(files: &[PathBuf], check_only: bool) -> ExitCode {
                 if check_only {
                     eprintln!("{} is not formatted", path.display());
                     status = status.max(1);
-                } else if let Err(error) = write_atomically(path, &formatted) {
+                } else if let Err(error) = rlx::write_atomically(path, &formatted) {
                     eprintln!("error: cannot write {}: {error}", path.display());
                     return ExitCode::from(2);
                 }
@@ -164,16 +167,14 @@ fn fmt(files: &[PathBuf], check_only: bool) -> ExitCode {
     ExitCode::from(status)
 }
 
-/// Write through a temporary file and a rename, so an interrupted run never leaves half a file.
-fn write_atomically(path: &std::path::Path, contents: &str) -> std::io::Result<()> {
-    let mut temporary = path.as_os_str().to_owned();
-    temporary.push(".rlxfmt.tmp");
-    let temporary = PathBuf::from(temporary);
-    std::fs::write(&temporary, contents)?;
-    std::fs::rename(&temporary, path)
-}
-
-fn compile(path: &std::path::Path, emit: Emit) -> ExitCode {
+fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
+    let overrides: Vec<(String, f64)> = match set.iter().map(|s| rlx::parse_override(s)).collect() {
+        Ok(overrides) => overrides,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(2);
+        }
+    };
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(error) => {
@@ -200,7 +201,7 @@ fn compile(path: &std::path::Path, emit: Emit) -> ExitCode {
                 }
             }
         }
-        Emit::Hir => match rlx_compiler::check_path(path) {
+        Emit::Hir | Emit::Ir | Emit::IrJson => match rlx_compiler::check_path(path) {
             Err(error) => {
                 eprintln!("error: cannot read {}: {error}", path.display());
                 ExitCode::from(2)
@@ -213,9 +214,22 @@ fn compile(path: &std::path::Path, emit: Emit) -> ExitCode {
                         render_human(&name, &checked.diagnostics, &checked.sources, color())
                     );
                 }
-                match &checked.recipe {
-                    Some(recipe) => print_json(recipe),
-                    None => ExitCode::from(1),
+                let Some(recipe) = &checked.recipe else {
+                    return ExitCode::from(1);
+                };
+                if emit == Emit::Hir {
+                    return print_json(recipe);
+                }
+                match rlx_compiler::compile_graph(recipe, &overrides) {
+                    Err(message) => {
+                        eprintln!("error: {message}");
+                        ExitCode::from(1)
+                    }
+                    Ok(graph) if emit == Emit::Ir => {
+                        print!("{}", rlx_compiler::ir::print::to_text(&graph));
+                        ExitCode::SUCCESS
+                    }
+                    Ok(graph) => print_json(&graph),
                 }
             }
         },

@@ -210,11 +210,8 @@ pub enum ExprKind {
         base: Box<Expr>,
         criterion: usize,
     },
-    ApplyRubric {
-        rubric: RubricId,
-        arg: Box<Expr>,
-    },
-    /// Local bindings: a block, or an inlined call of `function`.
+    /// Local bindings: a block, an inlined call of `function`, or a rubric's scoring (`function` is then
+    /// the rubric's name).
     Let {
         bindings: Vec<(LocalId, Expr)>,
         body: Box<Expr>,
@@ -248,7 +245,6 @@ impl Expr {
             } => vec![arg, temperature],
             ExprKind::Scan { arg, decay, .. } => vec![arg, decay],
             ExprKind::Index { base, .. } => vec![base],
-            ExprKind::ApplyRubric { arg, .. } => vec![arg],
             ExprKind::Let { bindings, body, .. } => {
                 bindings.iter().map(|(_, e)| e).chain([&**body]).collect()
             }

@@ -5,6 +5,7 @@
 
 pub mod builtins;
 pub mod hir;
+mod rubric;
 pub mod types;
 
 use std::collections::{HashMap, HashSet};
@@ -23,6 +24,9 @@ use types::{Elem, Feature, Level, Ty};
 const MAX_NODES: usize = 200_000;
 /// Deepest chain of nested function calls.
 const MAX_CALL_DEPTH: usize = 64;
+
+/// A function: (module index, item index).
+type FnKey = (usize, usize);
 
 /// What a name in a module's scope refers to.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -92,11 +96,20 @@ pub struct Checker<'p> {
     nodes: usize,
     budget_reported: bool,
     calls: Vec<CallFrame>,
+    /// `std/rubric`, loaded when the recipe declares a rubric.
+    rubric_module: Option<usize>,
+    /// (module, name) of declarations that failed to check: their uses stay quiet, the declaration's
+    /// own error is the report.
+    failed_names: HashSet<(usize, String)>,
 }
 
 /// Check a loaded program. Returns the HIR when there is no error.
-pub fn check(program: &Program) -> (Option<hir::Recipe>, Vec<Diagnostic>) {
+pub fn check(
+    program: &Program,
+    sources: &crate::source::SourceMap,
+) -> (Option<hir::Recipe>, Vec<Diagnostic>) {
     let root_file = program.modules[Program::ROOT].file;
+    let rubric_module = program.stdlib_module(sources, "rubric");
     let mut checker = Checker {
         program,
         diagnostics: Vec::new(),
@@ -113,6 +126,8 @@ pub fn check(program: &Program) -> (Option<hir::Recipe>, Vec<Diagnostic>) {
         nodes: 0,
         budget_reported: false,
         calls: Vec::new(),
+        rubric_module,
+        failed_names: HashSet::new(),
     };
     let recipe = checker.run();
     let mut diagnostics = dedupe(checker.diagnostics);
@@ -235,7 +250,7 @@ impl<'p> Checker<'p> {
                 }
                 ItemKind::Loss(expr) => {
                     if loss.is_some() {
-                        self.duplicate_section("loss", item.span);
+                        self.duplicate_section("loss", section_span(item.span, expr));
                         continue;
                     }
                     loss = Some(self.loss(expr));
@@ -327,6 +342,7 @@ impl<'p> Checker<'p> {
                 ItemKind::Input(decl) if is_root => {
                     let id = InputId(self.inputs.len() as u32);
                     let Some(input) = self.input(decl) else {
+                        self.failed_names.insert((module, decl.name.name.clone()));
                         continue;
                     };
                     self.inputs.push(input);
@@ -335,6 +351,7 @@ impl<'p> Checker<'p> {
                 ItemKind::Param(decl) if is_root => {
                     let id = ParamId(self.params.len() as u32);
                     let Some(param) = self.param(decl) else {
+                        self.failed_names.insert((module, decl.name.name.clone()));
                         continue;
                     };
                     self.params.push(param);
@@ -353,17 +370,17 @@ impl<'p> Checker<'p> {
                     // Rubrics are checked after the scope exists (their weights may name params).
                     (&decl.name, Def::Rubric(id))
                 }
-                ItemKind::Reward(_) if is_root => {
+                ItemKind::Reward(expr) if is_root => {
                     if self.reward_item.is_some() {
-                        self.duplicate_section("reward", item.span);
+                        self.duplicate_section("reward", section_span(item.span, expr));
                         continue;
                     }
                     self.reward_item = Some(index);
                     continue;
                 }
-                ItemKind::Advantage(_) if is_root => {
+                ItemKind::Advantage(expr) if is_root => {
                     if self.advantage_item.is_some() {
-                        self.duplicate_section("advantage", item.span);
+                        self.duplicate_section("advantage", section_span(item.span, expr));
                         continue;
                     }
                     self.advantage_item = Some(index);
@@ -506,6 +523,7 @@ impl<'p> Checker<'p> {
                         self.scopes[module] = scope;
                     }
                     None => {
+                        self.failed_names.insert((module, name.name.clone()));
                         let mut diagnostic = Diagnostic::error(
                             "rlx::unknown_import",
                             file,
@@ -527,7 +545,7 @@ impl<'p> Checker<'p> {
 
     /// A function that calls itself, directly or through others, is an error: recipes are total.
     fn check_recursion(&mut self) {
-        let mut edges: HashMap<(usize, usize), Vec<((usize, usize), Span)>> = HashMap::new();
+        let mut edges: HashMap<FnKey, Vec<(FnKey, Span)>> = HashMap::new();
         for (module, loaded) in self.program.modules.iter().enumerate() {
             for (index, item) in loaded.ast.items.iter().enumerate() {
                 let ItemKind::Fn(decl) = &item.kind else {
@@ -622,6 +640,19 @@ impl<'p> Checker<'p> {
                         );
                     }
                 }
+                // Declaration errors are reported even when the function is never called.
+                if let Some(diagnostic) = late_default(file, decl) {
+                    self.error(diagnostic);
+                }
+                let rubrics = self.rubric_names();
+                for ty in decl
+                    .params
+                    .iter()
+                    .filter_map(|p| p.ty.as_ref())
+                    .chain(&decl.ret)
+                {
+                    self.type_expr(file, ty, Some(&rubrics));
+                }
                 let mut bound: Vec<String> =
                     decl.params.iter().map(|p| p.name.name.clone()).collect();
                 self.names_in(module, &decl.body, &mut bound);
@@ -670,6 +701,9 @@ impl<'p> Checker<'p> {
     }
 
     fn unknown_name(&mut self, module: usize, name: &ast::Ident, locals: &[String]) {
+        if self.failed_names.contains(&(module, name.name.clone())) {
+            return;
+        }
         let file = self.module_file(module);
         if name.name == "loss" {
             self.error(
@@ -719,6 +753,9 @@ impl<'p> Checker<'p> {
     }
 
     fn unknown_function(&mut self, module: usize, func: &ast::Ident) {
+        if self.failed_names.contains(&(module, func.name.clone())) {
+            return;
+        }
         let file = self.module_file(module);
         let functions: Vec<String> = self.scopes[module]
             .iter()
@@ -767,8 +804,7 @@ impl<'p> Checker<'p> {
                         format!("`{}` is not a level", axis.name),
                     )
                     .label(axis.span, "expected `tok`, `resp`, `group` or `batch`");
-                    if let Some(close) = closest_name(&axis.name, ["tok", "resp", "group", "batch"])
-                    {
+                    if let Some(close) = closest_level(&axis.name) {
                         d = d.help(format!("did you mean `{close}`?"));
                     } else {
                         d = d.help("the level comes first, then an optional feature axis: `f32[resp, crit]`");
@@ -866,7 +902,7 @@ impl<'p> Checker<'p> {
                     file,
                     format!("a differentiable input must be f32, not {}", ty.elem.name()),
                 )
-                .label(decl.ty.span, "not f32"),
+                .label(type_span(&decl.ty), "not f32"),
             );
             return None;
         }
@@ -1040,7 +1076,14 @@ impl<'p> Checker<'p> {
                         file,
                         format!("`{}` needs its argument `{param}`", call.name.name),
                     )
-                    .label(call.span, format!("missing `{param} = …`")),
+                    .label(
+                        if call.parens {
+                            call.span
+                        } else {
+                            call.name.span
+                        },
+                        format!("missing `{param} = …`"),
+                    ),
                 );
                 return None;
             }
@@ -2050,7 +2093,9 @@ impl<'p> Checker<'p> {
         } else if op.is_comparison() {
             let both_bool = lhs.ty.elem == Elem::Bool && rhs.ty.elem == Elem::Bool;
             let equality = matches!(op, BinaryOp::Eq | BinaryOp::Ne);
-            if !(lhs.ty.is_numeric() && rhs.ty.is_numeric()) && !(both_bool && equality) {
+            let comparable =
+                (lhs.ty.is_numeric() && rhs.ty.is_numeric()) || (both_bool && equality);
+            if !comparable {
                 let odd = if lhs.ty.is_numeric() { &rhs } else { &lhs };
                 self.type_error(odd, "a number", "");
                 return None;
@@ -2519,7 +2564,9 @@ impl<'p> Checker<'p> {
                     if let Some(close) = closest_name(
                         name,
                         ["tok", "resp", "group", "batch", "others", "crit", "dim"],
-                    ) {
+                    )
+                    .or_else(|| closest_level(name))
+                    {
                         d = d.help(format!("did you mean `{close}`?"));
                     } else {
                         d = d.help(
@@ -2533,23 +2580,25 @@ impl<'p> Checker<'p> {
         }
         if let Some((axes, axis_span)) = special {
             if over.axes.len() > 1 {
-                let (code, message) = if axes == Axes::Others {
+                let (code, message, help) = if axes == Axes::Others {
                     (
                         "rlx::pairwise_axes",
                         "`others` ranges over the other responses of one group; it cannot be combined with other axes"
                             .to_string(),
+                        "nest the reductions, e.g. `mean(mean(x != other.x over others) over batch)`",
                     )
                 } else {
                     (
                         "rlx::mixed_axes",
                         "a feature axis is reduced on its own, not together with levels"
                             .to_string(),
+                        "nest the reductions, e.g. `mean(sum(x over crit) over resp)`",
                     )
                 };
                 self.error(
                     Diagnostic::error(code, file, message)
                         .label(over.span, "reduce one kind of axis at a time")
-                        .help("nest the reductions, e.g. `mean(sum(x over crit) over resp)`"),
+                        .help(help),
                 );
                 return None;
             }
@@ -3028,17 +3077,7 @@ impl<'p> Checker<'p> {
             );
             return None;
         }
-        let (ty, grad) = (value.ty.without_feature().with_elem(Elem::F32), value.grad);
-        self.node(
-            ExprKind::ApplyRubric {
-                rubric: id,
-                arg: Box::new(value),
-            },
-            ty,
-            grad,
-            span,
-            file,
-        )
+        self.score_rubric(env, id, value, span)
     }
 
     fn call_fn(
@@ -3073,24 +3112,8 @@ impl<'p> Checker<'p> {
             .iter()
             .take_while(|p| p.default.is_none())
             .count();
-        if let Some(late) = decl
-            .params
-            .iter()
-            .skip(required)
-            .find(|p| p.default.is_none())
-        {
-            let callee_file = self.module_file(module);
-            self.error(
-                Diagnostic::error(
-                    "rlx::arity",
-                    callee_file,
-                    format!(
-                        "parameter `{}` has no default but follows one that has",
-                        late.name.name
-                    ),
-                )
-                .label(late.name.span, "needs a default"),
-            );
+        if let Some(diagnostic) = late_default(self.module_file(module), decl) {
+            self.error(diagnostic);
             return None;
         }
         let slots = self.match_args(file, func, &names, required, args, span)?;
@@ -3175,7 +3198,7 @@ impl<'p> Checker<'p> {
                                 ),
                             )
                             .label(body.span, format!("this is {}", body.ty))
-                            .label(ret.span, "declared here"),
+                            .label(type_span(ret), "declared here"),
                         );
                     });
                     return None;
@@ -3214,6 +3237,58 @@ impl<'p> Checker<'p> {
         self.calls.pop();
         result
     }
+}
+
+/// A parameter without a default that follows one with a default (no call could skip the latter).
+fn late_default(file: FileId, decl: &ast::FnDecl) -> Option<Diagnostic> {
+    let required = decl
+        .params
+        .iter()
+        .take_while(|p| p.default.is_none())
+        .count();
+    let late = decl
+        .params
+        .iter()
+        .skip(required)
+        .find(|p| p.default.is_none())?;
+    Some(
+        Diagnostic::error(
+            "rlx::arity",
+            file,
+            format!(
+                "parameter `{}` has no default but follows one that has",
+                late.name.name
+            ),
+        )
+        .label(late.name.span, "needs a default"),
+    )
+}
+
+/// A section item's span up to the end of its expression: the parser's item span also covers the
+/// whitespace and comments that follow the last token.
+fn section_span(item: Span, expr: &ast::Expr) -> Span {
+    Span {
+        start: item.start,
+        end: expr.span.end.max(item.start),
+    }
+}
+
+/// A written type's span; a bare element type (`i32`) ends at its name, not at the next token.
+fn type_span(ty: &ast::TypeExpr) -> Span {
+    if ty.axes.is_empty() {
+        Span {
+            start: ty.span.start,
+            end: ty.span.start + ty.elem.name().len() as u32,
+        }
+    } else {
+        ty.span
+    }
+}
+
+/// The level a mistyped level name means: a near miss (`rsep`) or a spelled-out one (`token`).
+fn closest_level(name: &str) -> Option<&'static str> {
+    const LEVELS: [&str; 4] = ["tok", "resp", "group", "batch"];
+    closest_name(name, LEVELS).or_else(|| LEVELS.into_iter().find(|level| name.starts_with(level)))
 }
 
 /// The axis a reduction of a value of this type most likely means.

@@ -41,8 +41,31 @@ static PRATT: LazyLock<PrattParser<Rule>> = LazyLock::new(|| {
         .op(Op::postfix(Rule::index))
 });
 
+/// Stack for one parse: operator chains such as `- - - … x` or `a ^ a ^ …` recurse in the Pratt parser
+/// (and their tree drops recursively) before the depth limit can reject them.
+const PARSER_STACK_BYTES: usize = 256 << 20;
+
 /// Parse one file. On failure, the diagnostics say where and what was expected.
+///
+/// Runs on a thread of its own with a large stack, so that no input overflows the caller's stack; a
+/// tree it returns is at most `MAX_EXPR_DEPTH` deep, which any stack can then walk and drop.
 pub fn parse_module(file: FileId, text: &str) -> Result<Module, Vec<Diagnostic>> {
+    std::thread::scope(|scope| {
+        let worker = std::thread::Builder::new()
+            .name("rlx-parser".into())
+            .stack_size(PARSER_STACK_BYTES)
+            .spawn_scoped(scope, || parse_module_here(file, text));
+        match worker {
+            Ok(handle) => handle
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            // No thread to be had: parse here, as deep as this stack allows.
+            Err(_) => parse_module_here(file, text),
+        }
+    })
+}
+
+fn parse_module_here(file: FileId, text: &str) -> Result<Module, Vec<Diagnostic>> {
     if text.len() > MAX_SOURCE_BYTES {
         return Err(vec![Diagnostic::error(
             "rlx::too_large",
@@ -63,8 +86,8 @@ pub fn parse_module(file: FileId, text: &str) -> Result<Module, Vec<Diagnostic>>
         .label(span, "nesting limit reached here")
         .help("split the expression with `let` bindings")]);
     }
-    let pairs = RlxParser::parse(Rule::file, text)
-        .map_err(|error| vec![syntax_error(file, text, error)])?;
+    let pairs =
+        parse_rule(Rule::file, text).map_err(|error| vec![syntax_error(file, text, error)])?;
     let mut builder = Builder {
         file,
         errors: Vec::new(),
@@ -72,6 +95,26 @@ pub fn parse_module(file: FileId, text: &str) -> Result<Module, Vec<Diagnostic>>
     let module = builder.file(pairs);
     if builder.errors.is_empty() {
         Ok(module)
+    } else {
+        Err(builder.errors)
+    }
+}
+
+/// Parse one expression on its own (used for code the compiler generates, e.g. rubric scoring).
+pub fn parse_expression(file: FileId, text: &str) -> Result<Expr, Vec<Diagnostic>> {
+    let mut pairs = RlxParser::parse(Rule::expr_only, text)
+        .map_err(|error| vec![syntax_error(file, text, error)])?;
+    let mut builder = Builder {
+        file,
+        errors: Vec::new(),
+    };
+    let expr_pair = next(&mut pairs)
+        .into_inner()
+        .next()
+        .expect("grammar guarantees an expression");
+    let expr = builder.expr(expr_pair);
+    if builder.errors.is_empty() {
+        Ok(expr)
     } else {
         Err(builder.errors)
     }
@@ -110,19 +153,80 @@ fn too_deep_brackets(text: &str) -> Option<Span> {
     None
 }
 
+/// Parse `text` as `rule`. On failure, parse it again with pest's token tracking on: the plain error
+/// knows only the rules it tried, so a missing `:`, `=` or `)` (a literal, not a rule) would be reported
+/// at the start of the enclosing declaration instead of where it is missing.
+fn parse_rule(rule: Rule, text: &str) -> Result<Pairs<'_, Rule>, pest::error::Error<Rule>> {
+    RlxParser::parse(rule, text).map_err(|error| {
+        // The switch is process-wide: hold it for the whole detailed parse, and only on the error path.
+        static DETAIL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _guard = DETAIL
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        pest::set_error_detail(true);
+        let detailed = RlxParser::parse(rule, text).err();
+        pest::set_error_detail(false);
+        detailed.unwrap_or(error)
+    })
+}
+
+/// A reader's name for a literal token pest expected, if it is one worth naming: `at_rule_position`
+/// says whether rules were expected at the same place (then only closers and commas add anything).
+fn token_description(token: &str, at_rule_position: bool) -> Option<&'static str> {
+    Some(match token {
+        ")" => "`)`",
+        "]" => "`]`",
+        "}" => "`}`",
+        "," => "`,`",
+        _ if at_rule_position => return None,
+        ":" => "`:`",
+        "=" => "`=`",
+        "(" => "`(`",
+        "[" => "`[`",
+        "{" => "`{`",
+        _ => return None,
+    })
+}
+
 fn syntax_error(file: FileId, text: &str, error: pest::error::Error<Rule>) -> Diagnostic {
     use pest::error::{ErrorVariant, InputLocation};
-    let (start, end) = match error.location {
+    let (mut start, mut end) = match error.location {
         InputLocation::Pos(position) => (position, position),
         InputLocation::Span((start, end)) => (start, end),
     };
-    let found = describe_found(text, start);
     let (message, label) = match &error.variant {
         ErrorVariant::ParsingError { positives, .. } => {
             let mut names: Vec<&str> = positives
                 .iter()
                 .filter_map(|rule| rule_description(*rule))
                 .collect();
+            if let Some(attempts) = error.parse_attempts() {
+                let tokens = |at_rule_position| -> Vec<&str> {
+                    attempts
+                        .expected_tokens()
+                        .iter()
+                        .filter_map(|token| token_description(&token.to_string(), at_rule_position))
+                        .collect()
+                };
+                if attempts.max_position == start {
+                    names.extend(tokens(true));
+                } else if attempts.max_position > start {
+                    // A literal was missing further on than any rule got.
+                    let further = tokens(false);
+                    if !further.is_empty() {
+                        (start, end) = (attempts.max_position, attempts.max_position);
+                        names = further;
+                    }
+                }
+            }
+            let found = describe_found(text, start);
+            // At the end of the file, point at the last token, where the reader looks (a label on the
+            // empty line after the final newline would not show).
+            if start >= text.trim_end().len() {
+                let at = text.trim_end().len();
+                let before = text[..at].chars().next_back().map_or(0, char::len_utf8);
+                (start, end) = (at - before, at);
+            }
             names.sort_unstable();
             names.dedup();
             let expected = human_list(&names);
@@ -147,6 +251,9 @@ fn syntax_error(file: FileId, text: &str, error: pest::error::Error<Rule>) -> Di
 fn describe_found(text: &str, offset: usize) -> String {
     let rest = text.get(offset..).unwrap_or("");
     let rest = rest.trim_start_matches([' ', '\t', '\r']);
+    if rest.trim().is_empty() {
+        return "end of file".to_string();
+    }
     match rest.chars().next() {
         None => "end of file".to_string(),
         Some('\n') => "end of line".to_string(),
@@ -308,9 +415,54 @@ struct Builder {
     errors: Vec<Diagnostic>,
 }
 
+/// The pair's span without trailing whitespace and comments (pest includes the trivia it skipped
+/// while looking for an optional or repeated part that was not there).
 fn span_of(pair: &Pair<'_, Rule>) -> Span {
     let span = pair.as_span();
-    Span::new(span.start(), span.end())
+    let start = span.start();
+    // The last child ends last; trim it too, since it may itself end with skipped trivia.
+    let Some(inner_end) = pair
+        .clone()
+        .into_inner()
+        .last()
+        .map(|p| span_of(&p).end as usize)
+    else {
+        return Span::new(start, span.end());
+    };
+    let text = pair.as_str().as_bytes();
+    let mut index = inner_end - start;
+    let mut last = index;
+    while index < text.len() {
+        if text[index..].starts_with(b"//") {
+            while index < text.len() && text[index] != b'\n' {
+                index += 1;
+            }
+        } else if text[index].is_ascii_whitespace() {
+            index += 1;
+        } else {
+            index += 1;
+            last = index;
+        }
+    }
+    Span::new(start, start + last)
+}
+
+/// Whether the first significant character of `text` (after whitespace and comments) is `wanted`.
+fn next_significant_is(text: &str, wanted: u8) -> bool {
+    let bytes = text.as_bytes();
+    let mut index = 0;
+    while index < bytes.len() {
+        if bytes[index..].starts_with(b"//") {
+            while index < bytes.len() && bytes[index] != b'\n' {
+                index += 1;
+            }
+        } else if bytes[index].is_ascii_whitespace() {
+            index += 1;
+        } else {
+            return bytes[index] == wanted;
+        }
+    }
+    false
 }
 
 fn ident(pair: Pair<'_, Rule>) -> Ident {
@@ -621,9 +773,13 @@ impl Builder {
 
     fn shape_call(&mut self, pair: Pair<'_, Rule>) -> ShapeCall {
         let span = span_of(&pair);
-        let parens = pair.as_str().contains('(');
+        let text = pair.as_str();
         let mut inner = pair.into_inner();
         let name = ident(next(&mut inner));
+        let after_name = text
+            .get((name.span.end - span.start) as usize..)
+            .unwrap_or("");
+        let parens = next_significant_is(after_name, b'(');
         let args = inner
             .map(|arg| {
                 let mut parts = arg.into_inner();

@@ -1,0 +1,505 @@
+//! HIR → IR. Functions are already inlined by the checker (as `Let`); here every value becomes a node,
+//! params become constants, `mean`/`std`/`var`/`softmax`/`logsumexp`/`cos` become primitive reductions,
+//! and pairwise bodies live at the `pair` level.
+
+use std::collections::HashMap;
+
+use super::{
+    Builder, Elem, Feature, Graph, InputInfo, KeepLevel, Level, NodeId, Op, RubricInfo, Shape,
+};
+use crate::check::builtins::{Func, ReduceOp};
+use crate::check::hir::{self, Axes, ExprKind, LocalId};
+use crate::check::types::{Feature as HirFeature, Ty};
+use crate::syntax::ast::{BinaryOp, UnaryOp};
+
+/// Lower a checked recipe with these param values (in `recipe.params` order; see `param_values`).
+pub fn lower(recipe: &hir::Recipe, params: &[f64]) -> Graph {
+    let rubrics: Vec<RubricInfo> = recipe
+        .rubrics
+        .iter()
+        .map(|r| RubricInfo {
+            name: r.name.clone(),
+            criteria: r.criteria.iter().map(|c| c.name.clone()).collect(),
+        })
+        .collect();
+    let mut lowerer = Lowerer {
+        builder: Builder::new(Vec::new(), Vec::new(), rubrics),
+        recipe,
+        params,
+        locals: HashMap::new(),
+        globals: Vec::new(),
+    };
+    let inputs: Vec<InputInfo> = recipe
+        .inputs
+        .iter()
+        .map(|input| InputInfo {
+            name: input.name.clone(),
+            elem: input.ty.elem,
+            shape: lowerer.shape_of(&input.ty),
+            differentiable: input.role.is_some(),
+            default: input.default,
+        })
+        .collect();
+    lowerer.builder.graph.inputs = inputs;
+    lowerer.builder.graph.params = recipe
+        .params
+        .iter()
+        .zip(params)
+        .map(|(p, v)| (p.name.clone(), *v))
+        .collect();
+    for global in &recipe.globals {
+        let node = lowerer.expr(&global.expr);
+        let node = lowerer.conform(node, &global.expr.ty);
+        lowerer.globals.push(node);
+    }
+    let outputs = &mut lowerer.builder.graph.outputs;
+    outputs.reward = recipe.reward.map(|id| lowerer.globals[id.0 as usize]);
+    outputs.advantage = recipe.advantage.map(|id| lowerer.globals[id.0 as usize]);
+    let loss = recipe.loss.as_ref().map(|e| lowerer.expr(e));
+    lowerer.builder.graph.outputs.loss = loss;
+    for metric in &recipe.metrics {
+        let node = lowerer.expr(&metric.expr);
+        lowerer
+            .builder
+            .graph
+            .outputs
+            .metrics
+            .push((metric.name.clone(), node));
+    }
+    for keep in &recipe.keeps {
+        let node = lowerer.expr(&keep.condition);
+        let level = match keep.level {
+            crate::syntax::ast::KeepLevel::Group => KeepLevel::Group,
+            crate::syntax::ast::KeepLevel::Resp => KeepLevel::Resp,
+        };
+        lowerer.builder.graph.outputs.keeps.push((level, node));
+    }
+    let mut graph = lowerer.builder.graph;
+    graph.eliminate_dead_code();
+    graph
+}
+
+/// Param values: the declared defaults with `overrides` (by name) applied.
+pub fn param_values(recipe: &hir::Recipe, overrides: &[(String, f64)]) -> Result<Vec<f64>, String> {
+    let mut values: Vec<f64> = recipe.params.iter().map(|p| p.value).collect();
+    for (name, value) in overrides {
+        let Some(index) = recipe.params.iter().position(|p| &p.name == name) else {
+            let known: Vec<&str> = recipe.params.iter().map(|p| p.name.as_str()).collect();
+            let hint = match crate::diagnostic::closest_name(name, known.iter().copied()) {
+                Some(close) => format!(" (did you mean `{close}`?)"),
+                None if known.is_empty() => " (the recipe declares no params)".to_string(),
+                None => format!(" (params: {})", known.join(", ")),
+            };
+            return Err(format!("unknown param `{name}`{hint}"));
+        };
+        let param = &recipe.params[index];
+        let ok = match param.elem {
+            Elem::Bool => *value == 0.0 || *value == 1.0,
+            Elem::I32 => value.fract() == 0.0 && value.abs() <= i32::MAX as f64,
+            Elem::F32 => !value.is_nan(),
+        };
+        if !ok {
+            return Err(format!(
+                "param `{name}` is {}, and {value} is not",
+                param.elem.name()
+            ));
+        }
+        values[index] = *value;
+    }
+    Ok(values)
+}
+
+struct Lowerer<'r> {
+    builder: Builder,
+    recipe: &'r hir::Recipe,
+    params: &'r [f64],
+    locals: HashMap<LocalId, NodeId>,
+    globals: Vec<NodeId>,
+}
+
+/// The finer of two shapes that broadcast to each other (the checker guarantees one exists).
+fn join(a: &Shape, b: &Shape) -> Shape {
+    let level = if a.level.broadcasts_to(b.level) {
+        b.level
+    } else {
+        a.level
+    };
+    Shape {
+        level,
+        feature: a.feature.clone().or_else(|| b.feature.clone()),
+    }
+}
+
+impl Lowerer<'_> {
+    fn feature_of(&self, feature: &HirFeature) -> Feature {
+        match feature {
+            HirFeature::Crit => Feature::Crit,
+            HirFeature::Dim => Feature::Dim,
+            HirFeature::Rubric(name) => {
+                let index = self
+                    .recipe
+                    .rubrics
+                    .iter()
+                    .position(|r| &r.name == name)
+                    .unwrap_or(0);
+                let len = self
+                    .recipe
+                    .rubrics
+                    .get(index)
+                    .map(|r| r.criteria.len())
+                    .unwrap_or(0);
+                Feature::Rubric {
+                    index: index as u32,
+                    len: len as u32,
+                }
+            }
+        }
+    }
+
+    fn shape_of(&self, ty: &Ty) -> Shape {
+        Shape {
+            level: ty.level.into(),
+            feature: ty.feature.as_ref().map(|f| self.feature_of(f)),
+        }
+    }
+
+    fn shape(&self, id: NodeId) -> Shape {
+        self.builder.shape(id).clone()
+    }
+
+    fn constant(&mut self, value: f64) -> NodeId {
+        self.builder.constant(value, Elem::F32)
+    }
+
+    /// An element-wise node over `args`, at their joined shape.
+    fn map(&mut self, op: Op, args: Vec<NodeId>, elem: Elem) -> NodeId {
+        let mut shape = Shape::BATCH;
+        for arg in &args {
+            shape = join(&shape, self.builder.shape(*arg));
+        }
+        self.builder.add(op, args, shape, elem)
+    }
+
+    fn unary(&mut self, op: Op, a: NodeId) -> NodeId {
+        self.map(op, vec![a], Elem::F32)
+    }
+
+    fn binary(&mut self, op: Op, a: NodeId, b: NodeId) -> NodeId {
+        self.map(op, vec![a, b], Elem::F32)
+    }
+
+    fn copy_to(&mut self, id: NodeId, shape: Shape) -> NodeId {
+        let elem = self.builder.elem(id);
+        self.builder.add(Op::Copy, vec![id], shape, elem)
+    }
+
+    /// Raise a node to the HIR type's shape if folding left it coarser (a reduction must see its axis).
+    fn conform(&mut self, id: NodeId, ty: &Ty) -> NodeId {
+        let target = self.shape_of(ty);
+        let current = self.shape(id);
+        if current != target && current.broadcasts_to(&target) {
+            self.copy_to(id, target)
+        } else {
+            id
+        }
+    }
+
+    fn reduce(&mut self, op: Op, arg: NodeId, out: Shape) -> NodeId {
+        let elem = match (op.clone(), self.builder.elem(arg)) {
+            (Op::Count, _) | (Op::ReduceSum, Elem::Bool) => Elem::I32,
+            (_, elem) => elem,
+        };
+        self.builder.add(op, vec![arg], out, elem)
+    }
+
+    /// Reduce a value over its feature axis, keeping its level.
+    fn drop_feature(&mut self, op: Op, arg: NodeId) -> NodeId {
+        let level = self.shape(arg).level;
+        self.reduce(
+            op,
+            arg,
+            Shape {
+                level,
+                feature: None,
+            },
+        )
+    }
+
+    /// Σ x / max(count, 1): the mean, 0 over no element.
+    fn mean(&mut self, arg: NodeId, out: Shape) -> NodeId {
+        let sum = self.reduce(Op::ReduceSum, arg, out.clone());
+        let count = self.reduce(Op::Count, arg, out);
+        let one = self.constant(1.0);
+        let denominator = self.binary(Op::Max, count, one);
+        self.binary(Op::Div, sum, denominator)
+    }
+
+    /// Σ (x − mean)² / max(count − ddof, 1): 0 when there are no more elements than `ddof`.
+    fn variance(&mut self, arg: NodeId, out: Shape, ddof: u32) -> NodeId {
+        let mean = self.mean(arg, out.clone());
+        let centred = self.binary(Op::Sub, arg, mean);
+        let squared = self.binary(Op::Mul, centred, centred);
+        let sum = self.reduce(Op::ReduceSum, squared, out.clone());
+        let count = self.reduce(Op::Count, arg, out);
+        let ddof = self.constant(f64::from(ddof));
+        let dof = self.binary(Op::Sub, count, ddof);
+        let one = self.constant(1.0);
+        let denominator = self.binary(Op::Max, dof, one);
+        self.binary(Op::Div, sum, denominator)
+    }
+
+    fn stopgrad(&mut self, id: NodeId) -> NodeId {
+        let (shape, elem) = (self.shape(id), self.builder.elem(id));
+        self.builder.add(Op::StopGrad, vec![id], shape, elem)
+    }
+
+    /// The reduced shape and the operand (raised to the pair level for `others`).
+    fn reduction_target(&mut self, axes: &Axes, arg: NodeId, result: &Ty) -> (NodeId, Shape) {
+        match axes {
+            Axes::Others => {
+                let arg_shape = self.shape(arg);
+                let arg = if arg_shape.level == Level::Pair {
+                    arg
+                } else {
+                    self.copy_to(
+                        arg,
+                        Shape {
+                            level: Level::Pair,
+                            feature: arg_shape.feature.clone(),
+                        },
+                    )
+                };
+                (
+                    arg,
+                    Shape {
+                        level: Level::Resp,
+                        feature: self.shape(arg).feature,
+                    },
+                )
+            }
+            Axes::Feature(_) => {
+                let level = self.shape(arg).level;
+                (
+                    arg,
+                    Shape {
+                        level,
+                        feature: None,
+                    },
+                )
+            }
+            Axes::Levels { .. } => {
+                let feature = self.shape(arg).feature;
+                (
+                    arg,
+                    Shape {
+                        level: result.level.into(),
+                        feature,
+                    },
+                )
+            }
+        }
+    }
+
+    fn expr(&mut self, expr: &hir::Expr) -> NodeId {
+        match &expr.kind {
+            ExprKind::Const(value) => self.builder.constant(*value, expr.ty.elem),
+            ExprKind::Input(id) => {
+                let shape = self.builder.graph.inputs[id.0 as usize].shape.clone();
+                self.builder
+                    .add(Op::Input(id.0), Vec::new(), shape, expr.ty.elem)
+            }
+            ExprKind::Param(id) => self
+                .builder
+                .constant(self.params[id.0 as usize], expr.ty.elem),
+            ExprKind::Value(value) => {
+                let shape = self.shape_of(&expr.ty);
+                self.builder
+                    .add(Op::Value(*value), Vec::new(), shape, expr.ty.elem)
+            }
+            ExprKind::Global(id) => self.globals[id.0 as usize],
+            ExprKind::Local(id) => self.locals[id],
+            ExprKind::Broadcast(inner) => {
+                let node = self.expr(inner);
+                let shape = self.shape_of(&expr.ty);
+                self.copy_to(node, shape)
+            }
+            ExprKind::Other(inner) => {
+                let node = self.expr(inner);
+                let shape = self.shape(node);
+                let pair = Shape {
+                    level: Level::Pair,
+                    feature: shape.feature.clone(),
+                };
+                if shape.level == Level::Resp {
+                    let elem = self.builder.elem(node);
+                    self.builder.add(Op::Other, vec![node], pair, elem)
+                } else {
+                    // A group-level value is the same for both responses of a pair.
+                    self.copy_to(node, pair)
+                }
+            }
+            ExprKind::Unary { op, operand } => {
+                let a = self.expr(operand);
+                match op {
+                    UnaryOp::Neg => self.map(Op::Neg, vec![a], expr.ty.elem),
+                    UnaryOp::Not => self.map(Op::Not, vec![a], Elem::Bool),
+                }
+            }
+            ExprKind::Binary { op, lhs, rhs } => {
+                let a = self.expr(lhs);
+                let b = self.expr(rhs);
+                let ir_op = match op {
+                    BinaryOp::Or => Op::Or,
+                    BinaryOp::And => Op::And,
+                    BinaryOp::Eq => Op::Eq,
+                    BinaryOp::Ne => Op::Ne,
+                    BinaryOp::Lt => Op::Lt,
+                    BinaryOp::Le => Op::Le,
+                    BinaryOp::Gt => Op::Gt,
+                    BinaryOp::Ge => Op::Ge,
+                    BinaryOp::Add => Op::Add,
+                    BinaryOp::Sub => Op::Sub,
+                    BinaryOp::Mul => Op::Mul,
+                    BinaryOp::Div => Op::Div,
+                    BinaryOp::Pow => Op::Pow,
+                };
+                self.map(ir_op, vec![a, b], expr.ty.elem)
+            }
+            ExprKind::Call { func, args } => {
+                let nodes: Vec<NodeId> = args.iter().map(|a| self.expr(a)).collect();
+                self.call(*func, nodes, expr)
+            }
+            ExprKind::Reduce {
+                op,
+                axes,
+                arg,
+                ddof,
+            } => {
+                let value = self.expr(arg);
+                let value = if matches!(axes, Axes::Levels { .. }) {
+                    self.conform(value, &arg.ty)
+                } else {
+                    value
+                };
+                let (value, out) = self.reduction_target(axes, value, &expr.ty);
+                match op {
+                    ReduceOp::Sum | ReduceOp::Count => self.reduce(Op::ReduceSum, value, out),
+                    ReduceOp::Mean => self.mean(value, out),
+                    ReduceOp::Max | ReduceOp::Any => self.reduce(Op::ReduceMax, value, out),
+                    ReduceOp::Min | ReduceOp::All => self.reduce(Op::ReduceMin, value, out),
+                    ReduceOp::Var => self.variance(value, out, *ddof),
+                    ReduceOp::Std => {
+                        let variance = self.variance(value, out, *ddof);
+                        self.unary(Op::Sqrt, variance)
+                    }
+                    ReduceOp::LogSumExp => {
+                        let max = self.reduce(Op::ReduceMax, value, out.clone());
+                        let max = self.stopgrad(max);
+                        let shifted = self.binary(Op::Sub, value, max);
+                        let exps = self.unary(Op::Exp, shifted);
+                        let sum = self.reduce(Op::ReduceSum, exps, out);
+                        let log = self.unary(Op::Log, sum);
+                        self.binary(Op::Add, log, max)
+                    }
+                }
+            }
+            ExprKind::Softmax {
+                axes,
+                arg,
+                temperature,
+            } => {
+                let value = self.expr(arg);
+                let value = self.conform(value, &arg.ty);
+                let temperature = self.expr(temperature);
+                let scaled = self.binary(Op::Div, value, temperature);
+                let (scaled, out) = self.reduction_target(
+                    axes,
+                    scaled,
+                    &expr.ty.with_level(match axes {
+                        Axes::Levels { to, .. } => to.coarser(),
+                        _ => expr.ty.level,
+                    }),
+                );
+                let max = self.reduce(Op::ReduceMax, scaled, out.clone());
+                let max = self.stopgrad(max);
+                let shifted = self.binary(Op::Sub, scaled, max);
+                let exps = self.unary(Op::Exp, shifted);
+                let sum = self.reduce(Op::ReduceSum, exps, out);
+                self.binary(Op::Div, exps, sum)
+            }
+            ExprKind::Scan {
+                arg,
+                decay,
+                reverse,
+            } => {
+                let value = self.expr(arg);
+                let value = self.conform(value, &arg.ty);
+                let decay = self.expr(decay);
+                let shape = self.shape(value);
+                self.builder.add(
+                    Op::Scan { reverse: *reverse },
+                    vec![value, decay],
+                    shape,
+                    Elem::F32,
+                )
+            }
+            ExprKind::Index { base, criterion } => {
+                let value = self.expr(base);
+                let value = self.conform(value, &base.ty);
+                let shape = Shape {
+                    level: self.shape(value).level,
+                    feature: None,
+                };
+                let elem = self.builder.elem(value);
+                self.builder
+                    .add(Op::Index(*criterion as u32), vec![value], shape, elem)
+            }
+            ExprKind::Let { bindings, body, .. } => {
+                for (local, value) in bindings {
+                    let node = self.expr(value);
+                    self.locals.insert(*local, node);
+                }
+                self.expr(body)
+            }
+        }
+    }
+
+    fn call(&mut self, func: Func, args: Vec<NodeId>, expr: &hir::Expr) -> NodeId {
+        let elem = expr.ty.elem;
+        match func {
+            Func::Exp => self.unary(Op::Exp, args[0]),
+            Func::Log => self.unary(Op::Log, args[0]),
+            Func::Log1p => self.unary(Op::Log1p, args[0]),
+            Func::Sqrt => self.unary(Op::Sqrt, args[0]),
+            Func::Sigmoid => self.unary(Op::Sigmoid, args[0]),
+            Func::LogSigmoid => self.unary(Op::LogSigmoid, args[0]),
+            Func::Tanh => self.unary(Op::Tanh, args[0]),
+            Func::Softplus => self.unary(Op::Softplus, args[0]),
+            Func::Abs => self.map(Op::Abs, vec![args[0]], elem),
+            Func::Floor => self.unary(Op::Floor, args[0]),
+            Func::Min => self.map(Op::Min, args, elem),
+            Func::Max => self.map(Op::Max, args, elem),
+            Func::Pow => self.binary(Op::Pow, args[0], args[1]),
+            Func::Clamp => {
+                let low = self.map(Op::Max, vec![args[0], args[1]], elem);
+                self.map(Op::Min, vec![low, args[2]], elem)
+            }
+            Func::Where => self.map(Op::Select, args, elem),
+            Func::Stopgrad => self.stopgrad(args[0]),
+            Func::Cos => {
+                // dot / max(|a|·|b|, tiny), along the shared feature axis.
+                let product = self.binary(Op::Mul, args[0], args[1]);
+                let dot = self.drop_feature(Op::ReduceSum, product);
+                let a2 = self.binary(Op::Mul, args[0], args[0]);
+                let b2 = self.binary(Op::Mul, args[1], args[1]);
+                let na = self.drop_feature(Op::ReduceSum, a2);
+                let nb = self.drop_feature(Op::ReduceSum, b2);
+                let norms = self.binary(Op::Mul, na, nb);
+                let norms = self.unary(Op::Sqrt, norms);
+                let tiny = self.constant(1e-12);
+                let denominator = self.binary(Op::Max, norms, tiny);
+                self.binary(Op::Div, dot, denominator)
+            }
+        }
+    }
+}

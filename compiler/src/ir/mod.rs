@@ -1,0 +1,525 @@
+//! Stage `lower` → IR: a dataflow graph of array operations, each node annotated with its shape (level
+//! and feature axis). User functions are inlined, params folded to constants, common subexpressions
+//! shared (hash-consing) and dead nodes dropped. Stage `autodiff` (`autodiff.rs`) appends the gradient of
+//! the loss to the same graph.
+//!
+//! # Shapes and element order
+//! A node's value is a flat array. With G groups, R responses, T tokens, P ordered pairs (i, j ≠ i) of
+//! responses within each group, C_g criteria of group g and D embedding dimensions:
+//!
+//! | level | elements, in order |
+//! |---|---|
+//! | batch | 1 |
+//! | group | G, groups in order |
+//! | resp | R, groups in order, responses within |
+//! | pair | for each group, for each response i, for each other response j of the group (in order) |
+//! | tok | T, the tokens of each response in order, responses in packed order |
+//!
+//! A `crit` axis multiplies each group (or each response, or pair) element by its group's C_g
+//! criteria (ragged); `dim` by D and a rubric axis by its K criteria (row-major: the element, then the
+//! feature index).
+//!
+//! # Broadcasting and reductions
+//! An element-wise node reads each operand at the element "above" its own (a token reads its response's
+//! value, a pair (i, j) reads response i's, an element with a feature reads the feature-less value).
+//! `Reduce` sums (or takes max/min) over every element of its operand that maps to each of its own
+//! elements the same way; `Other` reads response j of a pair and `SumByOther` is its adjoint.
+
+pub mod autodiff;
+pub mod lower;
+pub mod print;
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+pub use crate::check::builtins::Value;
+pub use crate::check::types::Elem;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Batch,
+    Group,
+    Resp,
+    /// Ordered pairs of distinct responses of one group (inside `… over others`).
+    Pair,
+    Tok,
+}
+
+impl Level {
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Batch => "batch",
+            Level::Group => "group",
+            Level::Resp => "resp",
+            Level::Pair => "pair",
+            Level::Tok => "tok",
+        }
+    }
+
+    /// Whether values at `self` broadcast to `finer` (the levels form a tree: pair and tok are both
+    /// below resp, and neither is below the other).
+    pub fn broadcasts_to(self, finer: Level) -> bool {
+        match (self, finer) {
+            (a, b) if a == b => true,
+            (Level::Pair, _) | (Level::Tok, _) => false,
+            (_, Level::Pair) | (_, Level::Tok) => self <= Level::Resp,
+            (a, b) => a < b,
+        }
+    }
+}
+
+impl From<crate::check::types::Level> for Level {
+    fn from(level: crate::check::types::Level) -> Level {
+        use crate::check::types::Level as L;
+        match level {
+            L::Batch => Level::Batch,
+            L::Group => Level::Group,
+            L::Resp => Level::Resp,
+            L::Tok => Level::Tok,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Feature {
+    Crit,
+    Dim,
+    /// A declared rubric's criteria: its index in `Graph::rubrics` and how many criteria it has.
+    Rubric {
+        index: u32,
+        len: u32,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Shape {
+    pub level: Level,
+    pub feature: Option<Feature>,
+}
+
+impl Shape {
+    pub const BATCH: Shape = Shape {
+        level: Level::Batch,
+        feature: None,
+    };
+
+    pub fn new(level: Level) -> Shape {
+        Shape {
+            level,
+            feature: None,
+        }
+    }
+
+    /// Whether a value of shape `self` can be read at every element of `finer`.
+    pub fn broadcasts_to(&self, finer: &Shape) -> bool {
+        self.level.broadcasts_to(finer.level)
+            && (self.feature.is_none() || self.feature == finer.feature)
+    }
+}
+
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.feature {
+            None => write!(f, "[{}]", self.level.name()),
+            Some(Feature::Crit) => write!(f, "[{}, crit]", self.level.name()),
+            Some(Feature::Dim) => write!(f, "[{}, dim]", self.level.name()),
+            Some(Feature::Rubric { index, len }) => {
+                write!(f, "[{}, rubric{index}:{len}]", self.level.name())
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct NodeId(pub u32);
+
+/// Operations. Element-wise ones broadcast their operands to the node's shape.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    Const(f64),
+    /// A recipe input, by index into `Graph::inputs`.
+    Input(u32),
+    Value(Value),
+    /// The operand, broadcast to this node's shape.
+    Copy,
+    Neg,
+    Not,
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Min,
+    Max,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    And,
+    Or,
+    /// `where(cond, yes, no)`.
+    Select,
+    Exp,
+    Log,
+    Log1p,
+    Sqrt,
+    Sigmoid,
+    LogSigmoid,
+    Tanh,
+    Softplus,
+    Abs,
+    Floor,
+    /// −1, 0 or 1 (used by gradients of `abs`).
+    Sign,
+    /// The operand's value; no gradient flows through it.
+    StopGrad,
+    /// Sum of the operand's elements that map to each element of this node.
+    ReduceSum,
+    ReduceMax,
+    ReduceMin,
+    /// How many elements of the operand map to each element of this node (the operand's value unused).
+    Count,
+    /// Pick feature index `k` of the operand.
+    Index(u32),
+    /// Place the operand at feature index `k` of this node's rubric axis, 0 elsewhere (adjoint of Index).
+    Unindex(u32),
+    /// Response j's value, for each pair (i, j).
+    Other,
+    /// For each response j, the sum over pairs (i, j) (adjoint of Other).
+    SumByOther,
+    /// `y_t = x_t + decay·y_{t−1}` along each response (`reverse`: from the end).
+    Scan {
+        reverse: bool,
+    },
+}
+
+impl Op {
+    /// Whether the op works element by element (operands broadcast to the node's shape).
+    pub fn is_elementwise(&self) -> bool {
+        !matches!(
+            self,
+            Op::Const(_)
+                | Op::Input(_)
+                | Op::Value(_)
+                | Op::ReduceSum
+                | Op::ReduceMax
+                | Op::ReduceMin
+                | Op::Count
+                | Op::Index(_)
+                | Op::Unindex(_)
+                | Op::Other
+                | Op::SumByOther
+                | Op::Scan { .. }
+        )
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            Op::Const(v) => format!("const {v}"),
+            Op::Input(i) => format!("input #{i}"),
+            Op::Index(k) => format!("index {k}"),
+            Op::Unindex(k) => format!("unindex {k}"),
+            Op::Scan { reverse } => format!("scan{}", if *reverse { " reverse" } else { "" }),
+            other => {
+                let text = serde_json::to_string(other).unwrap_or_default();
+                text.trim_matches('"').to_string()
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Node {
+    pub op: Op,
+    pub args: Vec<NodeId>,
+    pub shape: Shape,
+    pub elem: Elem,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct InputInfo {
+    pub name: String,
+    pub elem: Elem,
+    pub shape: Shape,
+    pub differentiable: bool,
+    pub default: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeepLevel {
+    Group,
+    Resp,
+}
+
+/// What the graph computes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Outputs {
+    pub reward: Option<NodeId>,
+    pub advantage: Option<NodeId>,
+    pub loss: Option<NodeId>,
+    pub metrics: Vec<(String, NodeId)>,
+    /// Filters, evaluated on the whole batch before advantages; conjoined per level.
+    pub keeps: Vec<(KeepLevel, NodeId)>,
+    /// ∂loss/∂input for each differentiable input (by input index), after `autodiff`.
+    pub gradients: Vec<(u32, NodeId)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RubricInfo {
+    pub name: String,
+    pub criteria: Vec<String>,
+}
+
+/// The IR of one recipe, for one assignment of its params.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Graph {
+    pub nodes: Vec<Node>,
+    pub inputs: Vec<InputInfo>,
+    pub params: Vec<(String, f64)>,
+    pub rubrics: Vec<RubricInfo>,
+    pub outputs: Outputs,
+}
+
+impl Graph {
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id.0 as usize]
+    }
+
+    /// Every output node, in a fixed order.
+    pub fn output_nodes(&self) -> Vec<NodeId> {
+        let o = &self.outputs;
+        o.reward
+            .iter()
+            .chain(o.advantage.iter())
+            .chain(o.loss.iter())
+            .copied()
+            .chain(o.metrics.iter().map(|(_, id)| *id))
+            .chain(o.keeps.iter().map(|(_, id)| *id))
+            .chain(o.gradients.iter().map(|(_, id)| *id))
+            .collect()
+    }
+
+    /// The nodes `roots` depend on (including themselves), as a mask.
+    pub fn cone(&self, roots: &[NodeId]) -> Vec<bool> {
+        let mut live = vec![false; self.nodes.len()];
+        let mut stack: Vec<NodeId> = roots.to_vec();
+        while let Some(id) = stack.pop() {
+            if std::mem::replace(&mut live[id.0 as usize], true) {
+                continue;
+            }
+            stack.extend(self.node(id).args.iter().copied());
+        }
+        live
+    }
+
+    /// Drop nodes no output needs, renumbering the rest (dead-code elimination).
+    pub fn eliminate_dead_code(&mut self) {
+        let live = self.cone(&self.output_nodes());
+        let mut renumber = vec![u32::MAX; self.nodes.len()];
+        let mut kept = Vec::new();
+        for (index, node) in self.nodes.iter().enumerate() {
+            if live[index] {
+                renumber[index] = kept.len() as u32;
+                let mut node = node.clone();
+                for arg in &mut node.args {
+                    *arg = NodeId(renumber[arg.0 as usize]);
+                }
+                kept.push(node);
+            }
+        }
+        self.nodes = kept;
+        let map = |id: &mut NodeId| *id = NodeId(renumber[id.0 as usize]);
+        let o = &mut self.outputs;
+        o.reward.iter_mut().for_each(map);
+        o.advantage.iter_mut().for_each(map);
+        o.loss.iter_mut().for_each(map);
+        o.metrics.iter_mut().for_each(|(_, id)| map(id));
+        o.keeps.iter_mut().for_each(|(_, id)| map(id));
+        o.gradients.iter_mut().for_each(|(_, id)| map(id));
+    }
+}
+
+/// Builds a graph with hash-consing (CSE) and constant folding.
+pub struct Builder {
+    pub graph: Graph,
+    memo: HashMap<String, NodeId>,
+}
+
+impl Builder {
+    pub fn new(
+        inputs: Vec<InputInfo>,
+        params: Vec<(String, f64)>,
+        rubrics: Vec<RubricInfo>,
+    ) -> Builder {
+        Builder {
+            graph: Graph {
+                nodes: Vec::new(),
+                inputs,
+                params,
+                rubrics,
+                outputs: Outputs::default(),
+            },
+            memo: HashMap::new(),
+        }
+    }
+
+    pub fn shape(&self, id: NodeId) -> &Shape {
+        &self.graph.node(id).shape
+    }
+
+    pub fn elem(&self, id: NodeId) -> Elem {
+        self.graph.node(id).elem
+    }
+
+    pub fn constant_value(&self, id: NodeId) -> Option<f64> {
+        match self.graph.node(id).op {
+            Op::Const(value) => Some(value),
+            _ => None,
+        }
+    }
+
+    pub fn constant(&mut self, value: f64, elem: Elem) -> NodeId {
+        self.add_raw(Op::Const(value), Vec::new(), Shape::BATCH, elem)
+    }
+
+    /// Add a node; identical nodes are shared and element-wise ops on constants are folded.
+    pub fn add(&mut self, op: Op, args: Vec<NodeId>, shape: Shape, elem: Elem) -> NodeId {
+        if op.is_elementwise() && op != Op::Copy {
+            let constants: Option<Vec<f64>> =
+                args.iter().map(|&a| self.constant_value(a)).collect();
+            if let Some(values) = constants {
+                if shape == Shape::BATCH || !values.is_empty() {
+                    if let Some(folded) = fold(&op, &values) {
+                        return self.constant(folded, elem);
+                    }
+                }
+            }
+        }
+        // Broadcasting a constant is the constant.
+        if op == Op::Copy {
+            if let Some(value) = self.constant_value(args[0]) {
+                return self.constant(value, elem);
+            }
+            if *self.shape(args[0]) == shape {
+                return args[0];
+            }
+        }
+        self.add_raw(op, args, shape, elem)
+    }
+
+    fn add_raw(&mut self, op: Op, args: Vec<NodeId>, shape: Shape, elem: Elem) -> NodeId {
+        debug_assert!(
+            !matches!(
+                op,
+                Op::ReduceSum | Op::ReduceMax | Op::ReduceMin | Op::Count
+            ) || shape.broadcasts_to(&self.graph.node(args[0]).shape),
+            "reduction of {} to {shape}",
+            self.graph.node(args[0]).shape
+        );
+        debug_assert!(
+            !op.is_elementwise()
+                || args
+                    .iter()
+                    .all(|a| self.graph.node(*a).shape.broadcasts_to(&shape)),
+            "{op:?} at {shape} over operands that do not broadcast to it"
+        );
+        let key = format!("{op:?}|{args:?}|{shape:?}|{elem:?}");
+        if let Some(&id) = self.memo.get(&key) {
+            return id;
+        }
+        let id = NodeId(self.graph.nodes.len() as u32);
+        self.graph.nodes.push(Node {
+            op,
+            args,
+            shape,
+            elem,
+        });
+        self.memo.insert(key, id);
+        id
+    }
+}
+
+/// Evaluate an element-wise op on scalars (the interpreter uses the same definitions).
+pub fn fold(op: &Op, values: &[f64]) -> Option<f64> {
+    let a = values.first().copied().unwrap_or(0.0);
+    let b = values.get(1).copied().unwrap_or(0.0);
+    let truth = |x: bool| f64::from(u8::from(x));
+    Some(match op {
+        Op::Copy | Op::StopGrad => a,
+        Op::Neg => -a,
+        Op::Not => truth(a == 0.0),
+        Op::Add => a + b,
+        Op::Sub => a - b,
+        Op::Mul => a * b,
+        Op::Div => a / b,
+        Op::Pow => a.powf(b),
+        Op::Min => a.min(b),
+        Op::Max => a.max(b),
+        Op::Eq => truth(a == b),
+        Op::Ne => truth(a != b),
+        Op::Lt => truth(a < b),
+        Op::Le => truth(a <= b),
+        Op::Gt => truth(a > b),
+        Op::Ge => truth(a >= b),
+        Op::And => truth(a != 0.0 && b != 0.0),
+        Op::Or => truth(a != 0.0 || b != 0.0),
+        Op::Select => {
+            if a != 0.0 {
+                b
+            } else {
+                values.get(2).copied().unwrap_or(0.0)
+            }
+        }
+        Op::Exp => a.exp(),
+        Op::Log => a.ln(),
+        Op::Log1p => a.ln_1p(),
+        Op::Sqrt => a.sqrt(),
+        Op::Sigmoid => sigmoid(a),
+        Op::LogSigmoid => log_sigmoid(a),
+        Op::Tanh => a.tanh(),
+        Op::Softplus => softplus(a),
+        Op::Abs => a.abs(),
+        Op::Floor => a.floor(),
+        Op::Sign => {
+            if a > 0.0 {
+                1.0
+            } else if a < 0.0 {
+                -1.0
+            } else {
+                0.0
+            }
+        }
+        _ => return None,
+    })
+}
+
+/// σ(x), stable for large |x|.
+pub fn sigmoid(x: f64) -> f64 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    }
+}
+
+/// log σ(x) = −softplus(−x), stable.
+pub fn log_sigmoid(x: f64) -> f64 {
+    -softplus(-x)
+}
+
+/// log(1 + eˣ), stable.
+pub fn softplus(x: f64) -> f64 {
+    if x > 0.0 {
+        x + (-x).exp().ln_1p()
+    } else {
+        x.exp().ln_1p()
+    }
+}

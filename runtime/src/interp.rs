@@ -1,0 +1,604 @@
+//! The reference interpreter: evaluates an IR graph over a packed batch in f64. It is the oracle every
+//! backend is tested against, so it is written for clarity, not speed.
+//!
+//! # Filters and defined edge cases
+//! - With `keep` sections, evaluation has two phases. Phase 1 computes, on the whole batch, the reward,
+//!   the keep conditions and what they depend on. Responses whose group or own condition is false are
+//!   dropped (a group left without responses is dropped too). Phase 2 computes everything else
+//!   (advantages, loss, metrics, gradients) on the kept responses only; values computed in phase 1 are
+//!   carried over, not recomputed (so a response's reward does not change because another was dropped).
+//!   Dropped responses get advantage 0 and gradient 0.
+//! - A reduction over no element: `sum` 0, `mean` 0, `max`/`min` 0, `count` 0, `var`/`std` 0 (also when
+//!   there are no more elements than `ddof`, e.g. a group of one response with `ddof = 1`).
+//! - A group of one response: `… over others` reduces over nothing (see above).
+//! - A response with no token: token reductions give the empty results above.
+//! - A rubric whose criteria have no positive points: the points score is 0 (see `std/rubric`).
+//! - Every response filtered out: an error, not a NaN loss.
+//! - A non-finite reward, advantage, loss, metric or gradient is an error naming it.
+
+use rlx_compiler::ir::{fold, Feature, Graph, KeepLevel, Level, NodeId, Op, Shape, Value};
+
+use crate::batch::{Batch, Layout};
+use crate::geometry::Geometry;
+
+/// Training-time values a recipe can read (`step`, `progress`); both 0 when scoring.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Context {
+    pub step: f64,
+    pub progress: f64,
+}
+
+/// What one evaluation produced. Per-response vectors are in packed order over the whole batch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    pub loss: Option<f64>,
+    pub metrics: Vec<(String, f64)>,
+    pub reward: Option<Vec<f64>>,
+    pub advantage: Option<Vec<f64>>,
+    pub kept: Vec<bool>,
+    /// ∂loss/∂input for each differentiable input: (input name, values in the input's element order).
+    pub gradients: Vec<(String, Vec<f64>)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EvalError(pub String);
+
+impl std::fmt::Display for EvalError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for EvalError {}
+
+fn rubric_lens(graph: &Graph) -> Vec<usize> {
+    graph.rubrics.iter().map(|r| r.criteria.len()).collect()
+}
+
+/// Check that the batch fits the graph: a valid layout and one vector of the right length per input.
+pub fn check_batch(graph: &Graph, batch: &Batch) -> Result<(), EvalError> {
+    batch
+        .layout
+        .validate()
+        .map_err(|e| EvalError(format!("malformed batch: {e}")))?;
+    if batch.inputs.len() != graph.inputs.len() {
+        return Err(EvalError(format!(
+            "malformed batch: {} input vectors for a recipe with {} inputs",
+            batch.inputs.len(),
+            graph.inputs.len()
+        )));
+    }
+    let geometry = Geometry::new(batch.layout.clone(), rubric_lens(graph));
+    for (input, values) in graph.inputs.iter().zip(&batch.inputs) {
+        let expected = geometry.size(&input.shape);
+        if values.len() != expected {
+            return Err(EvalError(format!(
+                "malformed batch: input `{}` has {} values, its shape {} needs {expected}",
+                input.name,
+                values.len(),
+                input.shape
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Evaluate every output of `graph` on `batch`.
+pub fn evaluate(graph: &Graph, batch: &Batch, context: &Context) -> Result<Outcome, EvalError> {
+    check_batch(graph, batch)?;
+    let layout = &batch.layout;
+    let responses = layout.responses();
+    let outputs = &graph.outputs;
+    let mut full = Evaluator::new(
+        graph,
+        Geometry::new(layout.clone(), rubric_lens(graph)),
+        &batch.inputs,
+        context,
+    );
+
+    if outputs.keeps.is_empty() {
+        full.run_all()?;
+        let reward = outputs
+            .reward
+            .map(|id| full.at_shape(id, &Shape::new(Level::Resp)));
+        let advantage = outputs
+            .advantage
+            .map(|id| full.at_shape(id, &Shape::new(Level::Resp)));
+        let gradients = outputs
+            .gradients
+            .iter()
+            .map(|(input, id)| {
+                let shape = graph.inputs[*input as usize].shape.clone();
+                (
+                    graph.inputs[*input as usize].name.clone(),
+                    full.at_shape(*id, &shape),
+                )
+            })
+            .collect();
+        let outcome = Outcome {
+            loss: outputs.loss.map(|id| full.scalar(id)),
+            metrics: outputs
+                .metrics
+                .iter()
+                .map(|(name, id)| (name.clone(), full.scalar(*id)))
+                .collect(),
+            reward,
+            advantage,
+            kept: vec![true; responses],
+            gradients,
+        };
+        return finite(outcome);
+    }
+
+    // Phase 1: rewards and filters on the whole batch.
+    let mut phase_one_roots: Vec<NodeId> = outputs.keeps.iter().map(|(_, id)| *id).collect();
+    phase_one_roots.extend(outputs.reward);
+    let phase_one = graph.cone(&phase_one_roots);
+    full.run(&phase_one)?;
+    let mut group_kept = vec![true; layout.groups()];
+    let mut response_kept = vec![true; responses];
+    for (level, id) in &outputs.keeps {
+        match level {
+            KeepLevel::Group => {
+                let values = full.at_shape(*id, &Shape::new(Level::Group));
+                for (kept, value) in group_kept.iter_mut().zip(values) {
+                    *kept &= value != 0.0;
+                }
+            }
+            KeepLevel::Resp => {
+                let values = full.at_shape(*id, &Shape::new(Level::Resp));
+                for (kept, value) in response_kept.iter_mut().zip(values) {
+                    *kept &= value != 0.0;
+                }
+            }
+        }
+    }
+    let response_group = layout.response_groups();
+    let kept: Vec<bool> = (0..responses)
+        .map(|r| group_kept[response_group[r]] && response_kept[r])
+        .collect();
+    if !kept.iter().any(|k| *k) {
+        return Err(EvalError(
+            "every response was filtered out by `keep`: there is nothing to compute advantages and the loss over"
+                .into(),
+        ));
+    }
+    let reward = outputs
+        .reward
+        .map(|id| full.at_shape(id, &Shape::new(Level::Resp)));
+
+    // Phase 2: the kept responses.
+    let selection = Selection::new(layout, &kept);
+    let sub_layout = selection.layout.clone();
+    let mut sub_geometry = Geometry::new(sub_layout, rubric_lens(graph));
+    let sub_inputs: Vec<Vec<f64>> = graph
+        .inputs
+        .iter()
+        .zip(&batch.inputs)
+        .map(|(input, values)| {
+            selection.slice(&mut full.geometry, &mut sub_geometry, &input.shape, values)
+        })
+        .collect();
+    let mut sub = Evaluator::new(graph, sub_geometry, &sub_inputs, context);
+    for (index, live) in phase_one.iter().enumerate() {
+        if *live {
+            if let Some(values) = &full.values[index] {
+                let shape = &graph.nodes[index].shape;
+                let sliced = selection.slice(&mut full.geometry, &mut sub.geometry, shape, values);
+                sub.values[index] = Some(sliced);
+            }
+        }
+    }
+    sub.run_all()?;
+    let advantage = outputs.advantage.map(|id| {
+        let kept_values = sub.at_shape(id, &Shape::new(Level::Resp));
+        selection.scatter_responses(&kept_values, responses)
+    });
+    let gradients = outputs
+        .gradients
+        .iter()
+        .map(|(input, id)| {
+            let info = &graph.inputs[*input as usize];
+            let kept_values = sub.at_shape(*id, &info.shape);
+            let full_values = selection.scatter(
+                &mut full.geometry,
+                &mut sub.geometry,
+                &info.shape,
+                &kept_values,
+            );
+            (info.name.clone(), full_values)
+        })
+        .collect();
+    let outcome = Outcome {
+        loss: outputs.loss.map(|id| sub.scalar(id)),
+        metrics: outputs
+            .metrics
+            .iter()
+            .map(|(name, id)| (name.clone(), sub.scalar(*id)))
+            .collect(),
+        reward,
+        advantage,
+        kept,
+        gradients,
+    };
+    finite(outcome)
+}
+
+/// Reject non-finite outputs with a message naming the first one.
+fn finite(outcome: Outcome) -> Result<Outcome, EvalError> {
+    let hint = "(a division by zero, the log of a non-positive value, or an overflowing exp in the recipe or the data?)";
+    if let Some(loss) = outcome.loss {
+        if !loss.is_finite() {
+            return Err(EvalError(format!("the loss is {loss} {hint}")));
+        }
+    }
+    for (name, value) in &outcome.metrics {
+        if !value.is_finite() {
+            return Err(EvalError(format!("metric `{name}` is {value} {hint}")));
+        }
+    }
+    for (what, values) in [
+        ("reward", &outcome.reward),
+        ("advantage", &outcome.advantage),
+    ] {
+        if let Some(values) = values {
+            if let Some(position) = values.iter().position(|v| !v.is_finite()) {
+                return Err(EvalError(format!(
+                    "the {what} of response {position} (packed order) is {} {hint}",
+                    values[position]
+                )));
+            }
+        }
+    }
+    for (name, values) in &outcome.gradients {
+        if let Some(position) = values.iter().position(|v| !v.is_finite()) {
+            return Err(EvalError(format!(
+                "the gradient with respect to `{name}` is {} at element {position} {hint}",
+                values[position]
+            )));
+        }
+    }
+    Ok(outcome)
+}
+
+/// Which responses (and so groups, tokens, criteria, pairs) survive the filters.
+struct Selection {
+    layout: Layout,
+    kept_responses: Vec<usize>,
+    kept_groups: Vec<usize>,
+}
+
+impl Selection {
+    fn new(layout: &Layout, kept: &[bool]) -> Selection {
+        let mut responses_per_group = Vec::new();
+        let mut tokens = Vec::new();
+        let mut crits = Vec::new();
+        let mut kept_responses = Vec::new();
+        let mut kept_groups = Vec::new();
+        for group in 0..layout.groups() {
+            let members: Vec<usize> = (layout.group_offsets[group]
+                ..layout.group_offsets[group + 1])
+                .filter(|&r| kept[r])
+                .collect();
+            if members.is_empty() {
+                continue;
+            }
+            kept_groups.push(group);
+            responses_per_group.push(members.len());
+            crits.push(layout.crit_count(group));
+            for r in members {
+                tokens.push(layout.response_length(r));
+                kept_responses.push(r);
+            }
+        }
+        let layout = Layout::from_counts(&responses_per_group, &tokens, &crits, layout.dim)
+            .expect("a sub-layout of a valid layout is valid");
+        Selection {
+            layout,
+            kept_responses,
+            kept_groups,
+        }
+    }
+
+    /// For each element of `shape` over the kept batch, its element over the full batch.
+    fn element_map(&self, full: &mut Geometry, sub: &mut Geometry, shape: &Shape) -> Vec<usize> {
+        // Map the base elements, then the features, through the positions of kept responses/groups.
+        let base_map: Vec<usize> = match shape.level {
+            Level::Batch => vec![0],
+            Level::Group => self.kept_groups.clone(),
+            Level::Resp => self.kept_responses.clone(),
+            Level::Tok => self
+                .kept_responses
+                .iter()
+                .flat_map(|&r| full.layout.token_offsets[r]..full.layout.token_offsets[r + 1])
+                .collect(),
+            Level::Pair => {
+                let position = |pairs: &[(usize, usize)], i: usize, j: usize| {
+                    pairs.iter().position(|p| *p == (i, j))
+                };
+                sub.pairs
+                    .iter()
+                    .filter_map(|&(i, j)| {
+                        position(&full.pairs, self.kept_responses[i], self.kept_responses[j])
+                    })
+                    .collect()
+            }
+        };
+        match &shape.feature {
+            None => base_map,
+            Some(feature) => {
+                let full_level = Shape::new(shape.level);
+                let full_map = full.map(shape, &full_level).to_vec();
+                let sub_map = sub.map(shape, &full_level).to_vec();
+                // Elements of each full base element, in order.
+                let mut starts = vec![usize::MAX; full.level_size(shape.level)];
+                for (element, base) in full_map.iter().enumerate() {
+                    if starts[*base] == usize::MAX {
+                        starts[*base] = element;
+                    }
+                }
+                let mut previous_base = usize::MAX;
+                let mut f = 0;
+                let _ = feature;
+                sub_map
+                    .iter()
+                    .map(|&sub_base| {
+                        if sub_base == previous_base {
+                            f += 1;
+                        } else {
+                            previous_base = sub_base;
+                            f = 0;
+                        }
+                        starts[base_map[sub_base]] + f
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    fn slice(
+        &self,
+        full: &mut Geometry,
+        sub: &mut Geometry,
+        shape: &Shape,
+        values: &[f64],
+    ) -> Vec<f64> {
+        if values.len() == 1 && shape.level == Level::Batch && shape.feature.is_none() {
+            return values.to_vec();
+        }
+        let map = self.element_map(full, sub, shape);
+        map.iter()
+            .map(|&e| values.get(e).copied().unwrap_or(0.0))
+            .collect()
+    }
+
+    fn scatter(
+        &self,
+        full: &mut Geometry,
+        sub: &mut Geometry,
+        shape: &Shape,
+        kept_values: &[f64],
+    ) -> Vec<f64> {
+        let mut out = vec![0.0; full.size(shape)];
+        if shape.level == Level::Batch {
+            return kept_values.to_vec();
+        }
+        let map = self.element_map(full, sub, shape);
+        for (value, element) in kept_values.iter().zip(map) {
+            out[element] = *value;
+        }
+        out
+    }
+
+    fn scatter_responses(&self, kept_values: &[f64], responses: usize) -> Vec<f64> {
+        let mut out = vec![0.0; responses];
+        for (value, &r) in kept_values.iter().zip(&self.kept_responses) {
+            out[r] = *value;
+        }
+        out
+    }
+}
+
+struct Evaluator<'g> {
+    graph: &'g Graph,
+    geometry: Geometry,
+    inputs: &'g [Vec<f64>],
+    context: Context,
+    values: Vec<Option<Vec<f64>>>,
+}
+
+impl<'g> Evaluator<'g> {
+    fn new(
+        graph: &'g Graph,
+        geometry: Geometry,
+        inputs: &'g [Vec<f64>],
+        context: &Context,
+    ) -> Evaluator<'g> {
+        Evaluator {
+            graph,
+            geometry,
+            inputs,
+            context: *context,
+            values: vec![None; graph.nodes.len()],
+        }
+    }
+
+    fn run_all(&mut self) -> Result<(), EvalError> {
+        let all = vec![true; self.graph.nodes.len()];
+        self.run(&all)
+    }
+
+    /// Evaluate the nodes in `mask` (in order; nodes already evaluated are kept).
+    fn run(&mut self, mask: &[bool]) -> Result<(), EvalError> {
+        for (index, wanted) in mask.iter().enumerate() {
+            if *wanted && self.values[index].is_none() {
+                let value = self.node(index)?;
+                self.values[index] = Some(value);
+            }
+        }
+        Ok(())
+    }
+
+    fn value(&self, id: NodeId) -> &[f64] {
+        self.values[id.0 as usize]
+            .as_deref()
+            .expect("operands are evaluated first")
+    }
+
+    /// A node's value broadcast to `shape` (outputs may have been folded to coarser shapes).
+    fn at_shape(&mut self, id: NodeId, shape: &Shape) -> Vec<f64> {
+        let node_shape = self.graph.node(id).shape.clone();
+        let values = self.value(id).to_vec();
+        if &node_shape == shape {
+            return values;
+        }
+        let map = self.geometry.map(shape, &node_shape).to_vec();
+        map.iter().map(|&e| values[e]).collect()
+    }
+
+    fn scalar(&self, id: NodeId) -> f64 {
+        self.value(id).first().copied().unwrap_or(0.0)
+    }
+
+    fn node(&mut self, index: usize) -> Result<Vec<f64>, EvalError> {
+        let node = &self.graph.nodes[index];
+        let size = self.geometry.size(&node.shape);
+        Ok(match &node.op {
+            Op::Const(value) => vec![*value],
+            Op::Input(i) => self.inputs[*i as usize].clone(),
+            Op::Value(value) => match value {
+                Value::Step => vec![self.context.step],
+                Value::Progress => vec![self.context.progress],
+                Value::N => (0..self.geometry.layout.groups())
+                    .map(|g| self.geometry.layout.group_size(g) as f64)
+                    .collect(),
+                Value::RespIndex => self.geometry.response_index(),
+                Value::Length => (0..self.geometry.layout.responses())
+                    .map(|r| self.geometry.layout.response_length(r) as f64)
+                    .collect(),
+                Value::TokenIndex => self.geometry.token_index(),
+                Value::Inf => vec![f64::INFINITY],
+            },
+            op if op.is_elementwise() => {
+                let shape = node.shape.clone();
+                let mut operands: Vec<(Vec<usize>, &[f64])> = Vec::new();
+                let maps: Vec<Vec<usize>> = node
+                    .args
+                    .iter()
+                    .map(|arg| {
+                        let arg_shape = &self.graph.node(*arg).shape;
+                        if *arg_shape == shape {
+                            Vec::new()
+                        } else {
+                            self.geometry.map(&shape, arg_shape).to_vec()
+                        }
+                    })
+                    .collect();
+                for (arg, map) in node.args.iter().zip(maps) {
+                    operands.push((map, self.value(*arg)));
+                }
+                let mut out = Vec::with_capacity(size);
+                let mut scratch = [0.0f64; 3];
+                for element in 0..size {
+                    for (k, (map, values)) in operands.iter().enumerate() {
+                        scratch[k] = if map.is_empty() {
+                            values[element]
+                        } else {
+                            values[map[element]]
+                        };
+                    }
+                    out.push(fold(op, &scratch[..operands.len()]).unwrap_or(f64::NAN));
+                }
+                out
+            }
+            Op::ReduceSum | Op::ReduceMax | Op::ReduceMin | Op::Count => {
+                let arg = node.args[0];
+                let arg_shape = self.graph.node(arg).shape.clone();
+                let map = self.geometry.map(&arg_shape, &node.shape).to_vec();
+                let values = self.value(arg);
+                let mut out = vec![0.0; size];
+                let mut seen = vec![false; size];
+                for (element, &target) in map.iter().enumerate() {
+                    let x = values.get(element).copied().unwrap_or(values[0]);
+                    match node.op {
+                        Op::ReduceSum => out[target] += x,
+                        Op::Count => out[target] += 1.0,
+                        Op::ReduceMax => {
+                            out[target] = if seen[target] { out[target].max(x) } else { x }
+                        }
+                        _ => out[target] = if seen[target] { out[target].min(x) } else { x },
+                    }
+                    seen[target] = true;
+                }
+                out
+            }
+            Op::Index(k) => {
+                let values = self.value(node.args[0]);
+                let len = self.rubric_len(&self.graph.node(node.args[0]).shape);
+                (0..size).map(|b| values[b * len + *k as usize]).collect()
+            }
+            Op::Unindex(k) => {
+                let len = self.rubric_len(&node.shape);
+                let values = self.value(node.args[0]);
+                let mut out = vec![0.0; size];
+                for (b, value) in values.iter().enumerate() {
+                    out[b * len + *k as usize] = *value;
+                }
+                out
+            }
+            Op::Other => {
+                let arg_shape = self.graph.node(node.args[0]).shape.clone();
+                let map = self.geometry.other_map(&node.shape, &arg_shape);
+                let values = self.value(node.args[0]);
+                map.iter().map(|&e| values[e]).collect()
+            }
+            Op::SumByOther => {
+                let arg_shape = self.graph.node(node.args[0]).shape.clone();
+                let map = self.geometry.other_map(&arg_shape, &node.shape);
+                let values = self.value(node.args[0]);
+                let mut out = vec![0.0; size];
+                for (element, &target) in map.iter().enumerate() {
+                    out[target] += values[element];
+                }
+                out
+            }
+            Op::Scan { reverse } => {
+                let decay_shape = self.graph.node(node.args[1]).shape.clone();
+                let decay_map = self.geometry.map(&node.shape, &decay_shape).to_vec();
+                let x = self.value(node.args[0]);
+                let decay = self.value(node.args[1]);
+                let layout = &self.geometry.layout;
+                let mut out = vec![0.0; size];
+                for response in 0..layout.responses() {
+                    let tokens: Vec<usize> = (layout.token_offsets[response]
+                        ..layout.token_offsets[response + 1])
+                        .collect();
+                    let mut carry = 0.0;
+                    let order: Box<dyn Iterator<Item = &usize>> = if *reverse {
+                        Box::new(tokens.iter().rev())
+                    } else {
+                        Box::new(tokens.iter())
+                    };
+                    for &t in order {
+                        carry = x[t] + decay[decay_map[t]] * carry;
+                        out[t] = carry;
+                    }
+                }
+                out
+            }
+            op => {
+                return Err(EvalError(format!(
+                    "internal: the interpreter cannot evaluate {}",
+                    op.name()
+                )))
+            }
+        })
+    }
+
+    fn rubric_len(&self, shape: &Shape) -> usize {
+        match &shape.feature {
+            Some(Feature::Rubric { len, .. }) => *len as usize,
+            _ => 1,
+        }
+    }
+}

@@ -1,0 +1,1034 @@
+//! Reading a JSONL rollout file into a packed [`Batch`].
+//!
+//! # The file
+//!
+//! One JSON object per non-blank line, one line per response. The key `"group"` (a string or an integer,
+//! required) names the prompt; the responses with the same `"group"` value form a group. Groups are
+//! ordered by their first appearance, the responses of a group keep their file order. Every other key is
+//! a recipe input, by name; keys the recipe does not declare are ignored with one warning.
+//!
+//! | input type | value on a line |
+//! |---|---|
+//! | `T` (batch level) | a number (or boolean); the same on every line |
+//! | `T[group]` | a number (or boolean); the same on every line of the group |
+//! | `T[resp]` | a number (or boolean) |
+//! | `T[tok]` | an array, one element per token; all token arrays of a line have the same length, the response's token count (0 when the recipe has no token-level input) |
+//! | `T[resp, crit]` | an array of the group's criterion count `C_g` |
+//! | `T[group, crit]` | an array of length `C_g`; the same on every line of the group |
+//! | `T[L, dim]` | an array of length `D`, one `D` for the whole file |
+//! | `T[L, rubric]` | an array in the rubric's criterion order, or an object keyed by criterion name (all criteria, no others) |
+//!
+//! Element types: `f32` takes any finite number, `i32` integers (`1.0` is fine, `1.5` is not), `bool`
+//! `true`/`false` or `0`/`1`. Values are stored as `f64` (`true` is 1). A missing input takes its
+//! declared default (repeated to the length the line needs), else it is an error. Bare `NaN`,
+//! `Infinity` and `-Infinity` (as Python's `json` writes them) and numbers too large for `f64` are
+//! reported as errors naming the line and key.
+//!
+//! # Element order (a contract with the interpreter)
+//!
+//! `Batch::inputs[i]` holds recipe input `i`, flat, in this order. With `G` groups, `R` responses in
+//! packed order (groups in order, the responses of each group in order), `T` tokens (the tokens of the
+//! packed responses, concatenated), `C_g` criteria of group `g` and `D` dimensions:
+//!
+//! | type | length | order |
+//! |---|---|---|
+//! | batch | 1 | |
+//! | `[group]` | G | groups |
+//! | `[resp]` | R | packed responses |
+//! | `[tok]` | T | tokens of packed responses, concatenated |
+//! | `[group, crit]` | Σ_g C_g | for each group, its C_g criteria |
+//! | `[resp, crit]` | Σ_r C_{g(r)} | for each packed response, its group's C_g criteria |
+//! | `[L, dim]` | size(L) × D | row-major: for each element of level L, its D values |
+//! | `[L, rubric]` with K criteria | size(L) × K | row-major, criteria in declaration order |
+//!
+//! size(batch) = 1, size(group) = G, size(resp) = R. `Layout::crit_offsets` are the prefix sums of the
+//! per-group criterion counts (all zero when the recipe has no `crit` input) and `Layout::dim` is `D`
+//! (0 when the recipe has no `dim` input). [`input_len`] computes these lengths; [`validate_batch`]
+//! checks a batch against them.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt;
+
+use rlx_compiler::check::types::{Elem, Feature, Level, Ty};
+use rlx_compiler::hir;
+use serde_json::{Map, Value};
+
+use crate::batch::{Batch, Layout};
+
+/// The key that names a response's group (prompt).
+pub const GROUP_KEY: &str = "group";
+
+/// A parsed rollout file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rollouts {
+    pub batch: Batch,
+    /// Each group's `"group"` value as given, in group order.
+    pub groups: Vec<Value>,
+    /// For each packed response, the 0-based index of its line among the file's non-blank lines.
+    pub line_of_response: Vec<usize>,
+    /// Things worth telling the user that do not stop the run (e.g. ignored keys).
+    pub warnings: Vec<String>,
+}
+
+/// Why a rollout file cannot be read: where (1-based file line, key) and what.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RolloutError {
+    pub line: Option<usize>,
+    pub key: Option<String>,
+    pub message: String,
+}
+
+impl RolloutError {
+    fn new(line: Option<usize>, key: Option<&str>, message: impl Into<String>) -> RolloutError {
+        RolloutError {
+            line,
+            key: key.map(str::to_string),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for RolloutError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.line, &self.key) {
+            (Some(line), Some(key)) => write!(f, "line {line}, key `{key}`: {}", self.message),
+            (Some(line), None) => write!(f, "line {line}: {}", self.message),
+            (None, Some(key)) => write!(f, "key `{key}`: {}", self.message),
+            (None, None) => f.write_str(&self.message),
+        }
+    }
+}
+
+impl std::error::Error for RolloutError {}
+
+/// The flat length of an input of type `ty` in a batch of `layout` (see the module doc for the order);
+/// `rubric_len` gives a rubric's criterion count. Never panics, even on an invalid layout.
+pub fn input_len(layout: &Layout, ty: &Ty, rubric_len: impl Fn(&str) -> usize) -> usize {
+    let groups = layout.group_offsets.len().saturating_sub(1);
+    let responses = layout.token_offsets.len().saturating_sub(1);
+    let tokens = layout.token_offsets.last().copied().unwrap_or(0);
+    let size = match ty.level {
+        Level::Batch => 1,
+        Level::Group => groups,
+        Level::Resp => responses,
+        Level::Tok => tokens,
+    };
+    match &ty.feature {
+        None => size,
+        Some(Feature::Dim) => size.saturating_mul(layout.dim),
+        Some(Feature::Rubric(name)) => size.saturating_mul(rubric_len(name)),
+        Some(Feature::Crit) => match ty.level {
+            Level::Batch | Level::Group => layout.crit_offsets.last().copied().unwrap_or(0),
+            Level::Resp | Level::Tok => {
+                let mut total = 0usize;
+                for group in 0..groups {
+                    let crits = span(&layout.crit_offsets, group);
+                    let first = layout.group_offsets.get(group).copied().unwrap_or(0);
+                    let end = layout.group_offsets.get(group + 1).copied().unwrap_or(0);
+                    let per_group = if ty.level == Level::Resp {
+                        end.saturating_sub(first)
+                    } else {
+                        (first..end.min(responses))
+                            .map(|response| span(&layout.token_offsets, response))
+                            .fold(0usize, usize::saturating_add)
+                    };
+                    total = total.saturating_add(per_group.saturating_mul(crits));
+                }
+                total
+            }
+        },
+    }
+}
+
+/// `offsets[i + 1] - offsets[i]`, 0 where out of range or decreasing.
+fn span(offsets: &[usize], i: usize) -> usize {
+    match (offsets.get(i), offsets.get(i + 1)) {
+        (Some(start), Some(end)) => end.saturating_sub(*start),
+        _ => 0,
+    }
+}
+
+/// Check that `batch` fits `recipe`: a valid layout, one vector per input, each of [`input_len`].
+pub fn validate_batch(batch: &Batch, recipe: &hir::Recipe) -> Result<(), String> {
+    batch
+        .layout
+        .validate()
+        .map_err(|error| format!("invalid batch layout: {error}"))?;
+    if batch.inputs.len() != recipe.inputs.len() {
+        return Err(format!(
+            "the batch has {} input vectors but the recipe declares {} inputs",
+            batch.inputs.len(),
+            recipe.inputs.len()
+        ));
+    }
+    for (input, values) in recipe.inputs.iter().zip(&batch.inputs) {
+        if let Some(Feature::Rubric(name)) = &input.ty.feature {
+            if !recipe.rubrics.iter().any(|rubric| &rubric.name == name) {
+                return Err(format!(
+                    "input `{}` has the axis of rubric `{name}`, which the recipe does not declare",
+                    input.name
+                ));
+            }
+        }
+        let expected = input_len(&batch.layout, &input.ty, |name| {
+            recipe
+                .rubrics
+                .iter()
+                .find(|rubric| rubric.name == name)
+                .map_or(0, |rubric| rubric.criteria.len())
+        });
+        if values.len() != expected {
+            return Err(format!(
+                "input `{}` ({}) has {} values but the batch layout needs {expected}",
+                input.name,
+                input.ty,
+                values.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Reading
+
+/// What a line gives for one input, before defaults.
+enum Axis<'r> {
+    /// One value per element of the level (an array at token level).
+    Plain,
+    Crit,
+    Dim,
+    Rubric {
+        name: &'r str,
+        criteria: Vec<&'r str>,
+    },
+}
+
+struct Slot<'r> {
+    name: &'r str,
+    ty: &'r Ty,
+    axis: Axis<'r>,
+    default: Option<f64>,
+}
+
+impl Slot<'_> {
+    /// Whether the value on a line is an array (rather than one number).
+    fn is_array(&self) -> bool {
+        !matches!(self.axis, Axis::Plain) || self.ty.level == Level::Tok
+    }
+}
+
+fn slots(recipe: &hir::Recipe) -> Result<Vec<Slot<'_>>, RolloutError> {
+    let mut slots = Vec::with_capacity(recipe.inputs.len());
+    for input in &recipe.inputs {
+        let name = input.name.as_str();
+        let unsupported = |why: &str| {
+            Err(RolloutError::new(
+                None,
+                Some(name),
+                format!(
+                    "input type {} cannot be read from a rollout file: {why}",
+                    input.ty
+                ),
+            ))
+        };
+        if name == GROUP_KEY {
+            return unsupported("the key `group` names the response's prompt");
+        }
+        let axis = match &input.ty.feature {
+            None => Axis::Plain,
+            Some(_) if input.ty.level == Level::Tok => {
+                return unsupported("a token-level value has no feature axis")
+            }
+            Some(Feature::Crit) if input.ty.level == Level::Batch => {
+                return unsupported("criterion lists are per group")
+            }
+            Some(Feature::Crit) => Axis::Crit,
+            Some(Feature::Dim) => Axis::Dim,
+            Some(Feature::Rubric(rubric)) => {
+                match recipe.rubrics.iter().find(|r| &r.name == rubric) {
+                    Some(found) => Axis::Rubric {
+                        name: &found.name,
+                        criteria: found.criteria.iter().map(|c| c.name.as_str()).collect(),
+                    },
+                    None => return unsupported("the recipe does not declare that rubric"),
+                }
+            }
+        };
+        slots.push(Slot {
+            name,
+            ty: &input.ty,
+            axis,
+            default: input.default,
+        });
+    }
+    Ok(slots)
+}
+
+/// One response line, parsed.
+struct Line {
+    /// 1-based line number in the file.
+    number: usize,
+    group: usize,
+    /// Per recipe input: the values given, or `None` where the default applies.
+    values: Vec<Option<Vec<f64>>>,
+    tokens: usize,
+}
+
+/// Parse a JSONL rollout file (see the module doc) into a packed batch for `recipe`.
+pub fn read_rollouts(text: &str, recipe: &hir::Recipe) -> Result<Rollouts, RolloutError> {
+    let slots = slots(recipe)?;
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let has_tok = slots.iter().any(|s| s.ty.level == Level::Tok);
+
+    let mut lines: Vec<Line> = Vec::new();
+    let mut groups: Vec<Value> = Vec::new();
+    let mut group_index: HashMap<GroupId, usize> = HashMap::new();
+    let mut unknown: Vec<String> = Vec::new();
+    // The dim length: (D, input name, line) of the first line that gives a dim-axis input.
+    let mut dim: Option<(usize, &str, usize)> = None;
+
+    for (index, raw) in text.lines().enumerate() {
+        if raw.trim().is_empty() {
+            continue;
+        }
+        let number = index + 1;
+        let object = parse_line(raw, number)?;
+
+        let group_value = object.get(GROUP_KEY).ok_or_else(|| {
+            RolloutError::new(
+                Some(number),
+                Some(GROUP_KEY),
+                "missing key `group` (the prompt this response belongs to)",
+            )
+        })?;
+        let id = group_id(group_value)
+            .map_err(|message| RolloutError::new(Some(number), Some(GROUP_KEY), message))?;
+        let group = *group_index.entry(id).or_insert_with(|| {
+            groups.push(group_value.clone());
+            groups.len() - 1
+        });
+
+        for key in object.keys() {
+            if key != GROUP_KEY && !slots.iter().any(|s| s.name == key) && !unknown.contains(key) {
+                unknown.push(key.clone());
+            }
+        }
+
+        let mut values = Vec::with_capacity(slots.len());
+        for slot in &slots {
+            let at = |message: String| RolloutError::new(Some(number), Some(slot.name), message);
+            match object.get(slot.name) {
+                Some(value) => values.push(Some(parse_input(slot, value).map_err(at)?)),
+                None if slot.default.is_some() => values.push(None),
+                None => {
+                    return Err(at(format!(
+                        "missing key: the recipe's input `{} : {}` has no default",
+                        slot.name, slot.ty
+                    )))
+                }
+            }
+        }
+
+        // The token count: every token array of the line agrees.
+        let mut tokens: Option<(usize, &str)> = None;
+        for (slot, value) in slots.iter().zip(&values) {
+            let (Level::Tok, Some(value)) = (slot.ty.level, value) else {
+                continue;
+            };
+            match tokens {
+                None => tokens = Some((value.len(), slot.name)),
+                Some((len, first)) if len != value.len() => {
+                    return Err(RolloutError::new(
+                        Some(number),
+                        Some(slot.name),
+                        format!(
+                            "token arrays of one response differ in length: {first} has {len}, {} has {}",
+                            slot.name,
+                            value.len()
+                        ),
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        let tokens = match tokens {
+            Some((len, _)) => len,
+            None if has_tok => {
+                let names = names_of(&slots, |s| s.ty.level == Level::Tok);
+                let first = slots
+                    .iter()
+                    .find(|s| s.ty.level == Level::Tok)
+                    .map(|s| s.name);
+                return Err(RolloutError::new(
+                    Some(number),
+                    first,
+                    format!(
+                        "cannot tell the response's token count: the line gives no token-level input ({names})"
+                    ),
+                ));
+            }
+            None => 0,
+        };
+
+        // The dim length: one for the whole file.
+        for (slot, value) in slots.iter().zip(&values) {
+            let (Axis::Dim, Some(value)) = (&slot.axis, value) else {
+                continue;
+            };
+            match dim {
+                None => dim = Some((value.len(), slot.name, number)),
+                Some((len, first, first_line)) if len != value.len() => {
+                    return Err(RolloutError::new(
+                        Some(number),
+                        Some(slot.name),
+                        format!(
+                            "the dim length differs: {first} has {len} on line {first_line}, {} has {} on line {number}",
+                            slot.name,
+                            value.len()
+                        ),
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+
+        lines.push(Line {
+            number,
+            group,
+            values,
+            tokens,
+        });
+    }
+
+    if lines.is_empty() {
+        return Err(RolloutError::new(
+            None,
+            None,
+            "the rollout file has no responses",
+        ));
+    }
+
+    let dim = match dim {
+        Some((len, _, _)) => len,
+        None => match slots.iter().find(|s| matches!(s.axis, Axis::Dim)) {
+            Some(slot) => {
+                return Err(RolloutError::new(
+                    None,
+                    Some(slot.name),
+                    "cannot tell the dim length: no line gives a dim-axis input",
+                ))
+            }
+            None => 0,
+        },
+    };
+
+    // Lines of each group, in file order.
+    let mut members: Vec<Vec<usize>> = vec![Vec::new(); groups.len()];
+    for (index, line) in lines.iter().enumerate() {
+        if let Some(list) = members.get_mut(line.group) {
+            list.push(index);
+        }
+    }
+
+    // Criterion counts per group.
+    let has_crit = slots.iter().any(|s| matches!(s.axis, Axis::Crit));
+    let mut crits: Vec<usize> = Vec::new();
+    if has_crit {
+        for (group, list) in members.iter().enumerate() {
+            let mut count: Option<(usize, &str, usize)> = None;
+            for line in list.iter().filter_map(|&i| lines.get(i)) {
+                for (slot, value) in slots.iter().zip(&line.values) {
+                    let (Axis::Crit, Some(value)) = (&slot.axis, value) else {
+                        continue;
+                    };
+                    match count {
+                        None => count = Some((value.len(), slot.name, line.number)),
+                        Some((len, first, first_line)) if len != value.len() => {
+                            return Err(RolloutError::new(
+                                Some(line.number),
+                                Some(slot.name),
+                                format!(
+                                    "the criterion count differs within group {}: {first} has {len} on line {first_line}, {} has {} on line {}",
+                                    show_group(&groups, group),
+                                    slot.name,
+                                    value.len(),
+                                    line.number
+                                ),
+                            ));
+                        }
+                        Some(_) => {}
+                    }
+                }
+            }
+            match count {
+                Some((len, _, _)) => crits.push(len),
+                None => {
+                    let first_line = list.first().and_then(|&i| lines.get(i)).map(|l| l.number);
+                    let first = slots
+                        .iter()
+                        .find(|s| matches!(s.axis, Axis::Crit))
+                        .map(|s| s.name);
+                    return Err(RolloutError::new(
+                        first_line,
+                        first,
+                        format!(
+                            "cannot tell the criterion count of group {}: none of its lines gives a crit-axis input ({})",
+                            show_group(&groups, group),
+                            names_of(&slots, |s| matches!(s.axis, Axis::Crit))
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+
+    let sizes = Sizes { crits, dim };
+    let value_at = |line, index| value_of(line, index, &slots, &sizes);
+
+    // Group- and batch-level inputs agree across the lines they repeat on.
+    let everything: Vec<usize> = (0..lines.len()).collect();
+    for (index, slot) in slots.iter().enumerate() {
+        let scopes: Vec<(Option<usize>, &[usize])> = match slot.ty.level {
+            Level::Group => members
+                .iter()
+                .enumerate()
+                .map(|(g, list)| (Some(g), list.as_slice()))
+                .collect(),
+            Level::Batch => vec![(None, everything.as_slice())],
+            Level::Resp | Level::Tok => continue,
+        };
+        for (group, list) in scopes {
+            let mut rows = list.iter().filter_map(|&i| lines.get(i));
+            let Some(first) = rows.next() else { continue };
+            let reference = value_at(first, index);
+            for line in rows {
+                let here = value_at(line, index);
+                if !same(&reference, &here) {
+                    let show = |values: &[f64], line: &Line| {
+                        let defaulted = matches!(line.values.get(index), Some(None));
+                        format!(
+                            "{}{} on line {}",
+                            show_values(slot, values),
+                            if defaulted { " (the default)" } else { "" },
+                            line.number
+                        )
+                    };
+                    let message = match group {
+                        Some(group) => format!(
+                            "group-level input `{}` differs within group {}: {}, {}",
+                            slot.name,
+                            show_group(&groups, group),
+                            show(&reference, first),
+                            show(&here, line)
+                        ),
+                        None => format!(
+                            "batch-level input `{}` differs between lines: {}, {}",
+                            slot.name,
+                            show(&reference, first),
+                            show(&here, line)
+                        ),
+                    };
+                    return Err(RolloutError::new(
+                        Some(line.number),
+                        Some(slot.name),
+                        message,
+                    ));
+                }
+            }
+        }
+    }
+
+    // Pack.
+    let order: Vec<usize> = members.iter().flatten().copied().collect();
+    let responses_per_group: Vec<usize> = members.iter().map(Vec::len).collect();
+    let tokens_per_response: Vec<usize> = order
+        .iter()
+        .filter_map(|&i| lines.get(i))
+        .map(|line| line.tokens)
+        .collect();
+    let layout = Layout::from_counts(
+        &responses_per_group,
+        &tokens_per_response,
+        &sizes.crits,
+        sizes.dim,
+    )
+    .map_err(|error| RolloutError::new(None, None, format!("internal error: {error}")))?;
+
+    let mut inputs = Vec::with_capacity(slots.len());
+    for (index, slot) in slots.iter().enumerate() {
+        let rows: Vec<&Line> = match slot.ty.level {
+            Level::Batch => lines.first().into_iter().collect(),
+            Level::Group => members
+                .iter()
+                .filter_map(|list| list.first().and_then(|&i| lines.get(i)))
+                .collect(),
+            Level::Resp | Level::Tok => order.iter().filter_map(|&i| lines.get(i)).collect(),
+        };
+        let mut flat = Vec::new();
+        for line in rows {
+            flat.extend_from_slice(&value_at(line, index));
+        }
+        inputs.push(flat);
+    }
+
+    // Every non-blank line is a response, so indices into `lines` are line indices among non-blank lines.
+    let line_of_response = order.clone();
+
+    let mut warnings = Vec::new();
+    if !unknown.is_empty() {
+        warnings.push(format!(
+            "ignored keys not used by the recipe: {}",
+            unknown.join(", ")
+        ));
+    }
+
+    Ok(Rollouts {
+        batch: Batch { layout, inputs },
+        groups,
+        line_of_response,
+        warnings,
+    })
+}
+
+/// The data-given axis lengths: criteria per group (empty without a `crit` input) and `dim`.
+struct Sizes {
+    crits: Vec<usize>,
+    dim: usize,
+}
+
+impl Sizes {
+    /// The length input `slot`'s value must have on a line of group `group` with `tokens` tokens.
+    fn needed(&self, slot: &Slot, group: usize, tokens: usize) -> usize {
+        match &slot.axis {
+            Axis::Plain if slot.ty.level == Level::Tok => tokens,
+            Axis::Plain => 1,
+            Axis::Crit => self.crits.get(group).copied().unwrap_or(0),
+            Axis::Dim => self.dim,
+            Axis::Rubric { criteria, .. } => criteria.len(),
+        }
+    }
+}
+
+/// Input `index` on `line`: as given, or its default repeated to the needed length.
+fn value_of<'l>(line: &'l Line, index: usize, slots: &[Slot], sizes: &Sizes) -> Cow<'l, [f64]> {
+    match (line.values.get(index), slots.get(index)) {
+        (Some(Some(values)), _) => Cow::Borrowed(values.as_slice()),
+        (_, Some(slot)) => {
+            let len = sizes.needed(slot, line.group, line.tokens);
+            Cow::Owned(vec![slot.default.unwrap_or(0.0); len])
+        }
+        (_, None) => Cow::Owned(Vec::new()),
+    }
+}
+
+fn names_of(slots: &[Slot], keep: impl Fn(&Slot) -> bool) -> String {
+    slots
+        .iter()
+        .filter(|s| keep(s))
+        .map(|s| s.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Exact agreement (values are finite, so `==` is exact; 0 and -0 agree).
+fn same(a: &[f64], b: &[f64]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
+}
+
+fn show_group(groups: &[Value], group: usize) -> String {
+    groups
+        .get(group)
+        .map_or_else(|| format!("#{group}"), Value::to_string)
+}
+
+fn show_number(elem: Elem, x: f64) -> String {
+    if elem == Elem::Bool {
+        return if x != 0.0 { "true" } else { "false" }.to_string();
+    }
+    if x == x.trunc() && x.abs() < 1e16 {
+        format!("{x}")
+    } else {
+        format!("{x:?}")
+    }
+}
+
+fn show_values(slot: &Slot, values: &[f64]) -> String {
+    let elem = slot.ty.elem;
+    if !slot.is_array() {
+        if let [x] = values {
+            return show_number(elem, *x);
+        }
+    }
+    let shown: Vec<String> = values.iter().map(|&x| show_number(elem, x)).collect();
+    format!("[{}]", shown.join(", "))
+}
+
+/// The identity of a group value: strings and integers are different groups even when they print alike.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum GroupId {
+    Str(String),
+    Int(i128),
+}
+
+fn group_id(value: &Value) -> Result<GroupId, String> {
+    match value {
+        Value::String(s) => match sentinel(s) {
+            Some(text) => Err(format!(
+                "expected a string or an integer, found {}",
+                non_finite(text)
+            )),
+            None => Ok(GroupId::Str(s.clone())),
+        },
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                Ok(GroupId::Int(i128::from(i)))
+            } else if let Some(u) = n.as_u64() {
+                Ok(GroupId::Int(i128::from(u)))
+            } else {
+                Err(format!(
+                    "expected a string or an integer, found the number {n}"
+                ))
+            }
+        }
+        other => Err(format!(
+            "expected a string or an integer, found {}",
+            describe(other)
+        )),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Values
+
+fn elem_noun(elem: Elem) -> &'static str {
+    match elem {
+        Elem::F32 => "a number",
+        Elem::I32 => "an integer",
+        Elem::Bool => "a boolean",
+    }
+}
+
+fn array_noun(elem: Elem) -> &'static str {
+    match elem {
+        Elem::F32 => "an array of numbers",
+        Elem::I32 => "an array of integers",
+        Elem::Bool => "an array of booleans",
+    }
+}
+
+/// What a JSON value is, for messages.
+fn describe(value: &Value) -> String {
+    match value {
+        Value::Null => "null".into(),
+        Value::Bool(_) => "a boolean".into(),
+        Value::Number(n) => format!("the number {n}"),
+        Value::String(s) => match sentinel(s) {
+            Some(text) => non_finite(text),
+            None => "a string".into(),
+        },
+        Value::Array(_) => "an array".into(),
+        Value::Object(_) => "an object".into(),
+    }
+}
+
+/// One element of type `elem`.
+fn parse_elem(value: &Value, elem: Elem) -> Result<f64, String> {
+    match value {
+        Value::Number(n) => {
+            let Some(x) = n.as_f64().filter(|x| x.is_finite()) else {
+                return Err(format!("number {n} is out of range for f64"));
+            };
+            match elem {
+                Elem::F32 => Ok(x),
+                Elem::I32 => {
+                    if x.fract() != 0.0 {
+                        Err(format!("expected an integer, found {n}"))
+                    } else if x < f64::from(i32::MIN) || x > f64::from(i32::MAX) {
+                        Err(format!("integer {n} is out of range for i32"))
+                    } else {
+                        Ok(x)
+                    }
+                }
+                Elem::Bool => {
+                    if x == 0.0 || x == 1.0 {
+                        Ok(x)
+                    } else {
+                        Err(format!("expected a boolean (true/false or 0/1), found {n}"))
+                    }
+                }
+            }
+        }
+        Value::Bool(b) if elem == Elem::Bool => Ok(if *b { 1.0 } else { 0.0 }),
+        Value::String(s) if sentinel(s).is_some() => Err(describe(value)),
+        other => Err(format!(
+            "expected {}, found {}",
+            elem_noun(elem),
+            describe(other)
+        )),
+    }
+}
+
+fn parse_array(value: &Value, elem: Elem) -> Result<Vec<f64>, String> {
+    match value {
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| parse_elem(item, elem).map_err(|e| format!("element {i}: {e}")))
+            .collect(),
+        other => Err(format!(
+            "expected {}, found {}",
+            array_noun(elem),
+            describe(other)
+        )),
+    }
+}
+
+fn parse_input(slot: &Slot, value: &Value) -> Result<Vec<f64>, String> {
+    let elem = slot.ty.elem;
+    match &slot.axis {
+        Axis::Plain if slot.ty.level == Level::Tok => parse_array(value, elem),
+        Axis::Plain => parse_elem(value, elem).map(|x| vec![x]),
+        Axis::Crit | Axis::Dim => parse_array(value, elem),
+        Axis::Rubric { name, criteria } => match value {
+            Value::Array(items) => {
+                if items.len() != criteria.len() {
+                    return Err(format!(
+                        "expected {} values, one per criterion of rubric `{name}` ({}), found {}",
+                        criteria.len(),
+                        criteria.join(", "),
+                        items.len()
+                    ));
+                }
+                parse_array(value, elem)
+            }
+            Value::Object(map) => {
+                if let Some(extra) = map.keys().find(|k| !criteria.contains(&k.as_str())) {
+                    return Err(format!(
+                        "unknown criterion `{extra}` of rubric `{name}` (its criteria: {})",
+                        criteria.join(", ")
+                    ));
+                }
+                criteria
+                    .iter()
+                    .map(|criterion| match map.get(*criterion) {
+                        Some(item) => parse_elem(item, elem)
+                            .map_err(|e| format!("criterion `{criterion}`: {e}")),
+                        None => Err(format!(
+                            "missing criterion `{criterion}` of rubric `{name}`"
+                        )),
+                    })
+                    .collect()
+            }
+            other => Err(format!(
+                "expected {} in the criterion order of rubric `{name}` or an object keyed by criterion, found {}",
+                array_noun(elem),
+                describe(other)
+            )),
+        },
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Lines: non-finite tokens, JSON
+
+/// Marks a string that stood for a bare non-finite or out-of-range number token.
+const SENTINEL: &str = "\u{0}rlx-number:";
+
+fn sentinel(s: &str) -> Option<&str> {
+    s.strip_prefix(SENTINEL)
+}
+
+fn non_finite(text: &str) -> String {
+    match text {
+        "NaN" | "Infinity" | "-Infinity" => format!("non-finite value {text}"),
+        _ => format!("number {text} is out of range for f64"),
+    }
+}
+
+/// A replaced token: where it was in the original line, its length there and in the sanitized line.
+struct Edit {
+    start: usize,
+    old_len: usize,
+    new_len: usize,
+}
+
+fn is_word_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+/// Replace bare `NaN`, `Infinity`, `-Infinity` and numbers beyond f64 outside strings by sentinel strings.
+fn sanitize(line: &str) -> (Cow<'_, str>, Vec<Edit>) {
+    let bytes = line.as_bytes();
+    let mut out = String::new();
+    let mut copied = 0;
+    let mut edits = Vec::new();
+    let mut replace = |out: &mut String, start: usize, end: usize| {
+        out.push_str(line.get(copied..start).unwrap_or(""));
+        let token = line.get(start..end).unwrap_or("");
+        let before = out.len();
+        out.push_str("\"\\u0000");
+        out.push_str(SENTINEL.get(1..).unwrap_or(""));
+        out.push_str(token);
+        out.push('"');
+        edits.push(Edit {
+            start,
+            old_len: end - start,
+            new_len: out.len() - before,
+        });
+        copied = end;
+    };
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                i += 1;
+                while i < bytes.len() {
+                    match bytes[i] {
+                        b'\\' => i += 2,
+                        b'"' => {
+                            i += 1;
+                            break;
+                        }
+                        _ => i += 1,
+                    }
+                }
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                let rest = bytes.get(i + 1..).unwrap_or(&[]);
+                if bytes[i] == b'-'
+                    && rest.starts_with(b"Infinity")
+                    && !rest.get(8).is_some_and(|&b| is_word_byte(b))
+                {
+                    i += 9;
+                    replace(&mut out, start, i);
+                    continue;
+                }
+                i += 1;
+                while i < bytes.len()
+                    && matches!(bytes[i], b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-')
+                {
+                    i += 1;
+                }
+                let token = line.get(start..i).unwrap_or("");
+                let may_overflow = token.len() > 300 || token.contains(['e', 'E']);
+                if may_overflow && token.parse::<f64>().is_ok_and(f64::is_infinite) {
+                    replace(&mut out, start, i);
+                }
+            }
+            b if b.is_ascii_alphabetic() || b == b'_' => {
+                let start = i;
+                while i < bytes.len() && is_word_byte(bytes[i]) {
+                    i += 1;
+                }
+                if matches!(line.get(start..i), Some("NaN" | "Infinity")) {
+                    replace(&mut out, start, i);
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    if edits.is_empty() {
+        return (Cow::Borrowed(line), edits);
+    }
+    out.push_str(line.get(copied..).unwrap_or(""));
+    (Cow::Owned(out), edits)
+}
+
+/// Map a 1-based byte column of the sanitized line back to the original line.
+fn original_column(column: usize, edits: &[Edit]) -> usize {
+    let position = column.saturating_sub(1);
+    let mut delta: isize = 0;
+    for edit in edits {
+        let start = edit.start.saturating_add_signed(delta);
+        if position < start {
+            break;
+        }
+        if position < start + edit.new_len {
+            return edit.start + 1;
+        }
+        delta += edit.new_len as isize - edit.old_len as isize;
+    }
+    position.saturating_add_signed(-delta) + 1
+}
+
+fn parse_line(raw: &str, number: usize) -> Result<Map<String, Value>, RolloutError> {
+    let (text, edits) = sanitize(raw);
+    match serde_json::from_str::<Value>(&text) {
+        Ok(Value::Object(object)) => Ok(object),
+        Ok(other) => Err(RolloutError::new(
+            Some(number),
+            None,
+            format!("expected a JSON object, found {}", describe(&other)),
+        )),
+        Err(error) => {
+            let full = error.to_string();
+            let message = if error.line() == 0 {
+                full
+            } else {
+                let suffix = format!(" at line {} column {}", error.line(), error.column());
+                let what = full.strip_suffix(&suffix).unwrap_or(&full);
+                format!(
+                    "{what} at column {}",
+                    original_column(error.column(), &edits)
+                )
+            };
+            Err(RolloutError::new(
+                Some(number),
+                None,
+                format!("invalid JSON: {message}"),
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sanitize_replaces_bare_tokens_outside_strings_only() {
+        let (text, edits) =
+            sanitize(r#"{"a": NaN, "b": [Infinity, -Infinity], "c": "NaN", "d": 1e999}"#);
+        assert_eq!(edits.len(), 4);
+        let value: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(value["a"].as_str().and_then(sentinel), Some("NaN"));
+        assert_eq!(value["b"][1].as_str().and_then(sentinel), Some("-Infinity"));
+        assert_eq!(value["c"], "NaN");
+        assert_eq!(value["d"].as_str().and_then(sentinel), Some("1e999"));
+        let (same, none) = sanitize(r#"{"a": [1, -2.5e3, true], "b": "x\"NaN"}"#);
+        assert!(none.is_empty());
+        assert!(matches!(same, Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn columns_map_back_across_replacements() {
+        let raw = r#"{"a": NaN, "b": }"#;
+        let (text, edits) = sanitize(raw);
+        let error = serde_json::from_str::<Value>(&text).unwrap_err();
+        let column = original_column(error.column(), &edits);
+        assert_eq!(&raw[column - 1..column], "}");
+    }
+
+    #[test]
+    fn input_len_survives_broken_layouts() {
+        let layout = Layout {
+            group_offsets: vec![],
+            token_offsets: vec![3, 1],
+            crit_offsets: vec![5],
+            dim: usize::MAX,
+        };
+        for level in [Level::Batch, Level::Group, Level::Resp, Level::Tok] {
+            for feature in [None, Some(Feature::Crit), Some(Feature::Dim)] {
+                let ty = Ty {
+                    elem: Elem::F32,
+                    level,
+                    feature,
+                };
+                let _ = input_len(&layout, &ty, |_| usize::MAX);
+            }
+        }
+    }
+}

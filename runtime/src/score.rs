@@ -1,0 +1,91 @@
+//! `rlx score`: a checked recipe applied to rollouts from any trainer, as one JSON document.
+
+use serde_json::{json, Map, Value};
+
+use rlx_compiler::hir::Recipe;
+use rlx_compiler::ir::Level;
+
+use crate::interp::{evaluate, Context};
+use crate::rollouts::read_rollouts;
+
+/// The result document and the warnings met on the way.
+pub struct Scored {
+    pub document: Value,
+    pub warnings: Vec<String>,
+}
+
+/// Score `rollouts` (JSONL text) with `recipe`, params overridden by `overrides`.
+///
+/// The document is `{"loss", "metrics": {NAME: x}, "responses": [{"group", "reward", "advantage",
+/// "kept"}] (input order), "grad": {INPUT: …}}` (`grad` only when `with_gradients`); see
+/// docs/formats.md.
+pub fn score(
+    recipe: &Recipe,
+    rollouts: &str,
+    overrides: &[(String, f64)],
+    with_gradients: bool,
+) -> Result<Scored, String> {
+    let graph = rlx_compiler::compile_graph(recipe, overrides)?;
+    let read = read_rollouts(rollouts, recipe).map_err(|e| e.to_string())?;
+    let outcome = evaluate(&graph, &read.batch, &Context::default()).map_err(|e| e.to_string())?;
+    let layout = &read.batch.layout;
+    let responses = layout.responses();
+    let groups = layout.response_groups();
+    // Responses in input order.
+    let mut by_line: Vec<usize> = (0..responses).collect();
+    by_line.sort_by_key(|&r| read.line_of_response[r]);
+    let response_entries: Vec<Value> = by_line
+        .iter()
+        .map(|&r| {
+            let mut entry = Map::new();
+            entry.insert("group".into(), read.groups[groups[r]].clone());
+            if let Some(reward) = &outcome.reward {
+                entry.insert("reward".into(), json!(reward[r]));
+            }
+            if let Some(advantage) = &outcome.advantage {
+                entry.insert("advantage".into(), json!(advantage[r]));
+            }
+            entry.insert("kept".into(), json!(outcome.kept[r]));
+            Value::Object(entry)
+        })
+        .collect();
+    let mut document = Map::new();
+    document.insert(
+        "loss".into(),
+        outcome.loss.map_or(Value::Null, |l| json!(l)),
+    );
+    let metrics: Map<String, Value> = outcome
+        .metrics
+        .iter()
+        .map(|(n, v)| (n.clone(), json!(v)))
+        .collect();
+    document.insert("metrics".into(), Value::Object(metrics));
+    document.insert("responses".into(), Value::Array(response_entries));
+    if with_gradients {
+        let mut gradients = Map::new();
+        for (name, values) in &outcome.gradients {
+            let input = graph.inputs.iter().find(|i| &i.name == name);
+            let level = input.map(|i| i.shape.level);
+            let value = match level {
+                Some(Level::Tok) => Value::Array(
+                    by_line
+                        .iter()
+                        .map(|&r| {
+                            json!(values[layout.token_offsets[r]..layout.token_offsets[r + 1]])
+                        })
+                        .collect(),
+                ),
+                Some(Level::Resp) if input.is_some_and(|i| i.shape.feature.is_none()) => {
+                    Value::Array(by_line.iter().map(|&r| json!(values[r])).collect())
+                }
+                _ => json!(values),
+            };
+            gradients.insert(name.clone(), value);
+        }
+        document.insert("grad".into(), Value::Object(gradients));
+    }
+    Ok(Scored {
+        document: Value::Object(document),
+        warnings: read.warnings,
+    })
+}

@@ -1,0 +1,140 @@
+//! Synthetic packed batches for any recipe: used by the gradient checks, the backend agreement tests and
+//! `rlx bench`. Deterministic for a seed; values follow the input naming convention (log-probabilities
+//! are negative and close to each other, so ratios stay near 1).
+
+use rlx_compiler::ir::{Elem, Feature, Graph, Level};
+
+use crate::batch::{Batch, Layout};
+use crate::geometry::Geometry;
+
+/// SplitMix64: small, deterministic, good enough for test data.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    pub fn range(&mut self, low: f64, high: f64) -> f64 {
+        low + (high - low) * self.uniform()
+    }
+
+    /// Uniform integer in [low, high].
+    pub fn int(&mut self, low: usize, high: usize) -> usize {
+        low + (self.next_u64() % (high - low + 1) as u64) as usize
+    }
+}
+
+/// The shape of a synthetic batch.
+#[derive(Clone, Copy, Debug)]
+pub struct Spec {
+    pub groups: usize,
+    /// Responses per group (the first group gets one response when `singleton` is set).
+    pub responses: usize,
+    /// Mean tokens per response; lengths vary in [tokens/2, 3·tokens/2] when `ragged`.
+    pub tokens: usize,
+    pub ragged: bool,
+    pub singleton: bool,
+    pub criteria: usize,
+    pub dim: usize,
+    pub seed: u64,
+}
+
+impl Default for Spec {
+    fn default() -> Spec {
+        Spec {
+            groups: 3,
+            responses: 4,
+            tokens: 5,
+            ragged: true,
+            singleton: true,
+            criteria: 3,
+            dim: 4,
+            seed: 1,
+        }
+    }
+}
+
+/// A batch with a value for every input of `graph`.
+pub fn batch(graph: &Graph, spec: &Spec) -> Batch {
+    let mut rng = Rng::new(spec.seed);
+    let responses_per_group: Vec<usize> = (0..spec.groups)
+        .map(|g| {
+            if spec.singleton && g == 0 {
+                1
+            } else {
+                spec.responses
+            }
+        })
+        .collect();
+    let total: usize = responses_per_group.iter().sum();
+    let tokens: Vec<usize> = (0..total)
+        .map(|_| {
+            if spec.ragged {
+                rng.int((spec.tokens / 2).max(1), spec.tokens + spec.tokens / 2)
+            } else {
+                spec.tokens
+            }
+        })
+        .collect();
+    let uses_crit = graph
+        .inputs
+        .iter()
+        .any(|i| i.shape.feature == Some(Feature::Crit));
+    let crits: Vec<usize> = if uses_crit {
+        (0..spec.groups)
+            .map(|_| rng.int(1, spec.criteria.max(1)))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let uses_dim = graph
+        .inputs
+        .iter()
+        .any(|i| i.shape.feature == Some(Feature::Dim));
+    let layout = Layout::from_counts(
+        &responses_per_group,
+        &tokens,
+        &crits,
+        if uses_dim { spec.dim } else { 0 },
+    )
+    .expect("synthetic counts form a valid layout");
+    let geometry = Geometry::new(
+        layout.clone(),
+        graph.rubrics.iter().map(|r| r.criteria.len()).collect(),
+    );
+    // Shared per-token log-probability base so that logp, old_logp, ref_logp stay close.
+    let base: Vec<f64> = (0..layout.tokens())
+        .map(|_| rng.range(-2.5, -0.2))
+        .collect();
+    let inputs = graph
+        .inputs
+        .iter()
+        .map(|input| {
+            let size = geometry.size(&input.shape);
+            let log_prob = input.name.contains("logp") && input.shape.level == Level::Tok;
+            (0..size)
+                .map(|element| match input.elem {
+                    Elem::Bool => f64::from(u8::from(rng.uniform() < 0.5)),
+                    Elem::I32 => rng.int(0, 2) as f64,
+                    Elem::F32 if log_prob => base[element] + rng.range(-0.15, 0.15),
+                    Elem::F32 => rng.range(0.0, 1.0),
+                })
+                .collect()
+        })
+        .collect();
+    Batch { layout, inputs }
+}

@@ -1,0 +1,312 @@
+//! `rlx score` end to end: hand-worked cases (tests/scores/), finite-difference gradient checks for every
+//! recipe in recipes/, and the command line's handling of bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+use rlx_runtime::interp::{evaluate, Context};
+use rlx_runtime::synthetic;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn check(path: &Path) -> rlx_compiler::hir::Recipe {
+    let checked = rlx_compiler::check_path(path).expect("readable recipe");
+    assert!(
+        !checked.has_errors(),
+        "{}: {:?}",
+        path.display(),
+        checked.diagnostics
+    );
+    checked.recipe.expect("clean recipe")
+}
+
+/// Compare `actual` with `expected` (numbers within `tolerance`, arrays element-wise).
+fn compare(
+    what: &str,
+    expected: &Value,
+    actual: &Value,
+    tolerance: f64,
+    failures: &mut Vec<String>,
+) {
+    match (expected, actual) {
+        (Value::Number(e), Value::Number(a)) => {
+            let (e, a) = (
+                e.as_f64().unwrap_or(f64::NAN),
+                a.as_f64().unwrap_or(f64::NAN),
+            );
+            if (e - a).abs() > tolerance {
+                failures.push(format!("{what}: expected {e}, got {a}"));
+            }
+        }
+        (Value::Array(e), Value::Array(a)) => {
+            if e.len() != a.len() {
+                failures.push(format!(
+                    "{what}: expected {} values, got {}",
+                    e.len(),
+                    a.len()
+                ));
+                return;
+            }
+            for (index, (e, a)) in e.iter().zip(a).enumerate() {
+                compare(&format!("{what}[{index}]"), e, a, tolerance, failures);
+            }
+        }
+        (e, a) if e == a => {}
+        (e, a) => failures.push(format!("{what}: expected {e}, got {a}")),
+    }
+}
+
+#[test]
+fn hand_worked_cases_match() {
+    let cases = root().join("tests/scores");
+    let mut failures = Vec::new();
+    let mut count = 0;
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(&cases)
+        .expect("tests/scores exists")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(".expected.json"))
+        .collect();
+    entries.sort();
+    for expected_path in entries {
+        count += 1;
+        let name = expected_path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .replace(".expected.json", "");
+        let expected: Value =
+            serde_json::from_str(&std::fs::read_to_string(&expected_path).unwrap()).unwrap();
+        let recipe_path = match expected.get("recipe").and_then(Value::as_str) {
+            Some(relative) => root().join(relative),
+            None => cases.join(format!("{name}.rlx")),
+        };
+        let recipe = check(&recipe_path);
+        let rollouts = std::fs::read_to_string(cases.join(format!("{name}.jsonl"))).unwrap();
+        let scored = match rlx_runtime::score::score(&recipe, &rollouts, &[], true) {
+            Ok(scored) => scored.document,
+            Err(message) => {
+                failures.push(format!("{name}: {message}"));
+                continue;
+            }
+        };
+        let tolerance = expected
+            .get("tolerance")
+            .and_then(Value::as_f64)
+            .unwrap_or(1e-9);
+        let responses = scored["responses"].as_array().cloned().unwrap_or_default();
+        for key in ["reward", "advantage", "kept"] {
+            if let Some(values) = expected.get(key) {
+                let actual = Value::Array(responses.iter().map(|r| r[key].clone()).collect());
+                compare(
+                    &format!("{name}: {key}"),
+                    values,
+                    &actual,
+                    tolerance,
+                    &mut failures,
+                );
+            }
+        }
+        if let Some(loss) = expected.get("loss") {
+            compare(
+                &format!("{name}: loss"),
+                loss,
+                &scored["loss"],
+                tolerance,
+                &mut failures,
+            );
+        }
+        if let Some(Value::Object(gradients)) = expected.get("grad") {
+            for (input, values) in gradients {
+                compare(
+                    &format!("{name}: grad {input}"),
+                    values,
+                    &scored["grad"][input],
+                    tolerance,
+                    &mut failures,
+                );
+            }
+        }
+    }
+    assert!(count >= 6, "expected at least 6 cases, found {count}");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Central finite differences of the interpreter's loss against the autodiff gradient, for every
+/// differentiable input of every shipped recipe and of the gradient test recipes (tests/gradients/:
+/// the policy inside group, pairwise, feature-axis and scan operations), on random ragged batches with a
+/// singleton group.
+#[test]
+fn gradients_match_finite_differences_for_every_recipe() {
+    let mut recipes: Vec<PathBuf> = ["recipes", "tests/gradients"]
+        .iter()
+        .flat_map(|folder| std::fs::read_dir(root().join(folder)).unwrap().flatten())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rlx"))
+        .collect();
+    recipes.sort();
+    assert!(recipes.len() >= 7);
+    let mut report = Vec::new();
+    for path in &recipes {
+        let recipe = check(path);
+        let graph = rlx_compiler::compile_graph(&recipe, &[]).unwrap();
+        if graph.outputs.loss.is_none() {
+            continue;
+        }
+        for seed in 1..=3 {
+            let spec = synthetic::Spec {
+                seed,
+                ..synthetic::Spec::default()
+            };
+            let batch = synthetic::batch(&graph, &spec);
+            let context = Context::default();
+            let outcome = evaluate(&graph, &batch, &context)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let loss_at = |batch: &rlx_runtime::batch::Batch| {
+                evaluate(&graph, batch, &context).unwrap().loss.unwrap()
+            };
+            let base = outcome.loss.unwrap();
+            let mut checked = 0;
+            let largest = outcome
+                .gradients
+                .iter()
+                .flat_map(|(_, g)| g.iter())
+                .fold(0.0f64, |m, g| m.max(g.abs()));
+            assert!(
+                largest > 1e-6,
+                "{}: the gradient is identically zero",
+                path.display()
+            );
+            for (name, gradient) in &outcome.gradients {
+                let input = graph.inputs.iter().position(|i| &i.name == name).unwrap();
+                for (element, &analytic) in gradient.iter().enumerate() {
+                    let h = 1e-6;
+                    let mut plus = batch.clone();
+                    plus.inputs[input][element] += h;
+                    let mut minus = batch.clone();
+                    minus.inputs[input][element] -= h;
+                    let (f_plus, f_minus) = (loss_at(&plus), loss_at(&minus));
+                    // Skip kinks (clip boundaries, max/min switches): one-sided slopes disagree there.
+                    let (right, left) = ((f_plus - base) / h, (base - f_minus) / h);
+                    if (right - left).abs() > 1e-4 * (1.0 + right.abs().max(left.abs())) {
+                        continue;
+                    }
+                    let numeric = (f_plus - f_minus) / (2.0 * h);
+                    let error =
+                        (numeric - analytic).abs() / analytic.abs().max(numeric.abs()).max(1e-3);
+                    assert!(
+                        error < 1e-6,
+                        "{} seed {seed}: ∂loss/∂{name}[{element}] autodiff {analytic}, finite differences {numeric}",
+                        path.display()
+                    );
+                    checked += 1;
+                }
+            }
+            assert!(
+                checked > 0,
+                "{}: no gradient element was checked",
+                path.display()
+            );
+            report.push(format!("{}: {checked} elements", path.display()));
+        }
+    }
+    eprintln!("{}", report.join("\n"));
+}
+
+fn rlx(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_rlx"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("rlx runs")
+}
+
+#[test]
+fn score_command_prints_the_documented_document() {
+    let output = rlx(&[
+        "score",
+        "recipes/grpo.rlx",
+        "--rollouts",
+        "tests/data/grpo_fixture.jsonl",
+        "--grad",
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let document: Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
+    for key in ["loss", "metrics", "responses", "grad"] {
+        assert!(document.get(key).is_some(), "missing {key}");
+    }
+    let first = &document["responses"][0];
+    assert_eq!(first["group"], "A");
+    assert!(first["kept"].as_bool().unwrap());
+    assert_eq!(document["grad"]["logp"].as_array().unwrap().len(), 8);
+    assert!(document["metrics"]["kl"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn set_overrides_a_param_and_rejects_unknown_ones() {
+    let run = |set: &str| {
+        rlx(&[
+            "score",
+            "recipes/grpo.rlx",
+            "--rollouts",
+            "tests/data/grpo_fixture.jsonl",
+            "--set",
+            set,
+        ])
+    };
+    let base: Value = serde_json::from_slice(&run("beta=0.001").stdout).unwrap();
+    let zero: Value = serde_json::from_slice(&run("beta=0").stdout).unwrap();
+    let difference = base["loss"].as_f64().unwrap() - zero["loss"].as_f64().unwrap();
+    // β·k3 with k3 = 0.148721 on every token (peer-trainers.md §2.4).
+    assert!((difference - 0.001 * 0.148721).abs() < 1e-7, "{difference}");
+    let unknown = run("betta=1");
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&unknown.stderr)
+        .contains("unknown param `betta` (did you mean `beta`?)"));
+}
+
+#[test]
+fn bad_rollouts_exit_1_and_write_nothing() {
+    let directory = std::env::temp_dir().join(format!("rlx-score-test-{}", std::process::id()));
+    std::fs::create_dir_all(&directory).unwrap();
+    let cases = [
+        ("missing.jsonl", "{\"group\": 1, \"logp\": [-1], \"old_logp\": [-1], \"ref_logp\": [-1]}\n", "score"),
+        ("nan.jsonl", "{\"group\": 1, \"score\": NaN, \"logp\": [-1], \"old_logp\": [-1], \"ref_logp\": [-1]}\n", "non-finite"),
+        ("empty.jsonl", "\n", "no responses"),
+        (
+            "ragged.jsonl",
+            "{\"group\": 1, \"score\": 1, \"logp\": [-1, -2], \"old_logp\": [-1], \"ref_logp\": [-1, -2]}\n",
+            "differ in length",
+        ),
+    ];
+    for (name, text, message) in cases {
+        let rollouts = directory.join(name);
+        std::fs::write(&rollouts, text).unwrap();
+        let out = directory.join(format!("{name}.out.json"));
+        let output = rlx(&[
+            "score",
+            "recipes/grpo.rlx",
+            "--rollouts",
+            rollouts.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{name}: {stderr}");
+        assert!(stderr.contains(message), "{name}: {stderr}");
+        assert!(
+            stderr.contains("line 1") || name == "empty.jsonl",
+            "{name}: {stderr}"
+        );
+        assert!(!out.exists(), "{name}: --out was written on error");
+    }
+    std::fs::remove_dir_all(&directory).ok();
+}
