@@ -1210,3 +1210,14 @@ fn deep_operator_chains_do_not_overflow_the_callers_stack() {
     let codes = worker.join().expect("no overflow, no panic");
     assert_eq!(codes, ["rlx::too_deep"; 5]);
 }
+
+/// A call's name touches its `(`: a parenthesised block body is not an argument list.
+#[test]
+fn a_parenthesised_block_body_is_not_a_call() {
+    let text = "input x : f32[resp]\nfn f(a) = { let y = a\n  (y + 1) * 2 }\nreward = f(x)\n";
+    let checked = rlx_compiler::check_source("call_name.rlx", text);
+    assert!(!checked.has_errors(), "{:?}", checked.diagnostics);
+    let spaced =
+        rlx_compiler::check_source("spaced.rlx", "input x : f32[resp]\nreward = exp (x)\n");
+    assert!(spaced.has_errors(), "`exp (x)` must not parse as a call");
+}

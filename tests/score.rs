@@ -60,40 +60,93 @@ fn compare(
     }
 }
 
+/// Every `*.expected.json` under `folder`, recursively.
+fn expected_files(folder: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![folder.to_path_buf()];
+    while let Some(directory) = stack.pop() {
+        for entry in std::fs::read_dir(&directory)
+            .expect("readable folder")
+            .flatten()
+        {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.to_string_lossy().ends_with(".expected.json") {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// The hand-worked cases of tests/scores/ (and its subfolders, one per stdlib area): see its README.
 #[test]
 fn hand_worked_cases_match() {
-    let cases = root().join("tests/scores");
     let mut failures = Vec::new();
-    let mut count = 0;
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(&cases)
-        .expect("tests/scores exists")
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.to_string_lossy().ends_with(".expected.json"))
-        .collect();
-    entries.sort();
+    let entries = expected_files(&root().join("tests/scores"));
+    let count = entries.len();
     for expected_path in entries {
-        count += 1;
+        let cases = expected_path
+            .parent()
+            .expect("a file has a folder")
+            .to_path_buf();
         let name = expected_path
             .file_name()
             .unwrap()
             .to_string_lossy()
             .replace(".expected.json", "");
+        let label = expected_path
+            .strip_prefix(root())
+            .unwrap_or(&expected_path)
+            .display()
+            .to_string();
         let expected: Value =
-            serde_json::from_str(&std::fs::read_to_string(&expected_path).unwrap()).unwrap();
+            match serde_json::from_str(&std::fs::read_to_string(&expected_path).unwrap()) {
+                Ok(value) => value,
+                Err(error) => {
+                    failures.push(format!("{label}: invalid JSON: {error}"));
+                    continue;
+                }
+            };
         let recipe_path = match expected.get("recipe").and_then(Value::as_str) {
             Some(relative) => root().join(relative),
             None => cases.join(format!("{name}.rlx")),
         };
-        let recipe = check(&recipe_path);
-        let rollouts = std::fs::read_to_string(cases.join(format!("{name}.jsonl"))).unwrap();
-        let scored = match rlx_runtime::score::score(&recipe, &rollouts, &[], true) {
+        let checked = rlx_compiler::check_path(&recipe_path).expect("readable recipe");
+        let Some(recipe) = checked.recipe else {
+            failures.push(format!(
+                "{label}: the recipe does not check: {:?}",
+                checked.diagnostics
+            ));
+            continue;
+        };
+        let rollouts =
+            std::fs::read_to_string(cases.join(format!("{name}.jsonl"))).unwrap_or_default();
+        let overrides: Vec<(String, f64)> = match expected.get("set") {
+            Some(Value::Object(set)) => set
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_f64().unwrap_or(f64::NAN)))
+                .collect(),
+            _ => Vec::new(),
+        };
+        let scored = match rlx_runtime::score::score(&recipe, &rollouts, &overrides, true) {
             Ok(scored) => scored.document,
             Err(message) => {
-                failures.push(format!("{name}: {message}"));
+                match expected.get("error").and_then(Value::as_str) {
+                    Some(wanted) if message.contains(wanted) => {}
+                    _ => failures.push(format!("{label}: {message}")),
+                }
                 continue;
             }
         };
+        if let Some(wanted) = expected.get("error") {
+            failures.push(format!(
+                "{label}: expected the error {wanted}, but scoring succeeded"
+            ));
+            continue;
+        }
         let tolerance = expected
             .get("tolerance")
             .and_then(Value::as_f64)
@@ -103,7 +156,7 @@ fn hand_worked_cases_match() {
             if let Some(values) = expected.get(key) {
                 let actual = Value::Array(responses.iter().map(|r| r[key].clone()).collect());
                 compare(
-                    &format!("{name}: {key}"),
+                    &format!("{label}: {key}"),
                     values,
                     &actual,
                     tolerance,
@@ -113,17 +166,28 @@ fn hand_worked_cases_match() {
         }
         if let Some(loss) = expected.get("loss") {
             compare(
-                &format!("{name}: loss"),
+                &format!("{label}: loss"),
                 loss,
                 &scored["loss"],
                 tolerance,
                 &mut failures,
             );
         }
+        if let Some(Value::Object(metrics)) = expected.get("metrics") {
+            for (metric, value) in metrics {
+                compare(
+                    &format!("{label}: metric {metric}"),
+                    value,
+                    &scored["metrics"][metric],
+                    tolerance,
+                    &mut failures,
+                );
+            }
+        }
         if let Some(Value::Object(gradients)) = expected.get("grad") {
             for (input, values) in gradients {
                 compare(
-                    &format!("{name}: grad {input}"),
+                    &format!("{label}: grad {input}"),
                     values,
                     &scored["grad"][input],
                     tolerance,

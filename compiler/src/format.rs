@@ -33,7 +33,8 @@
 //!   top-level `let`s and sections (`reward`, `advantage`, `loss`, `metric NAME`) pad what is left
 //!   of the ` = ` so the `=` lines up;
 //! - the criteria of a rubric block pad `criterion NAME` to a common width, then the leading
-//!   `weight`/`points` part, so the further attributes line up too;
+//!   `weight`/`points` part, so the further attributes line up too; the local `let`s of a block
+//!   in `{ }` pad `let NAME` so their `=`s line up;
 //! - a run of code lines of a block (a comment or doc line of its own ends it) with two trailing
 //!   comments or more starts them 2 columns after its longest code line, unless that would make one
 //!   of them wider than [`MAX_WIDTH`]; any other trailing comment follows its code after one space.
@@ -118,8 +119,9 @@ struct Entry {
     text: String,
     /// Whether `text` holds a multi-line `{ }` block (then it takes no part in columns).
     tall: bool,
-    /// For a criterion: `text` cut into columns (`criterion NAME`, then the leading
-    /// `weight`/`points` attributes if any, then the rest), to be padded against its neighbours.
+    /// `text` cut into columns, to be padded against its neighbours: for a criterion
+    /// `criterion NAME`, then the leading `weight`/`points` attributes if any, then the rest; for
+    /// a local `let`, `let NAME` then `= VALUE`.
     columns: Option<Vec<String>>,
     /// The comment at the end of its last line.
     trailing: Option<String>,
@@ -580,7 +582,7 @@ impl<'a> Printer<'a> {
                     head.push_str(&type_expr(ret));
                 }
                 head.push_str(" = ");
-                self.expr_line(head, &function.body, 0, INDENT)
+                self.expr_line(head, &function.body, 0, INDENT, true)
             }
             ItemKind::Rubric(rubric) => self.rubric(rubric, end),
             ItemKind::Let(LetDecl { value, .. })
@@ -591,7 +593,7 @@ impl<'a> Printer<'a> {
                 // The continuation lines put their operator under the `=`.
                 let left = left.unwrap_or_default();
                 let continuation = left.chars().count() + 1;
-                self.expr_line(format!("{left} = "), value, 0, continuation)
+                self.expr_line(format!("{left} = "), value, 0, continuation, true)
             }
             ItemKind::Keep {
                 level, condition, ..
@@ -600,7 +602,7 @@ impl<'a> Printer<'a> {
                     KeepLevel::Group => "group",
                     KeepLevel::Resp => "resp",
                 };
-                self.expr_line(format!("keep {level} when "), condition, 0, INDENT)
+                self.expr_line(format!("keep {level} when "), condition, 0, INDENT, false)
             }
             ItemKind::Rollout(entries) => {
                 let open = self.after_open_brace(item.span.start as usize + "rollout".len());
@@ -615,7 +617,7 @@ impl<'a> Printer<'a> {
                             format!("{prefix}[{}]", items.join(", "))
                         }
                         RolloutValue::Expr(value) => {
-                            self.expr_line(prefix, value, INDENT, 2 * INDENT)
+                            self.expr_line(prefix, value, INDENT, 2 * INDENT, false)
                         }
                     };
                     lines.push(Entry::new(
@@ -851,32 +853,48 @@ impl<'a> Printer<'a> {
         !taken.is_empty()
     }
 
-    /// `prefix` then `value`, at `indent`; a top-level operator chain is broken over several lines,
-    /// with its operators at column `continuation`, when the one-line form is too wide, when
-    /// comments sit between its operands, or when the source started a line with one of its
-    /// operators.
+    /// `prefix` then `value`, at `indent`. A top-level operator chain is broken over several lines,
+    /// with its operators at column `continuation`, when comments sit between its operands, when
+    /// the source started a line with one of its operators, or when the one-line form is too wide.
+    /// With `hang` (`prefix` ends in `= `), `value` goes on a line of its own, 4 spaces deeper, when
+    /// it was on a line of its own in the source, or when the one-line form is too wide and either
+    /// `value` is no chain or it fits on its own line.
     fn expr_line(
         &mut self,
         prefix: String,
         value: &Expr,
         indent: usize,
         continuation: usize,
+        hang: bool,
     ) -> String {
+        let body_indent = indent + INDENT;
+        if hang && self.starts_line(value.span.start as usize) {
+            let body = self.expr_line(String::new(), value, body_indent, body_indent, false);
+            return hung(&prefix, &body, body_indent);
+        }
         let checkpoint = self.placed_log.len();
         let one_line = format!("{prefix}{}", self.expr(value, indent));
-        let Some(operands) = operator_chain(value) else {
-            return one_line;
-        };
-        let commented = operands.windows(2).any(|pair| {
-            self.has_unplaced(pair[0].1.span.end as usize, pair[1].1.span.start as usize)
+        let operands = operator_chain(value);
+        let split = operands.as_ref().is_some_and(|operands| {
+            operands.windows(2).any(|pair| {
+                self.has_unplaced(pair[0].1.span.end as usize, pair[1].1.span.start as usize)
+                    || self.operator_starts_line(pair[0].1, pair[1].1)
+            })
         });
-        let broken = operands
-            .windows(2)
-            .any(|pair| self.operator_starts_line(pair[0].1, pair[1].1));
-        if !commented && !broken && width(&one_line, indent) <= MAX_WIDTH {
+        if !split && width(&one_line, indent) <= MAX_WIDTH {
             return one_line;
         }
+        if hang && !split && !one_line.contains('\n') {
+            self.unplace_since(checkpoint);
+            let body = self.expr(value, body_indent);
+            if operands.is_none() || width(&body, body_indent) <= MAX_WIDTH {
+                return hung(&prefix, &body, body_indent);
+            }
+        }
         self.unplace_since(checkpoint);
+        let Some(operands) = operands else {
+            return format!("{prefix}{}", self.expr(value, indent));
+        };
         let mut out = prefix;
         let mut last = 0;
         for (position, (op, operand)) in operands.iter().enumerate() {
@@ -901,6 +919,18 @@ impl<'a> Printer<'a> {
             last = operand.span.end as usize;
         }
         out
+    }
+
+    /// Whether only blanks precede `offset` on its line of the source.
+    fn starts_line(&self, offset: usize) -> bool {
+        let Some(before) = self.text.as_bytes().get(..offset) else {
+            return false;
+        };
+        before
+            .iter()
+            .rev()
+            .find(|byte| !matches!(byte, b' ' | b'\t' | b'\r'))
+            .is_some_and(|&byte| byte == b'\n')
     }
 
     /// Whether, in the source, a line break comes between `before` and the operator after it.
@@ -983,17 +1013,19 @@ impl<'a> Printer<'a> {
                 let mut entries = Vec::new();
                 for binding in lets {
                     let blocks = self.blocks;
-                    let text = format!(
-                        "let {} = {}",
-                        binding.name.name,
-                        self.expr(&binding.value, inner)
-                    );
-                    entries.push(Entry::new(
+                    // Columns: `let NAME`, then `= VALUE`, so the `=`s of a block line up.
+                    let columns = vec![
+                        format!("let {}", binding.name.name),
+                        format!("= {}", self.expr(&binding.value, inner)),
+                    ];
+                    let mut entry = Entry::new(
                         binding.name.span.start as usize,
                         binding.value.span.end as usize,
-                        text,
+                        columns.join(" "),
                         self.blocks != blocks,
-                    ));
+                    );
+                    entry.columns = Some(columns);
+                    entries.push(entry);
                 }
                 let blocks = self.blocks;
                 let text = self.expr(body, inner);
@@ -1062,8 +1094,9 @@ fn left_side(kind: &ItemKind) -> Option<(u8, String, String)> {
     Some((kind, name, String::new()))
 }
 
-/// The widths each item pads the parts of its left side to: the widest of its run of items of the
-/// same column kind within its block ((0, 0) for an item without a column).
+/// The widths each item pads the parts of its left side to: the widest among the items of the
+/// same column kind in its block ((0, 0) for an item without a column). A `keep` among sections
+/// takes no part, and does not interrupt them.
 fn column_pads(items: &[Item], around: &[Surroundings]) -> Vec<(usize, usize)> {
     let sides: Vec<Option<(u8, usize, usize)>> = items
         .iter()
@@ -1072,23 +1105,36 @@ fn column_pads(items: &[Item], around: &[Surroundings]) -> Vec<(usize, usize)> {
                 .map(|(kind, name, ty)| (kind, name.chars().count(), ty.chars().count()))
         })
         .collect();
-    let kind_of = |index: usize| sides[index].map(|(kind, _, _)| kind);
     let mut pads = vec![(0, 0); items.len()];
     let mut start = 0;
     while start < items.len() {
         let end = (start + 1..items.len())
-            .find(|&index| around[index].new_block || kind_of(index) != kind_of(start))
+            .find(|&index| around[index].new_block)
             .unwrap_or(items.len());
-        let widest = sides[start..end]
-            .iter()
-            .flatten()
-            .fold((0, 0), |(name, ty), side| {
-                (name.max(side.1), ty.max(side.2))
-            });
-        pads[start..end].fill(widest);
+        for index in start..end {
+            let Some((kind, _, _)) = sides[index] else {
+                continue;
+            };
+            pads[index] = sides[start..end]
+                .iter()
+                .flatten()
+                .filter(|side| side.0 == kind)
+                .fold((0, 0), |(name, ty), side| {
+                    (name.max(side.1), ty.max(side.2))
+                });
+        }
         start = end;
     }
     pads
+}
+
+/// `prefix` without its last blank, then `body` on the next line at column `indent`.
+fn hung(prefix: &str, body: &str, indent: usize) -> String {
+    let mut out = prefix.trim_end().to_string();
+    out.push('\n');
+    push_indent(&mut out, indent);
+    out.push_str(body);
+    out
 }
 
 /// `text` followed by blanks up to `width` characters.
@@ -1098,8 +1144,8 @@ fn padded(text: &str, width: usize) -> String {
     out
 }
 
-/// Rewrite the criteria among `rows` (one block of a rubric) from their columns: each column but
-/// the last of a criterion pads to the widest such column of the block.
+/// Rewrite the entries with columns among `rows` (one block of a braced list): each column but the
+/// last of an entry pads to the widest such column of the block.
 fn align_columns(rows: &mut [(bool, Row)]) {
     let mut criteria: Vec<&mut Entry> = rows
         .iter_mut()

@@ -478,6 +478,7 @@ impl<'g> Evaluator<'g> {
                     .collect(),
                 Value::TokenIndex => self.geometry.token_index(),
                 Value::Inf => vec![f64::INFINITY],
+                Value::Pi => vec![std::f64::consts::PI],
             },
             op if op.is_elementwise() => {
                 let shape = node.shape.clone();
@@ -585,6 +586,49 @@ impl<'g> Evaluator<'g> {
                     }
                 }
                 out
+            }
+            Op::Shift { offset } => {
+                let fill_shape = self.graph.node(node.args[1]).shape.clone();
+                let fill_map = self.geometry.map(&node.shape, &fill_shape).to_vec();
+                let x = self.value(node.args[0]);
+                let fill = self.value(node.args[1]);
+                let layout = &self.geometry.layout;
+                let mut out = vec![0.0; size];
+                for response in 0..layout.responses() {
+                    let (first, end) = (
+                        layout.token_offsets[response],
+                        layout.token_offsets[response + 1],
+                    );
+                    for (t, slot) in out.iter_mut().enumerate().take(end).skip(first) {
+                        let source = t as i64 + i64::from(*offset);
+                        *slot = if source >= first as i64 && source < end as i64 {
+                            x[source as usize]
+                        } else {
+                            fill[fill_map[t]]
+                        };
+                    }
+                }
+                out
+            }
+            Op::DistinctNgrams { n } => {
+                let ids = self.value(node.args[0]);
+                let layout = &self.geometry.layout;
+                let n = *n as usize;
+                (0..layout.responses())
+                    .map(|response| {
+                        let tokens = &ids
+                            [layout.token_offsets[response]..layout.token_offsets[response + 1]];
+                        if tokens.len() < n {
+                            return 1.0;
+                        }
+                        let grams: Vec<Vec<u64>> = tokens
+                            .windows(n)
+                            .map(|w| w.iter().map(|v| v.to_bits()).collect())
+                            .collect();
+                        let distinct: std::collections::HashSet<&Vec<u64>> = grams.iter().collect();
+                        distinct.len() as f64 / grams.len() as f64
+                    })
+                    .collect()
             }
             op => {
                 return Err(EvalError(format!(

@@ -25,8 +25,13 @@ pub enum Func {
     Clamp,
     Where,
     Stopgrad,
-    /// Cosine similarity of two vectors along their feature axis (`dim`): drops the axis.
+    /// With two arguments, the cosine similarity of two vectors along their feature axis (`dim`),
+    /// which drops the axis; with one, the trigonometric cosine.
     Cos,
+    Sin,
+    Sign,
+    /// log Γ(x), without gradient.
+    Lgamma,
 }
 
 /// Reductions: `op(x over AXES)` removes the named axes.
@@ -58,6 +63,7 @@ pub enum Value {
     Length,
     TokenIndex,
     Inf,
+    Pi,
 }
 
 pub struct FuncSig {
@@ -186,8 +192,17 @@ pub const FUNCS: &[FuncSig] = &[
         func: Func::Cos,
         name: "cos",
         params: &["a", "b"],
+        optional: 1,
+        doc: "cos(a, b): cosine similarity of two vectors along their feature axis; cos(x): trigonometric cosine",
+    },
+    FuncSig { func: Func::Sin, name: "sin", params: &["x"], optional: 0, doc: "trigonometric sine" },
+    FuncSig { func: Func::Sign, name: "sign", params: &["x"], optional: 0, doc: "−1, 0 or 1 (no gradient)" },
+    FuncSig {
+        func: Func::Lgamma,
+        name: "lgamma",
+        params: &["x"],
         optional: 0,
-        doc: "cosine similarity of two vectors along their feature axis",
+        doc: "log Γ(x) for x > 0 (no gradient); e.g. log-binomials for pass@k",
     },
 ];
 
@@ -308,9 +323,16 @@ pub const VALUES: &[ValueSig] = &[
         level: Level::Batch,
         doc: "+∞",
     },
+    ValueSig {
+        value: Value::Pi,
+        name: "pi",
+        elem: Elem::F32,
+        level: Level::Batch,
+        doc: "π",
+    },
 ];
 
-/// Axis-wise operations that keep the value's type.
+/// Operations along an axis (`over` names it).
 pub const AXIS_OPS: &[(&str, &str)] = &[
     (
         "softmax",
@@ -319,6 +341,14 @@ pub const AXIS_OPS: &[(&str, &str)] = &[
     (
         "scan",
         "scan(x over tok, decay = 1, reverse = false): discounted running sum along each response",
+    ),
+    (
+        "shift",
+        "shift(x over tok, offset = 1, fill = 0): y_t = x_(t+offset) within each response, fill outside",
+    ),
+    (
+        "distinct_ngrams",
+        "distinct_ngrams(ids over tok, n = 4): distinct n-grams / n-grams of each response (1 if shorter than n)",
     ),
 ];
 

@@ -210,6 +210,17 @@ pub enum ExprKind {
         base: Box<Expr>,
         criterion: usize,
     },
+    /// `shift(x over tok, offset, fill)`: x at token t + offset of the same response, else `fill`.
+    Shift {
+        arg: Box<Expr>,
+        offset: i32,
+        fill: Box<Expr>,
+    },
+    /// `distinct_ngrams(ids over tok, n)`: distinct n-grams / n-grams of each response.
+    DistinctNgrams {
+        arg: Box<Expr>,
+        n: u32,
+    },
     /// Local bindings: a block, an inlined call of `function`, or a rubric's scoring (`function` is then
     /// the rubric's name).
     Let {
@@ -245,6 +256,8 @@ impl Expr {
             } => vec![arg, temperature],
             ExprKind::Scan { arg, decay, .. } => vec![arg, decay],
             ExprKind::Index { base, .. } => vec![base],
+            ExprKind::Shift { arg, fill, .. } => vec![arg, fill],
+            ExprKind::DistinctNgrams { arg, .. } => vec![arg],
             ExprKind::Let { bindings, body, .. } => {
                 bindings.iter().map(|(_, e)| e).chain([&**body]).collect()
             }

@@ -6,6 +6,7 @@
 pub mod builtins;
 pub mod hir;
 mod rubric;
+mod token_ops;
 pub mod types;
 
 use std::collections::{HashMap, HashSet};
@@ -1899,12 +1900,14 @@ impl<'p> Checker<'p> {
                                 | builtins::Value::N
                                 | builtins::Value::RespIndex
                                 | builtins::Value::Inf
+                                | builtins::Value::Pi
                         )
                     {
                         return self.rollout_name(name, "a property of the sampled response");
                     }
                     let kind = match sig.value {
                         builtins::Value::Inf => ExprKind::Const(f64::INFINITY),
+                        builtins::Value::Pi => ExprKind::Const(std::f64::consts::PI),
                         value => ExprKind::Value(value),
                     };
                     self.node(kind, builtins::value_ty(sig), false, span, file)
@@ -2348,6 +2351,9 @@ impl<'p> Checker<'p> {
             return None;
         }
         let name = func.name.as_str();
+        if name == "shift" || name == "distinct_ngrams" {
+            return self.token_op(env, func, args, over, span);
+        }
         if name == "softmax" || name == "scan" {
             return self.axis_op(env, func, args, over, span);
         }
@@ -2453,6 +2459,32 @@ impl<'p> Checker<'p> {
                 )
             }
             Func::Stopgrad => (args[0].ty.clone(), false),
+            Func::Cos if args.len() == 1 => {
+                if !numeric(self, &args[0]) {
+                    return None;
+                }
+                (
+                    Ty {
+                        elem: Elem::F32,
+                        level,
+                        feature,
+                    },
+                    args[0].grad,
+                )
+            }
+            Func::Sign | Func::Lgamma => {
+                if !numeric(self, &args[0]) {
+                    return None;
+                }
+                (
+                    Ty {
+                        elem: Elem::F32,
+                        level,
+                        feature,
+                    },
+                    false,
+                )
+            }
             Func::Cos => {
                 for arg in &args {
                     if !numeric(self, arg) {

@@ -5,7 +5,8 @@
 //! the unclipped branch gets it), reductions `max`/`min` to every element equal to the result, `abs`
 //! gives 0 at 0, `sqrt` gives 0 at 0 (a zero-variance group has a zero, not infinite, std gradient),
 //! `where` passes it to the chosen branch, `clamp` (lowered to max/min) gives 1 inside and 0 outside.
-//! Comparisons, boolean ops, `floor`, `count` and `stopgrad` pass none; `scan` passes none to its decay.
+//! Comparisons, boolean ops, `floor`, `sign`, `lgamma`, `count`, `distinct_ngrams` and `stopgrad` pass
+//! none; `scan` passes none to its decay and `shift` none to its fill value.
 
 use std::collections::HashMap;
 
@@ -25,7 +26,7 @@ pub fn differentiate(graph: Graph) -> Graph {
         active[index] = match &node.op {
             Op::Input(i) => builder.graph.inputs[*i as usize].differentiable,
             op if passes_gradient(op) => node.args.iter().any(|a| active[a.0 as usize]),
-            Op::Scan { .. } => active[node.args[0].0 as usize],
+            Op::Scan { .. } | Op::Shift { .. } => active[node.args[0].0 as usize],
             _ => false,
         };
     }
@@ -113,6 +114,8 @@ fn passes_gradient(op: &Op) -> bool {
             | Op::Unindex(_)
             | Op::Other
             | Op::SumByOther
+            | Op::Cos
+            | Op::Sin
     )
 }
 
@@ -271,6 +274,24 @@ fn local_gradient(
         (Op::SumByOther, _) => {
             let arg_shape = b.shape(a?).clone();
             b.add(Op::Other, vec![g], arg_shape, f)
+        }
+        (Op::Cos, _) => {
+            let sine = map(b, Op::Sin, vec![a?]);
+            let slope = map(b, Op::Neg, vec![sine]);
+            map(b, Op::Mul, vec![g, slope])
+        }
+        (Op::Sin, _) => {
+            let slope = map(b, Op::Cos, vec![a?]);
+            map(b, Op::Mul, vec![g, slope])
+        }
+        (Op::Shift { offset }, 0) => {
+            // y_t = x_{t+k} ⇒ x_s receives g_{s−k}.
+            b.add(
+                Op::Shift { offset: -offset },
+                vec![g, zero],
+                shape.clone(),
+                f,
+            )
         }
         (Op::Scan { reverse }, 0) => {
             // y = scan(x) is linear in x; its adjoint is the scan the other way with the same decay.

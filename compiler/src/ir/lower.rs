@@ -454,6 +454,28 @@ impl Lowerer<'_> {
                 self.builder
                     .add(Op::Index(*criterion as u32), vec![value], shape, elem)
             }
+            ExprKind::Shift { arg, offset, fill } => {
+                let value = self.expr(arg);
+                let value = self.conform(value, &arg.ty);
+                let fill = self.expr(fill);
+                let shape = self.shape(value);
+                self.builder.add(
+                    Op::Shift { offset: *offset },
+                    vec![value, fill],
+                    shape,
+                    expr.ty.elem,
+                )
+            }
+            ExprKind::DistinctNgrams { arg, n } => {
+                let value = self.expr(arg);
+                let value = self.conform(value, &arg.ty);
+                self.builder.add(
+                    Op::DistinctNgrams { n: *n },
+                    vec![value],
+                    Shape::new(Level::Resp),
+                    Elem::F32,
+                )
+            }
             ExprKind::Let { bindings, body, .. } => {
                 for (local, value) in bindings {
                     let node = self.expr(value);
@@ -477,6 +499,10 @@ impl Lowerer<'_> {
             Func::Softplus => self.unary(Op::Softplus, args[0]),
             Func::Abs => self.map(Op::Abs, vec![args[0]], elem),
             Func::Floor => self.unary(Op::Floor, args[0]),
+            Func::Sin => self.unary(Op::Sin, args[0]),
+            Func::Sign => self.unary(Op::Sign, args[0]),
+            Func::Lgamma => self.unary(Op::Lgamma, args[0]),
+            Func::Cos if args.len() == 1 => self.unary(Op::Cos, args[0]),
             Func::Min => self.map(Op::Min, args, elem),
             Func::Max => self.map(Op::Max, args, elem),
             Func::Pow => self.binary(Op::Pow, args[0], args[1]),

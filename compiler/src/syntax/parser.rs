@@ -380,7 +380,7 @@ fn rule_description(rule: Rule) -> Option<&'static str> {
         Rule::axis => {
             "an axis (`tok`, `resp`, `group`, `batch`, `others`, `crit`, `dim` or a rubric)"
         }
-        Rule::ident => "a name",
+        Rule::ident | Rule::call_name => "a name",
         Rule::word_import => "`import`",
         Rule::word_input => "`input`",
         Rule::word_param => "`param`",
