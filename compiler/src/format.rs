@@ -36,8 +36,9 @@
 //!   `weight`/`points` part, so the further attributes line up too; the local `let`s of a block
 //!   in `{ }` pad `let NAME` so their `=`s line up;
 //! - a run of code lines of a block (a comment or doc line of its own ends it) with two trailing
-//!   comments or more starts them 2 columns after its longest code line, unless that would make one
-//!   of them wider than [`MAX_WIDTH`]; any other trailing comment follows its code after one space.
+//!   comments or more starts them 2 columns after the longest code line from the first of them to
+//!   the last, unless that would make one of them wider than [`MAX_WIDTH`]; any other trailing
+//!   comment follows its code after one space.
 //!
 //! Items and entries that hold a multi-line `{ }` block take no part in columns.
 
@@ -1186,8 +1187,9 @@ fn align_columns(rows: &mut [(bool, Row)]) {
 /// Align the trailing comments of one block: `units` are its items or entries, printed, whose first
 /// lines start at column `indent` and whose later lines carry their own indentation; [`GAP`] marks
 /// where a trailing comment starts. A run of code lines (a comment on a line of its own ends it)
-/// with two trailing comments or more puts them 2 columns after its longest code line, when they all
-/// fit in [`MAX_WIDTH`] there. The [`GAP`]s left become single spaces later.
+/// with two trailing comments or more puts them 2 columns after the longest code line from its
+/// first trailing comment to its last, when they all fit in [`MAX_WIDTH`] there. The [`GAP`]s left
+/// become single spaces later.
 fn align_trailing(units: &mut [&mut String], indent: usize) {
     // (code width, comment width) of each line; `None` for a comment on a line of its own
     let mut lines: Vec<Option<(usize, Option<usize>)>> = Vec::new();
@@ -1211,11 +1213,17 @@ fn align_trailing(units: &mut [&mut String], indent: usize) {
         let end = (start..lines.len())
             .find(|&index| lines[index].is_none())
             .unwrap_or(lines.len());
-        let run = &lines[start..end];
-        let comments: Vec<usize> = run.iter().flatten().filter_map(|line| line.1).collect();
-        let column = run.iter().flatten().map(|line| line.0).max().unwrap_or(0) + 2;
-        if comments.len() >= 2 && comments.iter().all(|width| column + width <= MAX_WIDTH) {
-            columns[start..end].fill(Some(column));
+        // The stretch of the run from its first trailing comment to its last.
+        let commented = |index: &usize| matches!(lines[*index], Some((_, Some(_))));
+        let first = (start..end).find(commented);
+        let last = (start..end).rev().find(commented);
+        if let (Some(first), Some(last)) = (first, last) {
+            let stretch = &lines[first..=last];
+            let comments: Vec<usize> = stretch.iter().flatten().filter_map(|line| line.1).collect();
+            let column = stretch.iter().flatten().map(|line| line.0).max().unwrap_or(0) + 2;
+            if comments.len() >= 2 && comments.iter().all(|width| column + width <= MAX_WIDTH) {
+                columns[first..=last].fill(Some(column));
+            }
         }
         start = end + 1;
     }
@@ -1826,6 +1834,42 @@ rollout {
             check(text),
             "reward = a       // first\n       + bbbbbb  // second\n"
         );
+    }
+
+    #[test]
+    fn local_lets_align_their_equals() {
+        let text = "fn f(z, s = 0) = {\n  let right = -g(z) // right\n  let flipped = -g(-z) // flipped\n\
+                    \x20 (1 - s) * right + s * flipped + a_long_body_line_that_is_not_commented\n}\n";
+        let expected = "fn f(z, s = 0) = {\n\
+                        \x20   let right   = -g(z)   // right\n\
+                        \x20   let flipped = -g(-z)  // flipped\n\
+                        \x20   (1 - s) * right + s * flipped + a_long_body_line_that_is_not_commented\n\
+                        }\n";
+        assert_eq!(check(text), expected);
+    }
+
+    #[test]
+    fn bodies_hang_after_the_equals() {
+        // Kept on a line of its own when the author put it there, even if it would fit.
+        let text = "fn f(a, b) =\n  a + b\nlet x = // why\n  1\n";
+        assert_eq!(check(text), "fn f(a, b) =\n    a + b\n\n// why\nlet x =\n    1\n");
+
+        // Too wide: a call goes on a line of its own; so does a chain that fits there.
+        let args = "first_argument, second_argument, third_argument, fourth_argument";
+        let text = format!("fn g(first_argument, second_argument) = where({args}, {args})\n");
+        assert_eq!(
+            check(&text),
+            format!("fn g(first_argument, second_argument) =\n    where({args}, {args})\n")
+        );
+        let text = format!("fn h(x) = mean({args} over tok) + mean(another_argument over tok)\n");
+        assert_eq!(
+            check(&text),
+            format!("fn h(x) =\n    mean({args} over tok) + mean(another_argument over tok)\n")
+        );
+
+        // A hung chain the author broke keeps its operators under its first operand.
+        let text = "loss =\n  a\n  + b\n";
+        assert_eq!(check(text), "loss =\n    a\n    + b\n");
     }
 
     /// The shipped recipes and standard library: formatting keeps their tree and comments and is
