@@ -35,3 +35,22 @@ fn readme_keeps_the_two_commands() {
         ".ci/run runs the README's test command"
     );
 }
+
+#[test]
+fn stdlib_reference_is_generated_from_the_doc_comments() {
+    let generated = rlx_compiler::docgen::stdlib_markdown();
+    let committed = read("docs/stdlib.md");
+    assert!(
+        committed == generated,
+        "docs/stdlib.md is stale: regenerate it with `cargo run --bin rlxc -- doc > docs/stdlib.md`"
+    );
+}
+
+#[test]
+fn every_stdlib_function_has_a_doc_comment() {
+    let missing = rlx_compiler::docgen::undocumented();
+    assert!(
+        missing.is_empty(),
+        "functions without a doc comment: {missing:?}"
+    );
+}

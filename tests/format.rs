@@ -6,12 +6,13 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 fn files(folder: &str) -> Vec<PathBuf> {
-    let mut found: Vec<PathBuf> = std::fs::read_dir(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(folder))
-        .expect("folder exists")
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "rlx"))
-        .collect();
+    let mut found: Vec<PathBuf> =
+        std::fs::read_dir(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(folder))
+            .expect("folder exists")
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "rlx"))
+            .collect();
     found.sort();
     found
 }
@@ -41,13 +42,29 @@ fn formatting_is_idempotent_and_keeps_the_meaning_of_every_recipe() {
     for path in recipes {
         let text = std::fs::read_to_string(&path).unwrap();
         let formatted = format(&text);
-        assert_eq!(format(&formatted), formatted, "{}: formatting twice changes it", path.display());
+        assert_eq!(
+            format(&formatted),
+            formatted,
+            "{}: formatting twice changes it",
+            path.display()
+        );
         let before = rlx_compiler::check_source("before.rlx", &text);
         let after = rlx_compiler::check_source("after.rlx", &formatted);
-        assert!(!after.has_errors(), "{}: formatted recipe does not check: {:?}", path.display(), after.diagnostics);
-        let before = strip(serde_json::to_value(before.recipe.expect("shipped recipes check")).unwrap());
+        assert!(
+            !after.has_errors(),
+            "{}: formatted recipe does not check: {:?}",
+            path.display(),
+            after.diagnostics
+        );
+        let before =
+            strip(serde_json::to_value(before.recipe.expect("shipped recipes check")).unwrap());
         let after = strip(serde_json::to_value(after.recipe.unwrap()).unwrap());
-        assert_eq!(before, after, "{}: formatting changed the checked recipe", path.display());
+        assert_eq!(
+            before,
+            after,
+            "{}: formatting changed the checked recipe",
+            path.display()
+        );
     }
 }
 
@@ -56,12 +73,32 @@ fn formatting_is_idempotent_and_keeps_the_syntax_of_every_module() {
     for path in files("stdlib") {
         let text = std::fs::read_to_string(&path).unwrap();
         let formatted = format(&text);
-        assert_eq!(format(&formatted), formatted, "{}: formatting twice changes it", path.display());
+        assert_eq!(
+            format(&formatted),
+            formatted,
+            "{}: formatting twice changes it",
+            path.display()
+        );
         let parse = |t: &str| {
-            strip(serde_json::to_value(rlx_compiler::syntax::parse_module(rlx_compiler::FileId(0), t).unwrap()).unwrap())
+            strip(
+                serde_json::to_value(
+                    rlx_compiler::syntax::parse_module(rlx_compiler::FileId(0), t).unwrap(),
+                )
+                .unwrap(),
+            )
         };
-        assert_eq!(parse(&text), parse(&formatted), "{}: formatting changed the syntax tree", path.display());
+        assert_eq!(
+            parse(&text),
+            parse(&formatted),
+            "{}: formatting changed the syntax tree",
+            path.display()
+        );
         let checked = rlx_compiler::check_source("module.rlx", &formatted);
-        assert!(!checked.has_errors(), "{}: {:?}", path.display(), checked.diagnostics);
+        assert!(
+            !checked.has_errors(),
+            "{}: {:?}",
+            path.display(),
+            checked.diagnostics
+        );
     }
 }

@@ -23,15 +23,20 @@
 //! - an item whose expression is a chain of `+`/`-` (or of `and`, or of `or`) puts each further
 //!   operand on a continuation line that starts with the operator when the item is longer than
 //!   [`MAX_WIDTH`], when comments sit between its operands, or when the source already put one of
-//!   its operators at the start of a line (authors break lines for meaning). The continuation lines
-//!   of `reward`, `advantage`, `loss`, `metric` and `let` put the operator under the `=`; the others
-//!   are 4 spaces deeper than the item.
+//!   its operators at the start of a line (authors break lines for meaning). The continuation
+//!   lines of `reward`, `advantage`, `loss`, `metric` and `let` put the operator under the `=`;
+//!   the others are 4 spaces deeper than the item;
+//! - the value of a `fn`, `let` or section goes on a line of its own after the `=`, 4 spaces deep,
+//!   when the source put it there, or when the item is longer than [`MAX_WIDTH`] and the value is
+//!   no such chain or fits on that line whole (a chain broken there keeps its operators under its
+//!   first operand).
 //!
 //! Columns: a "block" is a run of items with no blank line between them (comment and doc lines
-//! between them do not end it), or in a `{ }` list a run of entries with no blank line between them.
-//! - consecutive `input`s of a block pad their names so the ` : ` lines up; consecutive `param`s,
-//!   top-level `let`s and sections (`reward`, `advantage`, `loss`, `metric NAME`) pad what is left
-//!   of the ` = ` so the `=` lines up;
+//! between them do not end it), or in a `{ }` list a run of entries with no blank line between
+//! them.
+//! - the `input`s of a block pad their names so the ` : ` lines up; its `param`s (name, then
+//!   ` : TYPE`), top-level `let`s or sections (`reward`, `advantage`, `loss`, `metric NAME`; a
+//!   `keep` among them takes no part) pad what is left of the ` = ` so the `=` lines up;
 //! - the criteria of a rubric block pad `criterion NAME` to a common width, then the leading
 //!   `weight`/`points` part, so the further attributes line up too; the local `let`s of a block
 //!   in `{ }` pad `let NAME` so their `=`s line up;
@@ -40,7 +45,8 @@
 //!   the last, unless that would make one of them wider than [`MAX_WIDTH`]; any other trailing
 //!   comment follows its code after one space.
 //!
-//! Items and entries that hold a multi-line `{ }` block take no part in columns.
+//! Items and entries that hold a multi-line `{ }` block take no part in aligning trailing comments
+//! (such an item always stands alone in its block).
 
 use crate::diagnostic::Diagnostic;
 use crate::source::FileId;
@@ -857,9 +863,9 @@ impl<'a> Printer<'a> {
     /// `prefix` then `value`, at `indent`. A top-level operator chain is broken over several lines,
     /// with its operators at column `continuation`, when comments sit between its operands, when
     /// the source started a line with one of its operators, or when the one-line form is too wide.
-    /// With `hang` (`prefix` ends in `= `), `value` goes on a line of its own, 4 spaces deeper, when
-    /// it was on a line of its own in the source, or when the one-line form is too wide and either
-    /// `value` is no chain or it fits on its own line.
+    /// With `hang` (`prefix` ends in `= `), `value` goes on a line of its own, 4 spaces deeper,
+    /// when it was on a line of its own in the source, or when the one-line form is too wide and
+    /// either `value` is no chain or it fits on its own line.
     fn expr_line(
         &mut self,
         prefix: String,
@@ -1220,7 +1226,13 @@ fn align_trailing(units: &mut [&mut String], indent: usize) {
         if let (Some(first), Some(last)) = (first, last) {
             let stretch = &lines[first..=last];
             let comments: Vec<usize> = stretch.iter().flatten().filter_map(|line| line.1).collect();
-            let column = stretch.iter().flatten().map(|line| line.0).max().unwrap_or(0) + 2;
+            let column = stretch
+                .iter()
+                .flatten()
+                .map(|line| line.0)
+                .max()
+                .unwrap_or(0)
+                + 2;
             if comments.len() >= 2 && comments.iter().all(|width| column + width <= MAX_WIDTH) {
                 columns[first..=last].fill(Some(column));
             }
@@ -1779,6 +1791,11 @@ rollout {
                          \x20   and b\n";
         assert_eq!(check(text), expected);
 
+        // A `keep` among sections neither takes part nor interrupts them.
+        let text = "reward = score\nkeep group when a > 0 // filter\nadvantage = r\n";
+        let expected = "reward    = score\nkeep group when a > 0 // filter\nadvantage = r\n";
+        assert_eq!(check(text), expected);
+
         // Joined again only when no operator starts a line.
         let text = "loss = a +\n  b\nfn f(x) = x\n  - 1\n";
         assert_eq!(check(text), "loss = a + b\n\nfn f(x) = x\n    - 1\n");
@@ -1852,7 +1869,10 @@ rollout {
     fn bodies_hang_after_the_equals() {
         // Kept on a line of its own when the author put it there, even if it would fit.
         let text = "fn f(a, b) =\n  a + b\nlet x = // why\n  1\n";
-        assert_eq!(check(text), "fn f(a, b) =\n    a + b\n\n// why\nlet x =\n    1\n");
+        assert_eq!(
+            check(text),
+            "fn f(a, b) =\n    a + b\n\n// why\nlet x =\n    1\n"
+        );
 
         // Too wide: a call goes on a line of its own; so does a chain that fits there.
         let args = "first_argument, second_argument, third_argument, fourth_argument";
@@ -1861,15 +1881,32 @@ rollout {
             check(&text),
             format!("fn g(first_argument, second_argument) =\n    where({args}, {args})\n")
         );
-        let text = format!("fn h(x) = mean({args} over tok) + mean(another_argument over tok)\n");
+        let args = "first_argument, second_argument, third_argument";
+        let body = format!("mean(f({args}) over tok) + mean(another_argument over tok)");
+        let text = format!("fn h(first_argument) = {body}\n");
         assert_eq!(
             check(&text),
-            format!("fn h(x) =\n    mean({args} over tok) + mean(another_argument over tok)\n")
+            format!("fn h(first_argument) =\n    {body}\n")
         );
 
         // A hung chain the author broke keeps its operators under its first operand.
         let text = "loss =\n  a\n  + b\n";
         assert_eq!(check(text), "loss =\n    a\n    + b\n");
+    }
+
+    /// The character that marks trailing comments while a layout is built may occur in the source;
+    /// then comments are not aligned, and nothing else changes.
+    #[test]
+    fn the_gap_marker_in_the_source() {
+        let text = "param a = 1 // x\u{1f}\nparam bb = 2 // y\n";
+        assert_eq!(check(text), "param a  = 1 // x\u{1f}\nparam bb = 2 // y\n");
+        let text = "rollout { modes = [\"a\u{1f}b\"] }\nparam a = 1 // x\nparam bb = 2 // y\n";
+        assert_eq!(
+            check(text),
+            "rollout {\n    modes = [\"a\u{1f}b\"]\n}\n\nparam a  = 1 // x\nparam bb = 2 // y\n"
+        );
+        let text = "param a = 1 // x\nparam bb = 2 // y\n";
+        assert_eq!(check(text), "param a  = 1  // x\nparam bb = 2  // y\n");
     }
 
     /// The shipped recipes and standard library: formatting keeps their tree and comments and is

@@ -1,8 +1,11 @@
 //! The rlx compiler: `parse` → `resolve` → `check` (→ `lower` → `autodiff` → `fuse` → `codegen`).
 //! Errors are data (`Diagnostic`); rendering happens only in the command-line tools.
 
+pub mod backend;
 pub mod check;
 pub mod diagnostic;
+pub mod docgen;
+pub mod export;
 pub mod format;
 pub mod ir;
 pub mod resolve;

@@ -51,7 +51,7 @@ impl std::fmt::Display for EvalError {
 
 impl std::error::Error for EvalError {}
 
-fn rubric_lens(graph: &Graph) -> Vec<usize> {
+pub(crate) fn rubric_lens(graph: &Graph) -> Vec<usize> {
     graph.rubrics.iter().map(|r| r.criteria.len()).collect()
 }
 
@@ -225,7 +225,7 @@ pub fn evaluate(graph: &Graph, batch: &Batch, context: &Context) -> Result<Outco
 }
 
 /// Reject non-finite outputs with a message naming the first one.
-fn finite(outcome: Outcome) -> Result<Outcome, EvalError> {
+pub(crate) fn finite(outcome: Outcome) -> Result<Outcome, EvalError> {
     let hint = "(a division by zero, the log of a non-positive value, or an overflowing exp in the recipe or the data?)";
     if let Some(loss) = outcome.loss {
         if !loss.is_finite() {
@@ -262,14 +262,14 @@ fn finite(outcome: Outcome) -> Result<Outcome, EvalError> {
 }
 
 /// Which responses (and so groups, tokens, criteria, pairs) survive the filters.
-struct Selection {
-    layout: Layout,
-    kept_responses: Vec<usize>,
+pub(crate) struct Selection {
+    pub(crate) layout: Layout,
+    pub(crate) kept_responses: Vec<usize>,
     kept_groups: Vec<usize>,
 }
 
 impl Selection {
-    fn new(layout: &Layout, kept: &[bool]) -> Selection {
+    pub(crate) fn new(layout: &Layout, kept: &[bool]) -> Selection {
         let mut responses_per_group = Vec::new();
         let mut tokens = Vec::new();
         let mut crits = Vec::new();
@@ -301,7 +301,12 @@ impl Selection {
     }
 
     /// For each element of `shape` over the kept batch, its element over the full batch.
-    fn element_map(&self, full: &mut Geometry, sub: &mut Geometry, shape: &Shape) -> Vec<usize> {
+    pub(crate) fn element_map(
+        &self,
+        full: &mut Geometry,
+        sub: &mut Geometry,
+        shape: &Shape,
+    ) -> Vec<usize> {
         // Map the base elements, then the features, through the positions of kept responses/groups.
         let base_map: Vec<usize> = match shape.level {
             Level::Batch => vec![0],
@@ -356,7 +361,7 @@ impl Selection {
         }
     }
 
-    fn slice(
+    pub(crate) fn slice(
         &self,
         full: &mut Geometry,
         sub: &mut Geometry,
@@ -372,7 +377,7 @@ impl Selection {
             .collect()
     }
 
-    fn scatter(
+    pub(crate) fn scatter(
         &self,
         full: &mut Geometry,
         sub: &mut Geometry,
@@ -390,7 +395,7 @@ impl Selection {
         out
     }
 
-    fn scatter_responses(&self, kept_values: &[f64], responses: usize) -> Vec<f64> {
+    pub(crate) fn scatter_responses(&self, kept_values: &[f64], responses: usize) -> Vec<f64> {
         let mut out = vec![0.0; responses];
         for (value, &r) in kept_values.iter().zip(&self.kept_responses) {
             out[r] = *value;

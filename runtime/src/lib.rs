@@ -3,6 +3,7 @@
 pub mod batch;
 pub mod geometry;
 pub mod interp;
+pub mod kernel;
 pub mod rollouts;
 pub mod score;
 pub mod synthetic;

@@ -41,11 +41,14 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Print the standard library's reference (docs/stdlib.md) from its doc comments.
+    Doc,
     /// Compile a recipe and print one of its representations.
     Compile {
         file: PathBuf,
         /// The representation to print: `ast` (parsed, JSON), `hir` (checked and typed, JSON), `ir`
-        /// (the dataflow graph with the loss gradient, readable text) or `ir-json`.
+        /// (the dataflow graph with the loss gradient, readable text), `ir-json`, `plan` (the fused
+        /// kernel passes, readable text) or `plan-json`.
         #[arg(long, value_enum)]
         emit: Emit,
         /// Override a param before lowering: `--set beta=0.01` (repeatable).
@@ -66,6 +69,8 @@ enum Emit {
     Hir,
     Ir,
     IrJson,
+    Plan,
+    PlanJson,
 }
 
 fn main() -> ExitCode {
@@ -73,6 +78,10 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Check { files, format } => check(&files, format),
         Command::Fmt { files, check } => fmt(&files, check),
+        Command::Doc => {
+            print!("{}", rlx_compiler::docgen::stdlib_markdown());
+            ExitCode::SUCCESS
+        }
         Command::Compile { file, emit, set } => compile(&file, emit, &set),
     }
 }
@@ -201,38 +210,54 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
                 }
             }
         }
-        Emit::Hir | Emit::Ir | Emit::IrJson => match rlx_compiler::check_path(path) {
-            Err(error) => {
-                eprintln!("error: cannot read {}: {error}", path.display());
-                ExitCode::from(2)
-            }
-            Ok(checked) => {
-                if !checked.diagnostics.is_empty() {
-                    let name = path.display().to_string();
-                    eprint!(
-                        "{}",
-                        render_human(&name, &checked.diagnostics, &checked.sources, color())
-                    );
+        Emit::Hir | Emit::Ir | Emit::IrJson | Emit::Plan | Emit::PlanJson => {
+            match rlx_compiler::check_path(path) {
+                Err(error) => {
+                    eprintln!("error: cannot read {}: {error}", path.display());
+                    ExitCode::from(2)
                 }
-                let Some(recipe) = &checked.recipe else {
-                    return ExitCode::from(1);
-                };
-                if emit == Emit::Hir {
-                    return print_json(recipe);
-                }
-                match rlx_compiler::compile_graph(recipe, &overrides) {
-                    Err(message) => {
-                        eprintln!("error: {message}");
-                        ExitCode::from(1)
+                Ok(checked) => {
+                    if !checked.diagnostics.is_empty() {
+                        let name = path.display().to_string();
+                        eprint!(
+                            "{}",
+                            render_human(&name, &checked.diagnostics, &checked.sources, color())
+                        );
                     }
-                    Ok(graph) if emit == Emit::Ir => {
-                        print!("{}", rlx_compiler::ir::print::to_text(&graph));
-                        ExitCode::SUCCESS
+                    let Some(recipe) = &checked.recipe else {
+                        return ExitCode::from(1);
+                    };
+                    if emit == Emit::Hir {
+                        return print_json(recipe);
                     }
-                    Ok(graph) => print_json(&graph),
+                    match rlx_compiler::compile_graph(recipe, &overrides) {
+                        Err(message) => {
+                            eprintln!("error: {message}");
+                            ExitCode::from(1)
+                        }
+                        Ok(graph) if emit == Emit::Ir => {
+                            print!("{}", rlx_compiler::ir::print::to_text(&graph));
+                            ExitCode::SUCCESS
+                        }
+                        Ok(graph) if matches!(emit, Emit::Plan | Emit::PlanJson) => {
+                            let options = rlx_compiler::backend::Options::default();
+                            match rlx_compiler::backend::plan::plan(&graph, &options) {
+                                Err(error) => {
+                                    eprintln!("error: no kernel plan: {error}");
+                                    ExitCode::from(1)
+                                }
+                                Ok(plan) if emit == Emit::Plan => {
+                                    print!("{}", plan.to_text(&graph));
+                                    ExitCode::SUCCESS
+                                }
+                                Ok(plan) => print_json(&plan),
+                            }
+                        }
+                        Ok(graph) => print_json(&graph),
+                    }
                 }
             }
-        },
+        }
     }
 }
 

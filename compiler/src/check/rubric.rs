@@ -69,12 +69,7 @@ fn respan(expr: &mut ast::Expr, span: Span) {
 
 impl Checker<'_> {
     /// The generated source of a rubric's score over the local `__judged`.
-    fn rubric_source(
-        &self,
-        id: RubricId,
-        numeric: bool,
-        bound: &mut Vec<(String, Number)>,
-    ) -> String {
+    fn rubric_source(&self, id: RubricId, bound: &mut Vec<(String, Number)>) -> String {
         let rubric = &self.rubrics[id.0 as usize];
         let mut out = String::from("{\n");
         let scored: Vec<usize> = (0..rubric.criteria.len())
@@ -127,24 +122,25 @@ impl Checker<'_> {
                     .iter()
                     .map(|&index| weight_of(index, bound))
                     .collect();
-                format!("{numerator} / max({}, 1e-30)", weights.join(" + "))
+                format!("normalize_total({numerator}, {})", weights.join(" + "))
             }
             Aggregate::Points => {
                 let positive: Vec<String> = scored
                     .iter()
                     .map(|&index| format!("max({}, 0)", weight_of(index, bound)))
                     .collect();
-                format!("{numerator} / max({}, 1e-30)", positive.join(" + "))
+                format!("normalize_total({numerator}, {})", positive.join(" + "))
             }
         };
         let mut score = aggregate;
         for interaction in &rubric.interactions {
             let gamma = number(&interaction.gamma, bound);
             let (a, b) = (interaction.first, interaction.second);
-            score = match interaction.mode {
-                ast::InteractMode::Product => format!("{score} + {gamma} * __x{a} * __x{b}"),
-                ast::InteractMode::Min => format!("{score} + {gamma} * min(__x{a}, __x{b})"),
+            let function = match interaction.mode {
+                ast::InteractMode::Product => "interact_product",
+                ast::InteractMode::Min => "interact_min",
             };
+            score = format!("{score} + {function}(__x{a}, __x{b}, {gamma})");
         }
         let _ = writeln!(out, "let __score = {score}");
         let mut result = "__score".to_string();
@@ -155,13 +151,7 @@ impl Checker<'_> {
             .criteria
             .iter()
             .filter(|c| c.veto)
-            .map(|c| {
-                if numeric {
-                    format!("__judged[{}] >= 0.5", c.name)
-                } else {
-                    format!("__judged[{}]", c.name)
-                }
-            })
+            .map(|c| format!("__judged[{}] >= 0.5", c.name))
             .collect();
         if !vetoes.is_empty() {
             result = format!(
@@ -192,8 +182,28 @@ impl Checker<'_> {
             );
             return None;
         };
+        // Boolean judgments count as 0/1, so every shape and interaction applies to them.
+        let judged = if judged.ty.elem == Elem::Bool {
+            let (ty, judged_span, judged_file) =
+                (judged.ty.with_elem(Elem::F32), judged.span, judged.file);
+            let scalar = super::types::Ty::scalar(Elem::F32);
+            let one = self.node(ExprKind::Const(1.0), scalar.clone(), false, span, file)?;
+            let zero = self.node(ExprKind::Const(0.0), scalar, false, span, file)?;
+            self.node(
+                ExprKind::Call {
+                    func: super::builtins::Func::Where,
+                    args: vec![judged, one, zero],
+                },
+                ty,
+                false,
+                judged_span,
+                judged_file,
+            )?
+        } else {
+            judged
+        };
         let mut bound = Vec::new();
-        let source = self.rubric_source(id, judged.ty.elem != Elem::Bool, &mut bound);
+        let source = self.rubric_source(id, &mut bound);
         let rubric_file = self.module_file(module);
         let mut generated = match parse_expression(rubric_file, &source) {
             Ok(expr) => expr,

@@ -1,0 +1,1231 @@
+//! Stage `codegen`: every loop pass of a kernel plan becomes one native function, compiled with
+//! cranelift. The function loops over its nest (groups › responses › tokens, pairs or features) reading
+//! the layout's offset arrays and the pass's buffers through a pointer table, computes its entries in
+//! registers (f64, or f32 with `Precision::F32` accumulation), accumulates reductions and stores values.
+//!
+//! # Calling convention
+//! `extern "C" fn(table: *const *mut u8, g_begin: usize, g_end: usize)`. The table holds the layout
+//! (slots `slot::*`, `usize` arrays and the f64 scalars) and then the phase's buffers in plan order
+//! (`slot::FIRST_BUFFER + id`). A pass whose nest starts with groups visits groups `g_begin..g_end` only,
+//! so the runtime can split groups across threads; other passes ignore the range.
+//!
+//! # Safety contract
+//! The generated code performs unchecked loads and stores. It is sound when the caller passes a table
+//! built from a validated layout (offsets start at 0, never decrease and agree with each other; see
+//! `rlx_runtime::batch::Layout::validate`) with every buffer sized by `rlx_runtime::kernel`'s size
+//! function for its shape, and a group range within the layout: every index the code computes is then
+//! an element of that shape (the loops only visit elements of the layout, and `shift` clamps its source
+//! to the response before loading).
+//!
+//! # Numerics
+//! Transcendental functions are calls to registered `extern "C"` shims around the same Rust functions
+//! the interpreter uses (`f64::exp`, `rlx_compiler::ir::{sigmoid, log_sigmoid, softplus, lgamma}`…), so
+//! in f64 an element-wise value is bit-identical to the interpreter's; `min`/`max` follow `f64::min`/
+//! `f64::max` (NaN is ignored), comparisons and `where` follow Rust's operators.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{
+    types, AbiParam, Block, FuncRef, InstBuilder, MemFlagsData, Type, UserFuncName,
+    Value as ClifValue,
+};
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::{default_libcall_names, FuncId, Linkage, Module};
+
+use super::plan::{
+    Action, BufferId, Entry, KernelPlan, LoopKind, LoopPass, Phase, Reduction, Role,
+};
+use super::Precision;
+use crate::ir::{Feature, Graph, Level, NodeId, Op, Shape, Value};
+
+/// A compiled loop pass (see the calling convention above).
+pub type PassFn = unsafe extern "C" fn(table: *const *mut u8, g_begin: usize, g_end: usize);
+
+/// Fixed slots of the pointer table.
+pub mod slot {
+    /// `usize[G + 1]`: `Layout::group_offsets`.
+    pub const GROUP_OFFSETS: usize = 0;
+    /// `usize[R + 1]`: `Layout::token_offsets`.
+    pub const TOKEN_OFFSETS: usize = 1;
+    /// `usize[G + 1]`: `Layout::crit_offsets`.
+    pub const CRIT_OFFSETS: usize = 2;
+    /// `usize[G + 1]`: where group g's `[resp, crit]` elements start (Σ over earlier groups of n·C).
+    pub const RESP_CRIT_BASE: usize = 3;
+    /// `usize[G + 1]`: where group g's pairs start (Σ over earlier groups of n·(n − 1)).
+    pub const PAIR_OFFSETS: usize = 4;
+    /// `usize[G + 1]`: where group g's `[pair, crit]` elements start.
+    pub const PAIR_CRIT_BASE: usize = 5;
+    /// `f64[2]`: `step`, `progress`.
+    pub const SCALARS: usize = 6;
+    /// `usize[1]`: the `dim` axis length.
+    pub const SIZES: usize = 7;
+    /// The plan's buffers follow, by id.
+    pub const FIRST_BUFFER: usize = 8;
+}
+
+/// The native code of a plan: one function per loop pass.
+pub struct JitKernel {
+    /// By phase, then pass: `Some` for loop passes.
+    pub functions: Vec<Vec<Option<PassFn>>>,
+    /// The CLIF of each loop pass, when asked for.
+    pub clif: Vec<String>,
+    /// Owns the code memory the pointers point into (a `Mutex` makes the kernel `Sync`; the module is
+    /// only touched again when it is freed).
+    module: Mutex<Option<JITModule>>,
+}
+
+impl std::fmt::Debug for JitKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JitKernel")
+            .field("functions", &self.functions.len())
+            .finish()
+    }
+}
+
+impl Drop for JitKernel {
+    fn drop(&mut self) {
+        if let Ok(module) = self.module.get_mut() {
+            if let Some(module) = module.take() {
+                // SAFETY: the function pointers into this memory live in `self.functions`, which is
+                // dropped with `self` and never handed out by value (the runtime calls them through
+                // `&self`), so no pointer into the code can be used after this point.
+                unsafe { module.free_memory() };
+            }
+        }
+    }
+}
+
+// The shims: the interpreter's own functions, callable from generated code.
+extern "C" fn shim_exp(x: f64) -> f64 {
+    x.exp()
+}
+extern "C" fn shim_log(x: f64) -> f64 {
+    x.ln()
+}
+extern "C" fn shim_log1p(x: f64) -> f64 {
+    x.ln_1p()
+}
+extern "C" fn shim_tanh(x: f64) -> f64 {
+    x.tanh()
+}
+extern "C" fn shim_sin(x: f64) -> f64 {
+    x.sin()
+}
+extern "C" fn shim_cos(x: f64) -> f64 {
+    x.cos()
+}
+extern "C" fn shim_pow(x: f64, y: f64) -> f64 {
+    x.powf(y)
+}
+extern "C" fn shim_lgamma(x: f64) -> f64 {
+    crate::ir::lgamma(x)
+}
+extern "C" fn shim_sigmoid(x: f64) -> f64 {
+    crate::ir::sigmoid(x)
+}
+extern "C" fn shim_log_sigmoid(x: f64) -> f64 {
+    crate::ir::log_sigmoid(x)
+}
+extern "C" fn shim_softplus(x: f64) -> f64 {
+    crate::ir::softplus(x)
+}
+extern "C" fn shim_expf(x: f32) -> f32 {
+    x.exp()
+}
+extern "C" fn shim_logf(x: f32) -> f32 {
+    x.ln()
+}
+extern "C" fn shim_log1pf(x: f32) -> f32 {
+    x.ln_1p()
+}
+extern "C" fn shim_tanhf(x: f32) -> f32 {
+    x.tanh()
+}
+extern "C" fn shim_sinf(x: f32) -> f32 {
+    x.sin()
+}
+extern "C" fn shim_cosf(x: f32) -> f32 {
+    x.cos()
+}
+extern "C" fn shim_powf(x: f32, y: f32) -> f32 {
+    x.powf(y)
+}
+extern "C" fn shim_lgammaf(x: f32) -> f32 {
+    crate::ir::lgamma(f64::from(x)) as f32
+}
+/// The stable forms of `rlx_compiler::ir`, in f32.
+extern "C" fn shim_sigmoidf(x: f32) -> f32 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    }
+}
+extern "C" fn shim_softplusf(x: f32) -> f32 {
+    if x > 0.0 {
+        x + (-x).exp().ln_1p()
+    } else {
+        x.exp().ln_1p()
+    }
+}
+extern "C" fn shim_log_sigmoidf(x: f32) -> f32 {
+    -shim_softplusf(-x)
+}
+
+/// Unary shims by op, and their symbols, for each precision.
+const UNARY: [(&str, &str); 10] = [
+    ("exp", "rlx_exp"),
+    ("log", "rlx_log"),
+    ("log1p", "rlx_log1p"),
+    ("tanh", "rlx_tanh"),
+    ("sin", "rlx_sin"),
+    ("cos", "rlx_cos"),
+    ("lgamma", "rlx_lgamma"),
+    ("sigmoid", "rlx_sigmoid"),
+    ("log_sigmoid", "rlx_log_sigmoid"),
+    ("softplus", "rlx_softplus"),
+];
+
+fn symbols() -> Vec<(String, *const u8)> {
+    let f64s: [(&str, extern "C" fn(f64) -> f64); 10] = [
+        ("exp", shim_exp),
+        ("log", shim_log),
+        ("log1p", shim_log1p),
+        ("tanh", shim_tanh),
+        ("sin", shim_sin),
+        ("cos", shim_cos),
+        ("lgamma", shim_lgamma),
+        ("sigmoid", shim_sigmoid),
+        ("log_sigmoid", shim_log_sigmoid),
+        ("softplus", shim_softplus),
+    ];
+    let f32s: [(&str, extern "C" fn(f32) -> f32); 10] = [
+        ("exp", shim_expf),
+        ("log", shim_logf),
+        ("log1p", shim_log1pf),
+        ("tanh", shim_tanhf),
+        ("sin", shim_sinf),
+        ("cos", shim_cosf),
+        ("lgamma", shim_lgammaf),
+        ("sigmoid", shim_sigmoidf),
+        ("log_sigmoid", shim_log_sigmoidf),
+        ("softplus", shim_softplusf),
+    ];
+    let mut out: Vec<(String, *const u8)> = Vec::new();
+    for (name, f) in f64s {
+        out.push((format!("rlx_{name}_f64"), f as *const u8));
+    }
+    for (name, f) in f32s {
+        out.push((format!("rlx_{name}_f32"), f as *const u8));
+    }
+    out.push(("rlx_pow_f64".into(), shim_pow as *const u8));
+    out.push(("rlx_pow_f32".into(), shim_powf as *const u8));
+    out
+}
+
+/// Compile every loop pass of `plan` (for `graph`). With `keep_clif`, the CLIF text of each function
+/// is kept in `JitKernel::clif`.
+pub fn compile(graph: &Graph, plan: &KernelPlan, keep_clif: bool) -> Result<JitKernel, String> {
+    if std::mem::size_of::<usize>() != 8 {
+        return Err("the JIT needs a 64-bit target".into());
+    }
+    let mut flags = settings::builder();
+    let set = |flags: &mut settings::Builder, name: &str, value: &str| {
+        flags
+            .set(name, value)
+            .map_err(|e| format!("cranelift setting {name}: {e}"))
+    };
+    set(&mut flags, "use_colocated_libcalls", "false")?;
+    set(&mut flags, "is_pic", "false")?;
+    set(&mut flags, "opt_level", "speed")?;
+    let isa = cranelift_native::builder()
+        .map_err(|e| format!("this machine is not supported by cranelift: {e}"))?
+        .finish(settings::Flags::new(flags))
+        .map_err(|e| format!("cranelift: {e}"))?;
+    let mut builder = JITBuilder::with_isa(isa, default_libcall_names());
+    for (name, pointer) in symbols() {
+        builder.symbol(name, pointer);
+    }
+    let mut module = JITModule::new(builder);
+    let ft = match plan.options.accumulate {
+        Precision::F64 => types::F64,
+        Precision::F32 => types::F32,
+    };
+    let suffix = plan.options.accumulate.name();
+    let mut unary_sig = module.make_signature();
+    unary_sig.params.push(AbiParam::new(ft));
+    unary_sig.returns.push(AbiParam::new(ft));
+    let mut binary_sig = unary_sig.clone();
+    binary_sig.params.push(AbiParam::new(ft));
+    let mut shims: Vec<(&'static str, FuncId)> = Vec::new();
+    for (op, symbol) in UNARY {
+        let id = module
+            .declare_function(&format!("{symbol}_{suffix}"), Linkage::Import, &unary_sig)
+            .map_err(|e| e.to_string())?;
+        shims.push((op, id));
+    }
+    let pow = module
+        .declare_function(&format!("rlx_pow_{suffix}"), Linkage::Import, &binary_sig)
+        .map_err(|e| e.to_string())?;
+    shims.push(("pow", pow));
+
+    let pointer = module.target_config().pointer_type();
+    let mut signature = module.make_signature();
+    for _ in 0..3 {
+        signature.params.push(AbiParam::new(pointer));
+    }
+    let mut ids: Vec<Vec<Option<FuncId>>> = Vec::new();
+    let mut clif = Vec::new();
+    let mut context = module.make_context();
+    let mut function_context = FunctionBuilderContext::new();
+    let mut counter = 0usize;
+    for (phase_index, phase) in plan.phases.iter().enumerate() {
+        let mut phase_ids = Vec::new();
+        for (pass_index, pass) in phase.passes.iter().enumerate() {
+            let super::plan::Pass::Loop(pass) = pass else {
+                phase_ids.push(None);
+                continue;
+            };
+            let name = format!("rlx_pass_{phase_index}_{pass_index}_{counter}");
+            counter += 1;
+            let id = module
+                .declare_function(&name, Linkage::Local, &signature)
+                .map_err(|e| e.to_string())?;
+            context.func.signature = signature.clone();
+            context.func.name = UserFuncName::user(0, id.as_u32());
+            let mut refs: HashMap<&'static str, FuncRef> = HashMap::new();
+            for (op, shim) in &shims {
+                refs.insert(op, module.declare_func_in_func(*shim, &mut context.func));
+            }
+            {
+                let b = FunctionBuilder::new(&mut context.func, &mut function_context);
+                let mut gen = Gen {
+                    b,
+                    graph,
+                    phase,
+                    pass,
+                    ft,
+                    storage_types: phase
+                        .buffers
+                        .iter()
+                        .map(|buffer| match buffer.storage {
+                            Precision::F64 => types::F64,
+                            Precision::F32 => types::F32,
+                        })
+                        .collect(),
+                    shims: refs,
+                    bases: HashMap::new(),
+                    values: HashMap::new(),
+                    c: Coords::default(),
+                    accumulators: HashMap::new(),
+                    table: None,
+                    range: None,
+                    dim: None,
+                };
+                gen.function()?;
+                gen.b.finalize(module.target_config());
+            }
+            if keep_clif {
+                clif.push(format!("; {name}\n{}", context.func.display()));
+            }
+            module
+                .define_function(id, &mut context)
+                .map_err(|e| format!("cranelift could not compile pass {pass_index}: {e:?}"))?;
+            module.clear_context(&mut context);
+            phase_ids.push(Some(id));
+        }
+        ids.push(phase_ids);
+    }
+    module
+        .finalize_definitions()
+        .map_err(|e| format!("cranelift could not link the kernel: {e}"))?;
+    let functions = ids
+        .iter()
+        .map(|phase| {
+            phase
+                .iter()
+                .map(|id| {
+                    id.map(|id| {
+                        let code = module.get_finalized_function(id);
+                        // SAFETY: `code` is the entry of a function just defined with `signature`
+                        // (three pointer-sized integer parameters, no result, the platform's C
+                        // calling convention), which is exactly `PassFn`; the memory stays mapped
+                        // until `JitKernel` frees the module.
+                        unsafe { std::mem::transmute::<*const u8, PassFn>(code) }
+                    })
+                })
+                .collect()
+        })
+        .collect();
+    Ok(JitKernel {
+        functions,
+        clif,
+        module: Mutex::new(Some(module)),
+    })
+}
+
+/// The loop coordinates bound so far (`usize` values).
+#[derive(Clone, Default)]
+struct Coords {
+    g: Option<ClifValue>,
+    /// First and end response of the group, its size.
+    gs: Option<ClifValue>,
+    n: Option<ClifValue>,
+    /// First criterion of the group and its count.
+    cs: Option<ClifValue>,
+    cn: Option<ClifValue>,
+    resp_crit_base: Option<ClifValue>,
+    pair_base: Option<ClifValue>,
+    pair_crit_base: Option<ClifValue>,
+    r: Option<ClifValue>,
+    /// r − gs.
+    li: Option<ClifValue>,
+    ts: Option<ClifValue>,
+    te: Option<ClifValue>,
+    t: Option<ClifValue>,
+    j: Option<ClifValue>,
+    lj: Option<ClifValue>,
+    p: Option<ClifValue>,
+    f: Option<ClifValue>,
+}
+
+struct Accumulator {
+    value: Variable,
+    count: Option<Variable>,
+}
+
+struct Gen<'a, 'b> {
+    b: FunctionBuilder<'b>,
+    graph: &'a Graph,
+    phase: &'a Phase,
+    pass: &'a LoopPass,
+    ft: Type,
+    storage_types: Vec<Type>,
+    shims: HashMap<&'static str, FuncRef>,
+    /// Base pointers loaded at entry, by table slot.
+    bases: HashMap<usize, ClifValue>,
+    values: HashMap<NodeId, ClifValue>,
+    c: Coords,
+    /// Register accumulators and scan carries, by action index.
+    accumulators: HashMap<usize, Accumulator>,
+    table: Option<ClifValue>,
+    range: Option<(ClifValue, ClifValue)>,
+    dim: Option<ClifValue>,
+}
+
+type GenResult<T> = Result<T, String>;
+
+const I64: Type = types::I64;
+
+fn flags() -> MemFlagsData {
+    MemFlagsData::trusted()
+}
+
+fn unbound(name: &str) -> String {
+    format!("internal: coordinate {name} is not bound in this pass")
+}
+
+impl Gen<'_, '_> {
+    fn function(&mut self) -> GenResult<()> {
+        let entry = self.b.create_block();
+        self.b.append_block_params_for_function_params(entry);
+        self.b.switch_to_block(entry);
+        let params = self.b.block_params(entry).to_vec();
+        let (table, g_begin, g_end) = (params[0], params[1], params[2]);
+        self.table = Some(table);
+        self.range = Some((g_begin, g_end));
+        let mut slots: Vec<usize> = (0..slot::FIRST_BUFFER).collect();
+        slots.extend(
+            self.buffers_used()
+                .into_iter()
+                .map(|b| slot::FIRST_BUFFER + b as usize),
+        );
+        for s in slots {
+            let base = self.b.ins().load(I64, flags(), table, (s * 8) as i32);
+            self.bases.insert(s, base);
+        }
+        let sizes = self.bases[&slot::SIZES];
+        self.dim = Some(self.b.ins().load(I64, flags(), sizes, 0));
+        self.level(0)?;
+        self.b.ins().return_(&[]);
+        self.b.seal_all_blocks();
+        Ok(())
+    }
+
+    /// Every buffer the pass reads or writes.
+    fn buffers_used(&self) -> Vec<BufferId> {
+        let mut used: HashSet<BufferId> = HashSet::new();
+        let role = |used: &mut HashSet<BufferId>, role: Role| match role {
+            Role::Input(b) | Role::Carried(b) => {
+                used.insert(b);
+            }
+            Role::Buffer { value, count } => {
+                used.insert(value);
+                used.extend(count);
+            }
+            Role::Inline | Role::Unused => {}
+        };
+        for entry in &self.pass.entries {
+            if entry.load {
+                role(&mut used, self.phase.roles[entry.node.0 as usize]);
+            } else if let Some(arg) = self.graph.node(entry.node).args.first() {
+                // Operands read at other elements (`other`, `index`, `shift`).
+                role(&mut used, self.phase.roles[arg.0 as usize]);
+            }
+        }
+        for action in &self.pass.actions {
+            match action {
+                Action::Store { buffer, .. } | Action::Scan { buffer, .. } => {
+                    used.insert(*buffer);
+                }
+                Action::Reduce { target, .. } => {
+                    used.insert(target.value);
+                    used.extend(target.count);
+                }
+            }
+        }
+        let mut used: Vec<BufferId> = used.into_iter().collect();
+        used.sort_unstable();
+        used
+    }
+
+    fn base(&self, slot: usize) -> GenResult<ClifValue> {
+        self.bases
+            .get(&slot)
+            .copied()
+            .ok_or_else(|| format!("internal: table slot {slot} not loaded"))
+    }
+
+    fn buffer_base(&self, buffer: BufferId) -> GenResult<ClifValue> {
+        self.base(slot::FIRST_BUFFER + buffer as usize)
+    }
+
+    fn iconst(&mut self, value: i64) -> ClifValue {
+        self.b.ins().iconst(I64, value)
+    }
+
+    fn fconst(&mut self, value: f64) -> ClifValue {
+        if self.ft == types::F64 {
+            self.b.ins().f64const(value)
+        } else {
+            self.b.ins().f32const(value as f32)
+        }
+    }
+
+    /// `base[index]` of a `usize` array.
+    fn load_index(&mut self, base: ClifValue, index: ClifValue) -> ClifValue {
+        let offset = self.b.ins().ishl_imm_u(index, 3);
+        let address = self.b.ins().iadd(base, offset);
+        self.b.ins().load(I64, flags(), address, 0)
+    }
+
+    fn address(&mut self, buffer: BufferId, index: ClifValue) -> GenResult<(ClifValue, Type)> {
+        let ty = *self
+            .storage_types
+            .get(buffer as usize)
+            .ok_or_else(|| format!("internal: unknown buffer b{buffer}"))?;
+        let base = self.buffer_base(buffer)?;
+        let shift = if ty == types::F64 { 3 } else { 2 };
+        let offset = self.b.ins().ishl_imm_u(index, shift);
+        Ok((self.b.ins().iadd(base, offset), ty))
+    }
+
+    /// Element `index` of a buffer, in the register precision.
+    fn load(&mut self, buffer: BufferId, index: ClifValue) -> GenResult<ClifValue> {
+        let (address, ty) = self.address(buffer, index)?;
+        let value = self.b.ins().load(ty, flags(), address, 0);
+        Ok(self.convert(value, ty, self.ft))
+    }
+
+    fn store(&mut self, buffer: BufferId, index: ClifValue, value: ClifValue) -> GenResult<()> {
+        let (address, ty) = self.address(buffer, index)?;
+        let value = self.convert(value, self.ft, ty);
+        self.b.ins().store(flags(), value, address, 0);
+        Ok(())
+    }
+
+    fn convert(&mut self, value: ClifValue, from: Type, to: Type) -> ClifValue {
+        match (from, to) {
+            (a, b) if a == b => value,
+            (types::F32, types::F64) => self.b.ins().fpromote(types::F64, value),
+            _ => self.b.ins().fdemote(types::F32, value),
+        }
+    }
+
+    fn coordinate(&self, value: Option<ClifValue>, name: &str) -> GenResult<ClifValue> {
+        value.ok_or_else(|| unbound(name))
+    }
+
+    /// The length of a feature axis at the current element.
+    fn width(&mut self, feature: &Feature) -> GenResult<ClifValue> {
+        Ok(match feature {
+            Feature::Crit => match self.c.cn {
+                Some(cn) => cn,
+                None => self.iconst(0),
+            },
+            Feature::Dim => self.coordinate(self.dim, "dim")?,
+            Feature::Rubric { len, .. } => self.iconst(i64::from(*len)),
+        })
+    }
+
+    /// The element of `shape` above the current point: at response j instead of i with `other`, at
+    /// feature `feature` instead of the loop's.
+    fn index(
+        &mut self,
+        shape: &Shape,
+        other: bool,
+        feature: Option<ClifValue>,
+    ) -> GenResult<ClifValue> {
+        let c = self.c.clone();
+        let f = || feature.or(c.f).ok_or_else(|| unbound("feature"));
+        let (r, li) = if other { (c.j, c.lj) } else { (c.r, c.li) };
+        Ok(match (shape.level, &shape.feature) {
+            (Level::Batch, None) => self.iconst(0),
+            (Level::Batch, Some(_)) => f()?,
+            (Level::Group, None) => self.coordinate(c.g, "group")?,
+            (Level::Group, Some(Feature::Crit)) => {
+                let cs = self.coordinate(c.cs, "criteria")?;
+                self.b.ins().iadd(cs, f()?)
+            }
+            (Level::Group, Some(feature)) => {
+                let g = self.coordinate(c.g, "group")?;
+                let width = self.width(feature)?;
+                let row = self.b.ins().imul(g, width);
+                self.b.ins().iadd(row, f()?)
+            }
+            (Level::Resp, None) => self.coordinate(r, "response")?,
+            (Level::Resp, Some(Feature::Crit)) => {
+                let base = self.coordinate(c.resp_crit_base, "criteria")?;
+                let li = self.coordinate(li, "response")?;
+                let cn = self.coordinate(c.cn, "criteria")?;
+                let row = self.b.ins().imul(li, cn);
+                let start = self.b.ins().iadd(base, row);
+                self.b.ins().iadd(start, f()?)
+            }
+            (Level::Resp, Some(feature)) => {
+                let r = self.coordinate(r, "response")?;
+                let width = self.width(feature)?;
+                let row = self.b.ins().imul(r, width);
+                self.b.ins().iadd(row, f()?)
+            }
+            (Level::Tok, None) => self.coordinate(c.t, "token")?,
+            (Level::Pair, None) => self.coordinate(c.p, "pair")?,
+            (Level::Pair, Some(Feature::Crit)) => {
+                let base = self.coordinate(c.pair_crit_base, "criteria")?;
+                let p = self.coordinate(c.p, "pair")?;
+                let pair_base = self.coordinate(c.pair_base, "pair")?;
+                let cn = self.coordinate(c.cn, "criteria")?;
+                let local = self.b.ins().isub(p, pair_base);
+                let row = self.b.ins().imul(local, cn);
+                let start = self.b.ins().iadd(base, row);
+                self.b.ins().iadd(start, f()?)
+            }
+            (Level::Pair, Some(feature)) => {
+                let p = self.coordinate(c.p, "pair")?;
+                let width = self.width(feature)?;
+                let row = self.b.ins().imul(p, width);
+                self.b.ins().iadd(row, f()?)
+            }
+            (Level::Tok, Some(_)) => return Err("internal: token values have no feature".into()),
+        })
+    }
+
+    /// A node's value from its buffer at `index`; an empty `max`/`min` reads as 0.
+    fn load_node(&mut self, node: NodeId, index: ClifValue) -> GenResult<ClifValue> {
+        match self.phase.roles[node.0 as usize] {
+            Role::Input(b) | Role::Carried(b) => self.load(b, index),
+            Role::Buffer { value, count } => {
+                let v = self.load(value, index)?;
+                match count {
+                    None => Ok(v),
+                    Some(count) => {
+                        let n = self.load(count, index)?;
+                        let zero = self.fconst(0.0);
+                        let empty = self.b.ins().fcmp(FloatCC::Equal, n, zero);
+                        Ok(self.b.ins().select(empty, zero, v))
+                    }
+                }
+            }
+            Role::Inline | Role::Unused => Err(format!(
+                "internal: %{} is read at another element but has no buffer",
+                node.0
+            )),
+        }
+    }
+
+    fn value(&self, node: NodeId) -> GenResult<ClifValue> {
+        self.values
+            .get(&node)
+            .copied()
+            .ok_or_else(|| format!("internal: %{} used before it is computed", node.0))
+    }
+
+    fn truth(&mut self, condition: ClifValue) -> ClifValue {
+        let one = self.fconst(1.0);
+        let zero = self.fconst(0.0);
+        self.b.ins().select(condition, one, zero)
+    }
+
+    fn nonzero(&mut self, x: ClifValue) -> ClifValue {
+        let zero = self.fconst(0.0);
+        // `!=` is unordered: NaN counts as true, as in Rust.
+        self.b.ins().fcmp(FloatCC::NotEqual, x, zero)
+    }
+
+    /// `f64::max` / `f64::min`: NaN operands are ignored, ties give the first operand.
+    fn extreme(&mut self, a: ClifValue, b: ClifValue, max: bool) -> ClifValue {
+        let better = if max {
+            self.b.ins().fcmp(FloatCC::GreaterThan, b, a)
+        } else {
+            self.b.ins().fcmp(FloatCC::LessThan, b, a)
+        };
+        let pick = self.b.ins().select(better, b, a);
+        let a_nan = self.b.ins().fcmp(FloatCC::Unordered, a, a);
+        self.b.ins().select(a_nan, b, pick)
+    }
+
+    fn call(&mut self, name: &str, args: &[ClifValue]) -> GenResult<ClifValue> {
+        let callee = *self
+            .shims
+            .get(name)
+            .ok_or_else(|| format!("internal: no shim {name}"))?;
+        let call = self.b.ins().call(callee, args);
+        Ok(self.b.inst_results(call)[0])
+    }
+
+    fn usize_to_float(&mut self, x: ClifValue) -> ClifValue {
+        self.b.ins().fcvt_from_uint(self.ft, x)
+    }
+
+    /// Compute (or load) one entry.
+    fn entry(&mut self, entry: &Entry) -> GenResult<ClifValue> {
+        let graph = self.graph;
+        let node = graph.node(entry.node);
+        if entry.load {
+            let index = self.index(&node.shape, false, None)?;
+            return self.load_node(entry.node, index);
+        }
+        let operands: Vec<Option<ClifValue>> = node
+            .args
+            .iter()
+            .map(|a| self.values.get(a).copied())
+            .collect();
+        let arg = |k: usize| -> GenResult<ClifValue> {
+            operands.get(k).copied().flatten().ok_or_else(|| {
+                format!(
+                    "internal: operand {k} of %{} used before it is computed",
+                    entry.node.0
+                )
+            })
+        };
+        let c = self.c.clone();
+        Ok(match &node.op {
+            Op::Const(v) => self.fconst(*v),
+            Op::Value(value) => match value {
+                Value::Step | Value::Progress => {
+                    let scalars = self.base(slot::SCALARS)?;
+                    let offset = if *value == Value::Step { 0 } else { 8 };
+                    let v = self.b.ins().load(types::F64, flags(), scalars, offset);
+                    self.convert(v, types::F64, self.ft)
+                }
+                Value::N => {
+                    let n = self.coordinate(c.n, "group")?;
+                    self.usize_to_float(n)
+                }
+                Value::RespIndex => {
+                    let li = self.coordinate(c.li, "response")?;
+                    self.usize_to_float(li)
+                }
+                Value::Length => {
+                    let ts = self.coordinate(c.ts, "response")?;
+                    let te = self.coordinate(c.te, "response")?;
+                    let length = self.b.ins().isub(te, ts);
+                    self.usize_to_float(length)
+                }
+                Value::TokenIndex => {
+                    let ts = self.coordinate(c.ts, "response")?;
+                    let t = self.coordinate(c.t, "token")?;
+                    let position = self.b.ins().isub(t, ts);
+                    self.usize_to_float(position)
+                }
+                Value::Inf => self.fconst(f64::INFINITY),
+                Value::Pi => self.fconst(std::f64::consts::PI),
+            },
+            Op::Input(_) => return Err("internal: inputs are loaded".into()),
+            Op::Copy | Op::StopGrad => arg(0)?,
+            Op::Neg => {
+                let a = arg(0)?;
+                self.b.ins().fneg(a)
+            }
+            Op::Not => {
+                let a = arg(0)?;
+                let zero = self.fconst(0.0);
+                let is_zero = self.b.ins().fcmp(FloatCC::Equal, a, zero);
+                self.truth(is_zero)
+            }
+            Op::Add | Op::Sub | Op::Mul | Op::Div => {
+                let (a, b) = (arg(0)?, arg(1)?);
+                match node.op {
+                    Op::Add => self.b.ins().fadd(a, b),
+                    Op::Sub => self.b.ins().fsub(a, b),
+                    Op::Mul => self.b.ins().fmul(a, b),
+                    _ => self.b.ins().fdiv(a, b),
+                }
+            }
+            Op::Pow => {
+                let (a, b) = (arg(0)?, arg(1)?);
+                self.call("pow", &[a, b])?
+            }
+            Op::Min | Op::Max => {
+                let (a, b) = (arg(0)?, arg(1)?);
+                self.extreme(a, b, node.op == Op::Max)
+            }
+            Op::Eq | Op::Ne | Op::Lt | Op::Le | Op::Gt | Op::Ge => {
+                let (a, b) = (arg(0)?, arg(1)?);
+                let cc = match node.op {
+                    Op::Eq => FloatCC::Equal,
+                    Op::Ne => FloatCC::NotEqual,
+                    Op::Lt => FloatCC::LessThan,
+                    Op::Le => FloatCC::LessThanOrEqual,
+                    Op::Gt => FloatCC::GreaterThan,
+                    _ => FloatCC::GreaterThanOrEqual,
+                };
+                let condition = self.b.ins().fcmp(cc, a, b);
+                self.truth(condition)
+            }
+            Op::And | Op::Or => {
+                let (a, b) = (arg(0)?, arg(1)?);
+                let (a, b) = (self.nonzero(a), self.nonzero(b));
+                let both = if node.op == Op::And {
+                    self.b.ins().band(a, b)
+                } else {
+                    self.b.ins().bor(a, b)
+                };
+                self.truth(both)
+            }
+            Op::Select => {
+                let (condition, yes, no) = (arg(0)?, arg(1)?, arg(2)?);
+                let condition = self.nonzero(condition);
+                self.b.ins().select(condition, yes, no)
+            }
+            Op::Exp
+            | Op::Log
+            | Op::Log1p
+            | Op::Tanh
+            | Op::Sin
+            | Op::Cos
+            | Op::Lgamma
+            | Op::Sigmoid
+            | Op::LogSigmoid
+            | Op::Softplus => {
+                let a = arg(0)?;
+                let name = match node.op {
+                    Op::Exp => "exp",
+                    Op::Log => "log",
+                    Op::Log1p => "log1p",
+                    Op::Tanh => "tanh",
+                    Op::Sin => "sin",
+                    Op::Cos => "cos",
+                    Op::Lgamma => "lgamma",
+                    Op::Sigmoid => "sigmoid",
+                    Op::LogSigmoid => "log_sigmoid",
+                    _ => "softplus",
+                };
+                self.call(name, &[a])?
+            }
+            Op::Sqrt => {
+                let a = arg(0)?;
+                self.b.ins().sqrt(a)
+            }
+            Op::Abs => {
+                let a = arg(0)?;
+                self.b.ins().fabs(a)
+            }
+            Op::Floor => {
+                let a = arg(0)?;
+                self.b.ins().floor(a)
+            }
+            Op::Sign => {
+                let a = arg(0)?;
+                let zero = self.fconst(0.0);
+                let one = self.fconst(1.0);
+                let minus = self.fconst(-1.0);
+                let positive = self.b.ins().fcmp(FloatCC::GreaterThan, a, zero);
+                let negative = self.b.ins().fcmp(FloatCC::LessThan, a, zero);
+                let low = self.b.ins().select(negative, minus, zero);
+                self.b.ins().select(positive, one, low)
+            }
+            Op::Other => {
+                let operand = node.args[0];
+                let shape = self.graph.node(operand).shape.clone();
+                if shape.level == Level::Resp {
+                    let index = self.index(&shape, true, None)?;
+                    self.load_node(operand, index)?
+                } else {
+                    arg(0)?
+                }
+            }
+            Op::Index(k) => {
+                let operand = node.args[0];
+                let shape = self.graph.node(operand).shape.clone();
+                if matches!(shape.feature, Some(Feature::Rubric { .. })) {
+                    let k = self.iconst(i64::from(*k));
+                    let index = self.index(&shape, false, Some(k))?;
+                    self.load_node(operand, index)?
+                } else {
+                    arg(0)?
+                }
+            }
+            Op::Unindex(k) => {
+                let a = arg(0)?;
+                let f = self.coordinate(c.f, "feature")?;
+                let here = self.b.ins().icmp_imm_u(IntCC::Equal, f, i64::from(*k));
+                let zero = self.fconst(0.0);
+                self.b.ins().select(here, a, zero)
+            }
+            Op::Shift { offset } => {
+                let t = self.coordinate(c.t, "token")?;
+                let ts = self.coordinate(c.ts, "response")?;
+                let te = self.coordinate(c.te, "response")?;
+                let fill = arg(1)?;
+                // source = t + offset, inside [ts, te) (signed: the source may precede 0).
+                let source = self.b.ins().iadd_imm_s(t, i64::from(*offset));
+                let after_start = self
+                    .b
+                    .ins()
+                    .icmp(IntCC::SignedGreaterThanOrEqual, source, ts);
+                let before_end = self.b.ins().icmp(IntCC::SignedLessThan, source, te);
+                let inside = self.b.ins().band(after_start, before_end);
+                let operand = node.args[0];
+                let shape = self.graph.node(operand).shape.clone();
+                let value = if shape.level == Level::Tok {
+                    // Clamp into the response (t itself is inside it) so the load is in bounds
+                    // whether or not the source is.
+                    let clamped = self.b.ins().select(inside, source, t);
+                    self.load_node(operand, clamped)?
+                } else {
+                    arg(0)?
+                };
+                self.b.ins().select(inside, value, fill)
+            }
+            op => {
+                return Err(format!(
+                    "internal: {} cannot be computed in registers",
+                    op.name()
+                ))
+            }
+        })
+    }
+
+    /// Emit everything at loop depth `depth`, then the loop below it.
+    fn level(&mut self, depth: usize) -> GenResult<()> {
+        let pass = self.pass;
+        for entry in pass.entries.iter().filter(|e| e.depth == depth) {
+            let value = self.entry(entry)?;
+            self.values.insert(entry.node, value);
+        }
+        // Register accumulators and scan carries reset here.
+        for (position, action) in pass.actions.iter().enumerate() {
+            match action {
+                Action::Reduce { op, target, .. } if target.register && target.depth == depth => {
+                    let init = if matches!(op, Reduction::Max | Reduction::Min) {
+                        f64::NAN
+                    } else {
+                        0.0
+                    };
+                    let value = self.b.declare_var(self.ft);
+                    let start = self.fconst(init);
+                    self.b.def_var(value, start);
+                    let count = target.count.map(|_| {
+                        let count = self.b.declare_var(self.ft);
+                        let zero = self.fconst(0.0);
+                        self.b.def_var(count, zero);
+                        count
+                    });
+                    self.accumulators
+                        .insert(position, Accumulator { value, count });
+                }
+                Action::Scan { carry_depth, .. } if *carry_depth == depth => {
+                    let value = self.b.declare_var(self.ft);
+                    let zero = self.fconst(0.0);
+                    self.b.def_var(value, zero);
+                    self.accumulators
+                        .insert(position, Accumulator { value, count: None });
+                }
+                _ => {}
+            }
+        }
+        for (position, action) in pass.actions.iter().enumerate() {
+            match action {
+                Action::Store {
+                    node,
+                    shape,
+                    buffer,
+                    depth: d,
+                } if *d == depth => {
+                    let value = self.value(*node)?;
+                    let index = self.index(shape, false, None)?;
+                    self.store(*buffer, index, value)?;
+                }
+                Action::Reduce {
+                    op,
+                    operand,
+                    to,
+                    depth: d,
+                    target,
+                    ..
+                } if *d == depth => {
+                    let x = if *op == Reduction::Count {
+                        self.fconst(1.0)
+                    } else {
+                        self.value(*operand)?
+                    };
+                    if target.register {
+                        let accumulator = self
+                            .accumulators
+                            .get(&position)
+                            .ok_or("internal: accumulator not reset")?;
+                        let (value, count) = (accumulator.value, accumulator.count);
+                        let old = self.b.use_var(value);
+                        let new = self.accumulate(*op, old, x);
+                        self.b.def_var(value, new);
+                        if let Some(count) = count {
+                            let old = self.b.use_var(count);
+                            let one = self.fconst(1.0);
+                            let new = self.b.ins().fadd(old, one);
+                            self.b.def_var(count, new);
+                        }
+                    } else {
+                        let index = self.target_index(to, target.partial, *op)?;
+                        let old = self.load(target.value, index)?;
+                        let new = self.accumulate(*op, old, x);
+                        self.store(target.value, index, new)?;
+                        if let Some(count) = target.count {
+                            let old = self.load(count, index)?;
+                            let one = self.fconst(1.0);
+                            let new = self.b.ins().fadd(old, one);
+                            self.store(count, index, new)?;
+                        }
+                    }
+                }
+                Action::Scan {
+                    x,
+                    decay,
+                    buffer,
+                    depth: d,
+                    ..
+                } if *d == depth => {
+                    let carry = self
+                        .accumulators
+                        .get(&position)
+                        .ok_or("internal: scan carry not reset")?
+                        .value;
+                    let (x, decay) = (self.value(*x)?, self.value(*decay)?);
+                    let previous = self.b.use_var(carry);
+                    let decayed = self.b.ins().fmul(decay, previous);
+                    let next = self.b.ins().fadd(x, decayed);
+                    self.b.def_var(carry, next);
+                    let t = self.coordinate(self.c.t, "token")?;
+                    self.store(*buffer, t, next)?;
+                }
+                _ => {}
+            }
+        }
+        if depth < pass.path.len() {
+            let saved = self.c.clone();
+            self.child_loop(depth)?;
+            self.c = saved;
+        }
+        // Register accumulators complete here.
+        for (position, action) in pass.actions.iter().enumerate() {
+            if let Action::Reduce { op, to, target, .. } = action {
+                if target.register && target.depth == depth {
+                    let accumulator = self
+                        .accumulators
+                        .remove(&position)
+                        .ok_or("internal: accumulator not reset")?;
+                    let index = self.target_index(to, target.partial, *op)?;
+                    let value = self.b.use_var(accumulator.value);
+                    self.store(target.value, index, value)?;
+                    if let (Some(count), Some(buffer)) = (accumulator.count, target.count) {
+                        let n = self.b.use_var(count);
+                        self.store(buffer, index, n)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn accumulate(&mut self, op: Reduction, old: ClifValue, x: ClifValue) -> ClifValue {
+        match op {
+            Reduction::Sum | Reduction::Count | Reduction::SumByOther => self.b.ins().fadd(old, x),
+            Reduction::Max => self.extreme(old, x, true),
+            Reduction::Min => self.extreme(old, x, false),
+        }
+    }
+
+    /// The element a reduction accumulates into.
+    fn target_index(&mut self, to: &Shape, partial: bool, op: Reduction) -> GenResult<ClifValue> {
+        if partial {
+            // Group g's partial: g·width + f (the target is at the batch level).
+            let g = self.coordinate(self.c.g, "group")?;
+            return match &to.feature {
+                None => Ok(g),
+                Some(feature) => {
+                    let width = self.width(feature)?;
+                    let f = self.coordinate(self.c.f, "feature")?;
+                    let row = self.b.ins().imul(g, width);
+                    Ok(self.b.ins().iadd(row, f))
+                }
+            };
+        }
+        self.index(to, op == Reduction::SumByOther, None)
+    }
+
+    /// A counted loop `start..end` (or `end` down to `start` with `reverse`); returns the loop's
+    /// blocks and its counter's value in the body.
+    fn open(&mut self, start: ClifValue, end: ClifValue, reverse: bool) -> (LoopBlocks, ClifValue) {
+        let header = self.b.create_block();
+        let body = self.b.create_block();
+        let exit = self.b.create_block();
+        let counter = self.b.declare_var(I64);
+        self.b.def_var(counter, if reverse { end } else { start });
+        self.b.ins().jump(header, &[]);
+        self.b.switch_to_block(header);
+        let i = self.b.use_var(counter);
+        let done = if reverse {
+            self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, i, start)
+        } else {
+            self.b.ins().icmp(IntCC::UnsignedGreaterThanOrEqual, i, end)
+        };
+        self.b.ins().brif(done, exit, &[], body, &[]);
+        self.b.switch_to_block(body);
+        let index = if reverse {
+            self.b.ins().iadd_imm_s(i, -1)
+        } else {
+            i
+        };
+        (
+            LoopBlocks {
+                header,
+                exit,
+                counter,
+                reverse,
+            },
+            index,
+        )
+    }
+
+    fn close(&mut self, blocks: LoopBlocks) {
+        let i = self.b.use_var(blocks.counter);
+        let next = self
+            .b
+            .ins()
+            .iadd_imm_s(i, if blocks.reverse { -1 } else { 1 });
+        self.b.def_var(blocks.counter, next);
+        self.b.ins().jump(blocks.header, &[]);
+        self.b.switch_to_block(blocks.exit);
+    }
+
+    fn child_loop(&mut self, depth: usize) -> GenResult<()> {
+        let kind = self.pass.path[depth].clone();
+        match kind {
+            LoopKind::Group => {
+                let (g_begin, g_end) = self.range.ok_or("internal: no group range")?;
+                let (blocks, g) = self.open(g_begin, g_end, false);
+                let next = self.b.ins().iadd_imm_s(g, 1);
+                let load = |gen: &mut Self, slot: usize, at: ClifValue| -> GenResult<ClifValue> {
+                    let base = gen.base(slot)?;
+                    Ok(gen.load_index(base, at))
+                };
+                let gs = load(self, slot::GROUP_OFFSETS, g)?;
+                let ge = load(self, slot::GROUP_OFFSETS, next)?;
+                let cs = load(self, slot::CRIT_OFFSETS, g)?;
+                let ce = load(self, slot::CRIT_OFFSETS, next)?;
+                self.c.g = Some(g);
+                self.c.gs = Some(gs);
+                self.c.n = Some(self.b.ins().isub(ge, gs));
+                self.c.cs = Some(cs);
+                self.c.cn = Some(self.b.ins().isub(ce, cs));
+                self.c.resp_crit_base = Some(load(self, slot::RESP_CRIT_BASE, g)?);
+                self.c.pair_base = Some(load(self, slot::PAIR_OFFSETS, g)?);
+                self.c.pair_crit_base = Some(load(self, slot::PAIR_CRIT_BASE, g)?);
+                self.level(depth + 1)?;
+                self.close(blocks);
+            }
+            LoopKind::Resp => {
+                let gs = self.coordinate(self.c.gs, "group")?;
+                let n = self.coordinate(self.c.n, "group")?;
+                let ge = self.b.ins().iadd(gs, n);
+                let (blocks, r) = self.open(gs, ge, false);
+                let tokens = self.base(slot::TOKEN_OFFSETS)?;
+                let next = self.b.ins().iadd_imm_s(r, 1);
+                self.c.r = Some(r);
+                self.c.li = Some(self.b.ins().isub(r, gs));
+                self.c.ts = Some(self.load_index(tokens, r));
+                self.c.te = Some(self.load_index(tokens, next));
+                self.level(depth + 1)?;
+                self.close(blocks);
+            }
+            LoopKind::Tok => {
+                let ts = self.coordinate(self.c.ts, "response")?;
+                let te = self.coordinate(self.c.te, "response")?;
+                let (blocks, t) = self.open(ts, te, self.pass.reverse);
+                self.c.t = Some(t);
+                self.level(depth + 1)?;
+                self.close(blocks);
+            }
+            LoopKind::Pair => {
+                let gs = self.coordinate(self.c.gs, "group")?;
+                let n = self.coordinate(self.c.n, "group")?;
+                let r = self.coordinate(self.c.r, "response")?;
+                let li = self.coordinate(self.c.li, "response")?;
+                let pair_base = self.coordinate(self.c.pair_base, "pair")?;
+                let ge = self.b.ins().iadd(gs, n);
+                let (blocks, j) = self.open(gs, ge, false);
+                let inner = self.b.create_block();
+                let skip = self.b.create_block();
+                let same = self.b.ins().icmp(IntCC::Equal, j, r);
+                self.b.ins().brif(same, skip, &[], inner, &[]);
+                self.b.switch_to_block(inner);
+                // p = pair_base + li·(n − 1) + (lj − [lj > li])
+                let lj = self.b.ins().isub(j, gs);
+                let others = self.b.ins().iadd_imm_s(n, -1);
+                let row = self.b.ins().imul(li, others);
+                let after = self.b.ins().icmp(IntCC::UnsignedGreaterThan, lj, li);
+                let after = self.b.ins().uextend(I64, after);
+                let column = self.b.ins().isub(lj, after);
+                let start = self.b.ins().iadd(pair_base, row);
+                self.c.j = Some(j);
+                self.c.lj = Some(lj);
+                self.c.p = Some(self.b.ins().iadd(start, column));
+                self.level(depth + 1)?;
+                self.b.ins().jump(skip, &[]);
+                self.b.switch_to_block(skip);
+                self.close(blocks);
+            }
+            LoopKind::Feature(feature) => {
+                let zero = self.iconst(0);
+                let width = self.width(&feature)?;
+                let (blocks, f) = self.open(zero, width, false);
+                self.c.f = Some(f);
+                self.level(depth + 1)?;
+                self.close(blocks);
+            }
+        }
+        Ok(())
+    }
+}
+
+struct LoopBlocks {
+    header: Block,
+    exit: Block,
+    counter: Variable,
+    reverse: bool,
+}

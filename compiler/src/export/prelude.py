@@ -1,0 +1,845 @@
+# ---------------------------------------------------------------------------------------------------
+# Runtime helpers: the same in every module rlxc exports; the stage functions above call them.
+#
+# Values. A value at level `batch` is a 0-d tensor, `group` [G], `resp` [B], `pair` [B, B] (response i,
+# other response j of the same group) and `tok` [B, T], padded: `L.tmask` marks the tokens that exist
+# (`response_mask`). A feature axis adds a trailing dimension: `crit` [.., C] (padded, `L.cmask`), `dim`
+# [.., D], a rubric [.., K]. Shapes are written "level" or "level:feature" (a rubric as "name/K").
+#
+# Padding. Reductions read only elements that exist. Padded elements of inputs (and of `shift`/`scan`
+# results) hold a detached copy of a real element of the same row, so that no NaN or infinity arises
+# there, forward or backward, and no gradient leaves them.
+#
+# Semantics (those of the rlx reference interpreter): a reduction over no element gives 0 (`var` and
+# `std` too); `min`/`max` send the gradient to the first operand on ties; a reduced `max`/`min` sends
+# it to every element equal to the result; `sqrt` has gradient 0 at 0; `floor`, `sign`, `lgamma`,
+# comparisons and `count` pass none; `scan` passes none to its decay and `shift` none to its fill.
+# ---------------------------------------------------------------------------------------------------
+
+
+def _parse(shape):
+    level, _, feature = shape.partition(":")
+    return level, (feature or None)
+
+
+class _Layout:
+    """Where the elements of each level are: responses, groups, tokens, criteria."""
+
+    def __init__(self, tmask, group_ids, crit_mask, dim, dtype, device, step, progress):
+        self.dtype, self.device = dtype, device
+        self.tmask = tmask  # [B, T] bool
+        self.B, self.T = int(tmask.shape[0]), int(tmask.shape[1])
+        self.group_ids = group_ids  # [B] long in 0..G-1 (every group non-empty), or None
+        self.G = int(group_ids.max()) + 1 if group_ids is not None and group_ids.numel() else 0
+        self.crit_mask = crit_mask  # [B, C] bool (the criteria of each response's group), or None
+        self.C = int(crit_mask.shape[1]) if crit_mask is not None else 0
+        self.D = dim
+        self.step = self.scalar(step)
+        self.progress = self.scalar(progress)
+        self._cache = {}
+
+    def scalar(self, value):
+        return torch.as_tensor(value, dtype=self.dtype, device=self.device)
+
+    def _cached(self, key, make):
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    # groups
+    @property
+    def ix(self):
+        """The group of each response."""
+        if self.group_ids is None:
+            raise ValueError(
+                f"recipe `{RECIPE}` groups responses by prompt here: pass `index` (the group of each "
+                "response: an id per response, e.g. verl's `uid`) in the batch"
+            )
+        return self.group_ids
+
+    @property
+    def arange(self):
+        return self._cached("arange", lambda: torch.arange(self.B, device=self.device))
+
+    @property
+    def n(self):
+        """Responses per group."""
+        return self._cached("n", lambda: torch.bincount(self.ix, minlength=self.G).to(self.dtype))
+
+    @property
+    def first_resp(self):
+        """The first response of each group."""
+        return self._cached(
+            "first_resp",
+            lambda: torch.full((self.G,), self.B, dtype=torch.long, device=self.device).scatter_reduce(
+                0, self.ix, self.arange, reduce="amin", include_self=True
+            ),
+        )
+
+    @property
+    def pmask(self):
+        """[B, B]: j is another response of i's group."""
+
+        def make():
+            same = self.ix[:, None] == self.ix[None, :]
+            return same & ~torch.eye(self.B, dtype=torch.bool, device=self.device)
+
+        return self._cached("pmask", make)
+
+    @property
+    def other_ix(self):
+        """[B, B]: j where (i, j) is a pair, else a real other of i (or i itself), for padding."""
+
+        def make():
+            has = self.pmask.any(1)
+            partner = torch.where(has, self.pmask.to(torch.int8).argmax(1), self.arange)
+            return torch.where(self.pmask, self.arange[None, :], partner[:, None])
+
+        return self._cached("other_ix", make)
+
+    @property
+    def resp_index(self):
+        """Position of each response in its group."""
+
+        def make():
+            same = self.ix[:, None] == self.ix[None, :]
+            earlier = self.arange[None, :] < self.arange[:, None]
+            return (same & earlier).sum(1).to(self.dtype)
+
+        return self._cached("resp_index", make)
+
+    @property
+    def cmask(self):
+        """[G, C]: the criteria each group has."""
+        return self._cached("cmask", lambda: self.crit_mask[self.first_resp])
+
+    # tokens
+    @property
+    def length_long(self):
+        return self._cached("length_long", lambda: self.tmask.sum(1))
+
+    @property
+    def length(self):
+        return self._cached("length", lambda: self.length_long.to(self.dtype))
+
+    @property
+    def order(self):
+        """Per row, the positions of existing tokens first (in order), then the padding."""
+        return self._cached(
+            "order",
+            lambda: torch.argsort((~self.tmask).to(torch.int8), dim=1, stable=True),
+        )
+
+    @property
+    def inv_order(self):
+        return self._cached("inv_order", lambda: torch.argsort(self.order, dim=1))
+
+    @property
+    def token_index(self):
+        def make():
+            position = torch.cumsum(self.tmask.to(torch.long), 1) - 1
+            return torch.where(self.tmask, position, 0).to(self.dtype)
+
+        return self._cached("token_index", make)
+
+    def shape(self, shape):
+        level, feature = _parse(shape)
+        dims = {
+            "batch": (),
+            "group": (self.G,),
+            "resp": (self.B,),
+            "pair": (self.B, self.B),
+            "tok": (self.B, self.T),
+        }[level]
+        if feature is None:
+            return dims
+        if feature == "crit":
+            return dims + (self.C,)
+        if feature == "dim":
+            return dims + (self.D,)
+        return dims + (int(feature.rpartition("/")[2]),)
+
+    def subset(self, sel):
+        """The layout of the responses `sel` alone, and the groups they keep."""
+        kept_groups, group_ids = torch.unique(self.ix[sel], return_inverse=True)
+        sub = _Layout(
+            self.tmask[sel],
+            group_ids,
+            self.crit_mask[sel] if self.crit_mask is not None else None,
+            self.D,
+            self.dtype,
+            self.device,
+            self.step,
+            self.progress,
+        )
+        return sub, kept_groups
+
+
+def _t(L, value):
+    return value if torch.is_tensor(value) else L.scalar(value)
+
+
+def _exists(L, shape):
+    """A bool mask of the elements of `shape` that exist (broadcastable to it), or None if all do."""
+    level, feature = _parse(shape)
+    mask = None
+    if level == "tok":
+        mask = L.tmask
+    elif level == "pair":
+        mask = L.pmask
+    if feature == "crit":
+        if level == "group":
+            crit = L.cmask
+        elif level == "resp":
+            crit = L.crit_mask
+        else:
+            crit = L.crit_mask[:, None, :]
+        mask = crit if mask is None else mask[..., None] & crit
+    elif feature is not None and mask is not None:
+        mask = mask[..., None]
+    return mask
+
+
+def _up(L, x, src, dst):
+    """Broadcast a value of shape `src` to the full layout of the finer shape `dst`."""
+    src_level, src_feature = _parse(src)
+    dst_level, dst_feature = _parse(dst)
+    x = _t(L, x)
+    if src_level == "group" and dst_level != "group":
+        x = x[L.ix]
+        src_level = "resp"
+    if src_level == "resp" and dst_level in ("tok", "pair"):
+        x = x[:, None]
+    if dst_feature is not None and src_feature is None and src_level != "batch":
+        x = x[..., None]
+    return torch.broadcast_to(x, L.shape(dst))
+
+
+def _expand(L, x, shape):
+    """The operand (already laid out for `shape`) materialised at every element of `shape`."""
+    return torch.broadcast_to(_t(L, x), L.shape(shape))
+
+
+def _fill_tok(L, x):
+    """Padding tokens take a detached copy of their row's first token (0 in an empty row)."""
+    first = x.gather(1, L.order[:, :1]).detach() if L.T else x[:, :0]
+    first = torch.where(L.length_long[:, None] > 0, first, torch.zeros_like(first))
+    return torch.where(L.tmask, x, first)
+
+
+def _fill_crit(L, x, level):
+    """Criteria a group does not have take a detached copy of its first criterion (or 0)."""
+    mask = L.cmask if level == "group" else L.crit_mask
+    if mask.shape[1] == 0:
+        return x
+    first = torch.where(mask[:, :1], x[:, :1].detach(), torch.zeros_like(x[:, :1]))
+    return torch.where(mask, x, first)
+
+
+def _reduce_dim(x, dim, how):
+    if how == "sum":
+        return x.sum(dim)
+    if x.shape[dim] == 0:
+        shape = list(x.shape)
+        del shape[dim]
+        return x.new_full(shape, -math.inf if how == "amax" else math.inf)
+    return x.amax(dim) if how == "amax" else x.amin(dim)
+
+
+def _segment(L, x, how):
+    """Per group, the sum / max / min of the responses' values."""
+    shape = (L.G,) + tuple(x.shape[1:])
+    if how == "sum":
+        return x.new_zeros(shape).index_add(0, L.ix, x)
+    index = L.ix.view((-1,) + (1,) * (x.dim() - 1)).expand_as(x)
+    start = x.new_full(shape, -math.inf if how == "amax" else math.inf)
+    return start.scatter_reduce(0, index, x, reduce=how, include_self=True)
+
+
+def _collapse(L, x, src, dst, how):
+    """Reduce the full tensor `x` of shape `src` (padding already neutral) to the shape `dst`."""
+    src_level, src_feature = _parse(src)
+    dst_level, dst_feature = _parse(dst)
+    if src_feature is not None and dst_feature is None:
+        x = _reduce_dim(x, -1, how)
+    if src_level in ("tok", "pair") and dst_level != src_level:
+        x = _reduce_dim(x, 1, how)  # the tokens of a response, the others of a response
+        src_level = "resp"
+    if src_level == "resp" and dst_level == "group":
+        return _segment(L, x, how)
+    if src_level != dst_level:  # to the whole batch
+        x = _reduce_dim(x, 0, how)
+    return x
+
+
+def _sum(L, x, src, dst):
+    """Σ over the elements of `src` that map to each element of `dst`."""
+    x = _up(L, x, src, src)
+    mask = _exists(L, src)
+    if mask is not None:
+        x = torch.where(mask, x, 0.0)
+    return _collapse(L, x, src, dst, "sum")
+
+
+def _count(L, src, dst):
+    """How many elements of `src` map to each element of `dst`."""
+    return _sum(L, 1.0, src, dst)
+
+
+def _extreme(L, x, src, dst, how, grad):
+    x = _up(L, x, src, src)
+    mask = _exists(L, src)
+    raw = x.detach() if grad else x
+    if mask is not None:
+        raw = torch.where(mask, raw, -math.inf if how == "amax" else math.inf)
+    best = _collapse(L, raw, src, dst, how)
+    best = torch.where(_count(L, src, dst) > 0, best, 0.0)
+    if not grad:
+        return best
+    # The gradient goes to every element equal to the result.
+    hit = x.detach() == _up(L, best, dst, src)
+    if mask is not None:
+        hit = hit & mask
+    return best + _sum(L, torch.where(hit, x - x.detach(), 0.0), src, dst)
+
+
+def _max(L, x, src, dst, grad=False):
+    return _extreme(L, x, src, dst, "amax", grad)
+
+
+def _min(L, x, src, dst, grad=False):
+    return _extreme(L, x, src, dst, "amin", grad)
+
+
+def _minimum(a, b):
+    return torch.where(a <= b, a, b)
+
+
+def _maximum(a, b):
+    return torch.where(a >= b, a, b)
+
+
+def _where(L, cond, yes, no):
+    return torch.where(_t(L, cond) != 0, _t(L, yes), _t(L, no))
+
+
+def _sqrt(x):
+    positive = x > 0
+    return torch.where(positive, torch.sqrt(torch.where(positive, x, 1.0)), torch.sqrt(x.detach()))
+
+
+def _pow(L, base, exponent):
+    """base ^ exponent when the exponent carries a gradient: y·ln(base) for base > 0, else 0."""
+    base, exponent = _t(L, base), _t(L, exponent)
+    value = torch.pow(base, exponent.detach())
+    log_base = torch.log(torch.where(base > 0, base, 1.0)).detach()
+    return value * torch.exp((exponent - exponent.detach()) * log_base)
+
+
+def _other(L, x):
+    """Response j's value at each pair (i, j)."""
+    value = x[L.other_ix]
+    mask = L.pmask if x.dim() == 1 else L.pmask[..., None]
+    return torch.where(mask, value, value.detach())
+
+
+def _sum_by_other(L, x):
+    """For each response j, Σ over the pairs (i, j)."""
+    mask = L.pmask if x.dim() == 2 else L.pmask[..., None]
+    return torch.where(mask, x, 0.0).sum(0)
+
+
+def _unindex(L, x, k, size):
+    return torch.where(torch.arange(size, device=L.device) == k, _t(L, x)[..., None], 0.0)
+
+
+def _compact(L, x):
+    """Each row's existing tokens first, in order (a no-op for right-padded rows)."""
+    return torch.broadcast_to(_t(L, x), (L.B, L.T)).gather(1, L.order)
+
+
+def _uncompact(L, x):
+    return x.gather(1, L.inv_order)
+
+
+def _shift(L, x, offset, fill):
+    """x at token t + offset of the same response, `fill` past either end."""
+    x = _compact(L, x)
+    fill = _compact(L, fill).detach()
+    position = torch.arange(L.T, device=L.device) + offset
+    inside = (position[None, :] >= 0) & (position[None, :] < L.length_long[:, None])
+    source = position.clamp(0, max(L.T - 1, 0))[None, :].expand(L.B, L.T)
+    return _fill_tok(L, _uncompact(L, torch.where(inside, x.gather(1, source), fill)))
+
+
+def _scan(L, x, decay, reverse):
+    """y_t = x_t + decay·y_{t-1} along each response (from the end when reversed), as a log-depth
+    parallel prefix: no loop over tokens."""
+    x = _compact(L, x)
+    x = torch.where(torch.arange(L.T, device=L.device)[None, :] < L.length_long[:, None], x, 0.0)
+    a = _compact(L, decay).detach()
+    y, step = x, 1
+    while step < L.T:
+        if reverse:
+            y = y + a * F.pad(y, (0, step))[:, step:]
+            a = a * F.pad(a, (0, step), value=1.0)[:, step:]
+        else:
+            y = y + a * F.pad(y, (step, 0))[:, : L.T]
+            a = a * F.pad(a, (step, 0), value=1.0)[:, : L.T]
+        step *= 2
+    return _fill_tok(L, _uncompact(L, y))
+
+
+def _distinct_ngrams(L, ids, n):
+    """Distinct n-grams / n-grams of each response's token values (1 when shorter than n)."""
+    ids = _compact(L, ids).detach()
+    count = (L.length_long - n + 1).clamp(min=0)
+    windows = L.T - n + 1
+    if windows <= 0:
+        return torch.ones(L.B, dtype=L.dtype, device=L.device)
+    grams = ids.unfold(1, n, 1)  # [B, M, n]
+    valid = torch.arange(windows, device=L.device)[None, :] < count[:, None]
+    # A stable radix sort of each row's n-grams (one pass per position), the valid ones first.
+    perm = torch.arange(windows, device=L.device).expand(L.B, windows)
+    for position in reversed(range(n)):
+        key = grams[..., position].gather(1, perm)
+        perm = perm.gather(1, torch.argsort(key, dim=1, stable=True))
+    perm = perm.gather(1, torch.argsort((~valid.gather(1, perm)).to(torch.int8), dim=1, stable=True))
+    ordered = grams.gather(1, perm[..., None].expand(L.B, windows, n))
+    changed = (ordered[:, 1:] != ordered[:, :-1]).any(-1)
+    new = torch.cat([torch.ones_like(changed[:, :1]), changed], 1) & valid.gather(1, perm)
+    ratio = new.sum(1).to(L.dtype) / count.clamp(min=1).to(L.dtype)
+    return torch.where(count > 0, ratio, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Batches
+
+
+def _group_ids(index, device):
+    if index is None:
+        return None
+    if torch.is_tensor(index):
+        ids = index.reshape(-1).to(device)
+    else:
+        try:
+            ids = torch.as_tensor(index, device=device).reshape(-1)
+        except (TypeError, ValueError, RuntimeError):
+            seen = {}
+            ids = torch.tensor(
+                [seen.setdefault(key, len(seen)) for key in index], dtype=torch.long, device=device
+            )
+    return torch.unique(ids, return_inverse=True)[1]
+
+
+def _params(config, overrides):
+    """PARAMS, then `config["rlx"]` (a mapping of param values), then keyword arguments."""
+    values = dict(PARAMS)
+    given = {}
+    if config is not None:
+        section = config.get("rlx") if hasattr(config, "get") else getattr(config, "rlx", None)
+        if section:
+            given.update(section)
+    given.update(overrides)
+    for name, value in given.items():
+        if name not in PARAMS:
+            raise ValueError(f"recipe `{RECIPE}` has no param `{name}` (params: {', '.join(PARAMS) or 'none'})")
+        values[name] = float(value)
+    return values
+
+
+def _layout(batch, needed):
+    """The layout of a padded batch: `response_mask` [B, T], `index` [B] (group ids), optional
+    `crit_mask` [B, C], `step` and `progress`."""
+    tensors = [value for value in batch.values() if torch.is_tensor(value)]
+    device = tensors[0].device if tensors else torch.device("cpu")
+    dtype = torch.float32
+    for name in needed:
+        value = batch.get(name)
+        if torch.is_tensor(value) and value.is_floating_point():
+            dtype = torch.promote_types(dtype, value.dtype)
+    mask = batch.get("response_mask")
+    if mask is None:
+        for name in needed:
+            if _parse(INPUTS[name][0])[0] == "tok" and batch.get(name) is not None:
+                mask = torch.ones(torch.as_tensor(batch[name]).shape, dtype=torch.bool, device=device)
+                break
+    if mask is None:
+        size = None
+        if batch.get("index") is not None:
+            size = len(batch["index"])
+        for name in needed:
+            if size is None and batch.get(name) is not None and _parse(INPUTS[name][0])[0] in ("resp", "group"):
+                size = int(torch.as_tensor(batch[name]).shape[0])
+        mask = torch.ones((size or 0, 0), dtype=torch.bool, device=device)
+    mask = torch.as_tensor(mask, device=device) != 0
+    crit_mask = batch.get("crit_mask")
+    dim = 0
+    for name in needed:
+        feature = _parse(INPUTS[name][0])[1]
+        value = batch.get(name)
+        if value is None:
+            continue
+        shape = torch.as_tensor(value).shape
+        if feature == "crit" and crit_mask is None:
+            crit_mask = torch.ones((mask.shape[0], shape[-1]), dtype=torch.bool, device=device)
+        if feature == "dim":
+            dim = int(shape[-1])
+    if crit_mask is not None:
+        crit_mask = torch.as_tensor(crit_mask, device=device) != 0
+    return _Layout(
+        mask,
+        _group_ids(batch.get("index"), device),
+        crit_mask,
+        dim,
+        dtype,
+        device,
+        batch.get("step", 0),
+        batch.get("progress", 0),
+    )
+
+
+def _input(L, batch, name):
+    """A recipe input from the batch (or its default), laid out for its shape. Group-level inputs
+    are given per response, like dataset columns; the value of the group's first response is used."""
+    shape, default, _ = INPUTS[name]
+    level, feature = _parse(shape)
+    value = batch.get(name)
+    if value is None:
+        if default is None:
+            raise KeyError(f"recipe `{RECIPE}` needs input `{name}` ({shape}) and the batch has none")
+        return _expand(L, default, shape)
+    value = torch.as_tensor(value, device=L.device).to(L.dtype)
+    rows = {"batch": (), "group": (L.B,), "resp": (L.B,), "tok": (L.B, L.T)}[level]
+    expected = rows + L.shape(shape)[len(rows) if level != "group" else 1 :]
+    if level == "batch" and feature is None and value.numel() == 1:
+        value = value.reshape(())
+    if tuple(value.shape) != tuple(expected):
+        raise ValueError(
+            f"input `{name}` ({shape}) has shape {tuple(value.shape)}; this batch needs {tuple(expected)}"
+        )
+    if level == "group":
+        value = value[L.first_resp]
+    if level == "tok":
+        value = _fill_tok(L, value)
+    if feature == "crit":
+        value = _fill_crit(L, value, level)
+    return value
+
+
+def _prepare(batch, config, overrides, needed):
+    """The layout and the inputs `needed` (params included, as 0-d tensors)."""
+    params = _params(config, overrides)
+    L = _layout(batch, needed)
+    x = {name: L.scalar(value) for name, value in params.items()}
+    for name in needed:
+        x[name] = _input(L, batch, name)
+    return L, x
+
+
+def _missing(batch, names):
+    return [name for name in names if batch.get(name) is None and INPUTS[name][1] is None]
+
+
+def _slice(L, sub, sel, kept_groups, value, shape):
+    level = _parse(shape)[0]
+    if not torch.is_tensor(value) or level == "batch":
+        return value
+    if level == "group":
+        return value[kept_groups]
+    if level == "pair":
+        return value[sel][:, sel]
+    return value[sel]
+
+
+def _select(L, x, v, kept, shapes):
+    """Phase 2 of a recipe with `keep` filters: the kept responses as a batch of their own, and the
+    inputs and phase-1 values restricted to them (they are carried over, not recomputed)."""
+    sel = kept.nonzero().squeeze(1)
+    if sel.numel() == 0:
+        raise ValueError(
+            "every response was filtered out by `keep`: there is nothing to compute advantages and "
+            "the loss over"
+        )
+    sub, kept_groups = L.subset(sel)
+    x = {name: _slice(L, sub, sel, kept_groups, value, INPUTS[name][0] if name in INPUTS else "batch")
+         for name, value in x.items()}
+    v = {name: _slice(L, sub, sel, kept_groups, value, shapes[name]) for name, value in v.items()}
+    return sub, x, v, sel
+
+
+def _kept(L, conditions):
+    """Responses whose group and own `keep` conditions hold: conditions are (value, shape, level)."""
+    kept = torch.ones(L.B, dtype=torch.bool, device=L.device)
+    for value, shape, level in conditions:
+        holds = _up(L, value, shape, level) != 0
+        kept = kept & (holds[L.ix] if level == "group" else holds)
+    return kept
+
+
+def _per_response(L, value, shape):
+    return _up(L, value, shape, "resp")
+
+
+def _scatter(L, sel, value, size):
+    """Per-response values of the kept responses, 0 for the dropped ones."""
+    if sel is None:
+        return value
+    return value.new_zeros(size).index_copy(0, sel, value)
+
+
+def _advantage_per_response(advantages, response_mask):
+    """A per-response advantage from a trainer's [B, T] (or [B]) advantages: the mean over the tokens."""
+    advantages = torch.as_tensor(advantages)
+    if advantages.dim() == 1:
+        return advantages
+    mask = torch.as_tensor(response_mask, device=advantages.device).to(advantages.dtype)
+    return (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Entry points
+
+
+def compute_rewards(batch, config=None, **params):
+    """Reward, advantage (0 for responses dropped by `keep`), `kept` and every metric of the recipe,
+    detached, from a padded batch: each recipe input by name ([B, T] for token-level inputs, [B] per
+    response, group-level inputs per response too), `response_mask` [B, T], `index` [B] (the group
+    of each response: ints, or any hashable ids such as verl's `uid` strings)."""
+    with torch.no_grad():
+        out = evaluate(batch, config, **params)
+    return {name: value.detach() for name, value in out.items()}
+
+
+def loss(batch, config=None, **params):
+    """The recipe's loss on a padded batch (see `compute_rewards`), as `(loss, metrics)`; the gradient
+    comes from autograd. With `advantages` in the batch ([B] or [B, T]) the recipe's advantage is
+    replaced by it (a trainer's advantages, e.g. TRL's) and `keep` filters are not applied: the
+    trainer has chosen the responses. Metrics are floats."""
+    if batch.get("advantages") is not None:
+        value, metrics = _loss_given(batch, config, params, batch["advantages"])
+        return value, metrics
+    out = evaluate(batch, config, **params)
+    if "loss" not in out:
+        raise ValueError(f"recipe `{RECIPE}` has no loss section")
+    return out["loss"], {name: float(out[name].detach()) for name in METRICS}
+
+
+def _loss_given(batch, config, params, advantages):
+    if _LOSS_GIVEN_ADVANTAGE is None:
+        raise NotImplementedError(_LOSS_GIVEN_ADVANTAGE_WHY)
+    run, needed, metric_runs = _LOSS_GIVEN_ADVANTAGE
+    missing = _missing(batch, needed)
+    if missing:
+        raise KeyError(
+            f"the loss of recipe `{RECIPE}` needs {', '.join(f'`{n}`' for n in missing)}, which the batch lacks"
+        )
+    available = [name for name in INPUTS if batch.get(name) is not None or INPUTS[name][1] is not None]
+    L, x = _prepare(batch, config, params, [name for name in INPUTS if name in available])
+    v = {ADVANTAGE_VAR: _advantage_per_response(advantages, L.tmask).to(device=L.device, dtype=L.dtype)}
+    value = run(L, x, v)
+    metrics = {}
+    with torch.no_grad():
+        for name, (metric_run, metric_needs) in metric_runs.items():
+            if all(n in available for n in metric_needs):
+                metrics[name] = float(metric_run(L, x, dict(v)))
+    return value, metrics
+
+
+def trl_batch(inputs, per_token_logps, **extra):
+    """A batch for `loss` from the `inputs` of TRL's `GRPOTrainer._compute_loss` and the per-token
+    log-probabilities it computed, by rlx's naming convention (`logp`, `old_logp`, `ref_logp`,
+    `sampler_logp`, `mask`); `extra` adds or overrides recipe inputs."""
+    mask = inputs["completion_mask"]
+    if "tool_mask" in inputs:
+        mask = mask * inputs["tool_mask"]
+    old = inputs.get("old_per_token_logps")
+    batch = {
+        "response_mask": mask,
+        POLICY_INPUT: per_token_logps,
+        "old_logp": per_token_logps.detach() if old is None else old,
+        "ref_logp": inputs.get("ref_per_token_logps"),
+        "sampler_logp": inputs.get("sampling_per_token_logps"),
+        "advantages": inputs.get("advantages"),
+    }
+    batch.update(extra)
+    return {key: value for key, value in batch.items() if value is not None}
+
+
+def _agg_scale(L, loss_agg_mode, config):
+    """verl sums the losses of micro-batches and data-parallel ranks (`agg_loss` with
+    `global_batch_info`); the recipe's loss is a mean over the micro-batch, so rescale it as verl's
+    `loss_agg_mode` would: by the micro-batch's share of the global tokens (or sequences) × dp."""
+    info = None
+    if config is not None:
+        info = config.get("global_batch_info") if hasattr(config, "get") else getattr(config, "global_batch_info", None)
+    info = info or {}
+    dp = info.get("dp_size") or 1
+    if loss_agg_mode == "token-mean":
+        total = info.get("batch_num_tokens")
+        return 1.0 if total is None else L.tmask.sum().to(L.dtype) / total * dp
+    if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        total = info.get("global_batch_size")
+        return 1.0 if total is None else L.tmask.any(1).sum().to(L.dtype) / total * dp
+    if loss_agg_mode == "token-sum":
+        return float(dp)
+    raise ValueError(f"unknown loss_agg_mode `{loss_agg_mode}`")
+
+
+def policy_loss(
+    old_log_prob,
+    log_prob,
+    advantages,
+    response_mask,
+    loss_agg_mode="token-mean",
+    config=None,
+    rollout_is_weights=None,
+):
+    """verl's `PolicyLossFn`: the recipe's loss for a micro-batch, with verl's advantages ([B, T],
+    averaged over each response's tokens) in place of the recipe's, as `(loss, metrics)`. The loss
+    is rescaled for verl's micro-batch and data-parallel sums according to `loss_agg_mode` (set it
+    to the recipe's aggregation); params come from PARAMS (regenerate with `rlxc compile --set`)."""
+    if _LOSS_GIVEN_ADVANTAGE is None:
+        raise NotImplementedError(_LOSS_GIVEN_ADVANTAGE_WHY)
+    batch = {"response_mask": response_mask, POLICY_INPUT: log_prob}
+    if "old_logp" in INPUTS:
+        batch["old_logp"] = old_log_prob
+    if rollout_is_weights is not None:
+        if "rollout_is_weights" not in INPUTS:
+            raise ValueError(
+                f"verl passed rollout_is_weights, but recipe `{RECIPE}` does not read them: declare "
+                "`input rollout_is_weights : f32[tok]` in the recipe or turn verl's "
+                "algorithm.rollout_correction off (the recipe's own correction, if any, applies)"
+            )
+        batch["rollout_is_weights"] = rollout_is_weights
+    value, metrics = _loss_given(batch, None, {}, advantages)
+    L = _layout(batch, [POLICY_INPUT])
+    scale = _agg_scale(L, loss_agg_mode, config)
+    return value * scale, {f"actor/{name}": metric for name, metric in metrics.items()}
+
+
+def advantage_estimator(token_level_rewards, response_mask, index=None, config=None, **kwargs):
+    """verl's advantage-estimator interface: the recipe's advantage (and `keep` filters: dropped
+    responses get 0) from verl's rewards, summed over tokens as the recipe's reward, and `index`
+    (verl's `uid`). Returns (advantages, returns), both the advantage broadcast over the tokens."""
+    if _ADVANTAGE_GIVEN_REWARD is None:
+        raise NotImplementedError(_ADVANTAGE_GIVEN_REWARD_WHY)
+    keep_run, keep_shapes, advantage_run, shapes = _ADVANTAGE_GIVEN_REWARD
+    mask = torch.as_tensor(response_mask)
+    batch = {"response_mask": mask, "index": index}
+    L, x = _prepare(batch, None, {}, [])
+    v = {REWARD_VAR: token_level_rewards.sum(-1).to(L.dtype)}
+    sel = None
+    size = L.B
+    if keep_run is not None:
+        kept = _kept(L, keep_run(L, x, v))
+        L, x, v, sel = _select(L, x, v, kept, shapes)
+    advantage = _scatter(L, sel, advantage_run(L, x, v), size)
+    advantage = advantage[:, None].to(token_level_rewards.dtype) * mask.to(token_level_rewards.dtype)
+    return advantage, advantage
+
+
+def _single_response_batch(values):
+    return {name: [value] for name, value in values.items()}
+
+
+def make_compute_score(inputs_fn=None):
+    """A verl `compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)`
+    returning the recipe's reward of one response. The reward's inputs are read from `inputs_fn(
+    data_source, solution_str, ground_truth, extra_info)` (a dict, e.g. a verifier's or a judge's
+    verdicts), then keyword arguments, then `extra_info` (dataset fields such as a prompt's rubric
+    points); token counts from `response_length`. Only for recipes whose reward is per response."""
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+        if not REWARD_PER_RESPONSE:
+            raise NotImplementedError(
+                f"the reward of recipe `{RECIPE}` depends on the other responses of the group "
+                f"({REWARD_GROUP_WHY}); verl scores one response at a time: use `reward_func` "
+                "(TRL) or `compute_rewards` on whole groups"
+            )
+        values = {}
+        sources = [dict(extra_info or {}), kwargs]
+        if inputs_fn is not None:
+            sources.append(dict(inputs_fn(data_source, solution_str, ground_truth, extra_info) or {}))
+        for source in sources:
+            values.update({k: v for k, v in source.items() if k in INPUTS or k == "response_length"})
+        length = values.pop("response_length", None)
+        batch = {name: [value] for name, value in values.items()}
+        if length is not None:
+            batch["response_mask"] = torch.ones((1, int(length)), dtype=torch.bool)
+        batch["index"] = [0]
+        return float(_reward_only(batch)[0])
+
+    return compute_score
+
+
+compute_score = make_compute_score()
+
+
+def _reward_only(batch, config=None, **params):
+    missing = _missing(batch, REWARD_INPUTS)
+    if missing:
+        raise KeyError(
+            f"the reward of recipe `{RECIPE}` needs {', '.join(f'`{n}`' for n in missing)}, which were not given"
+        )
+    L, x = _prepare(batch, config, params, REWARD_INPUTS)
+    v = {}
+    with torch.no_grad():
+        _reward(L, x, v)
+    return _per_response(L, v[REWARD_VAR], REWARD_SHAPE)
+
+
+def make_reward_func(inputs_fn=None):
+    """A TRL reward function `f(prompts, completions, completion_ids=None, **kwargs) -> list[float]`
+    computing the recipe's reward. Completions with the same prompt form a group (so group terms
+    such as diversity see the whole group when TRL scores it together). The reward's inputs come from
+    `inputs_fn(prompts=…, completions=…, completion_ids=…, **kwargs)` (a dict of per-completion
+    lists), then the dataset columns TRL passes as keyword arguments; token counts from
+    `completion_ids`, and a token-level input named `ids` from the token ids."""
+
+    def reward_func(prompts, completions, completion_ids=None, **kwargs):
+        columns = {k: v for k, v in kwargs.items() if k in INPUTS}
+        if inputs_fn is not None:
+            columns.update(inputs_fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs) or {})
+        size = len(completions)
+        batch = {name: value for name, value in columns.items()}
+        batch["index"] = [repr(prompt) for prompt in prompts]
+        if completion_ids is not None:
+            longest = max((len(ids) for ids in completion_ids), default=0)
+            mask = torch.zeros((size, longest), dtype=torch.bool)
+            ids = torch.zeros((size, longest), dtype=torch.float64)
+            for row, tokens in enumerate(completion_ids):
+                mask[row, : len(tokens)] = True
+                ids[row, : len(tokens)] = torch.as_tensor(list(tokens), dtype=torch.float64)
+            batch["response_mask"] = mask
+            if "ids" in INPUTS and "ids" not in batch:
+                batch["ids"] = ids
+        return [float(r) for r in _reward_only(batch)]
+
+    reward_func.__name__ = NAME
+    return reward_func
+
+
+reward_func = make_reward_func()
+
+
+def _register_with_verl():
+    """Register `policy_loss` (and `advantage_estimator`) under NAME when verl is importable."""
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("verl") is None:
+            return False
+        from verl.trainer.ppo import core_algos
+    except Exception:  # verl present but not importable here: nothing to register
+        return False
+    if _LOSS_GIVEN_ADVANTAGE is not None:
+        core_algos.register_policy_loss(NAME)(policy_loss)
+    if _ADVANTAGE_GIVEN_REWARD is not None:
+        registry = core_algos.ADV_ESTIMATOR_REGISTRY
+        previous = registry.get(NAME)
+        if previous is not None and getattr(previous, "__module__", None) == __name__:
+            registry[NAME] = advantage_estimator  # this module, imported again
+        else:
+            core_algos.register_adv_est(NAME)(advantage_estimator)
+    return True

@@ -1,0 +1,1156 @@
+//! IR → a PyTorch module. Every IR node becomes one line of vectorised torch code (no Python loop over
+//! tokens or responses: group reductions are `index_add`/`scatter_reduce` over the group index, pairs a
+//! [B, B] same-group mask, feature axes a trailing padded dimension), grouped into one function per
+//! stage of the recipe (reward, keep, advantage, loss, each metric). The helpers these lines call, and
+//! the entry points for verl and TRL, are the fixed runtime in `prelude.py`.
+//!
+//! Three evaluation paths are generated from the same graph:
+//! - the whole recipe (`evaluate`), with the interpreter's two-phase `keep` semantics;
+//! - the loss given a trainer's advantages (verl's `policy_loss`, TRL's `loss` with `advantages`): the
+//!   graph cut at the advantage node;
+//! - the advantage given a trainer's rewards (verl's `advantage_estimator`): cut at the reward node.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
+
+use super::{ExportError, ModuleInfo, SymbolicGraph};
+use crate::check::builtins::Value;
+use crate::ir::{Elem, Feature, Graph, KeepLevel, Level, NodeId, Op, Shape};
+
+const PRELUDE: &str = include_str!("prelude.py");
+
+/// Python keywords and the names the generated functions use for themselves.
+const RESERVED: &[&str] = &[
+    "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class", "continue",
+    "def", "del", "elif", "else", "except", "finally", "for", "from", "global", "if", "import",
+    "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "return", "try", "while",
+    "with", "yield", "L", "x", "v", "torch", "math", "F",
+];
+
+/// Fail with the feature's name when the graph uses something the exporter cannot express.
+pub fn check_graph(graph: &Graph) -> Result<(), ExportError> {
+    for node in &graph.nodes {
+        match (node.shape.level, &node.shape.feature) {
+            (Level::Tok, Some(_)) => {
+                return Err(ExportError {
+                    feature: format!("a token-level value with a feature axis ({})", node.shape),
+                    message: "feature axes are laid out as a trailing dimension of group-, \
+                              response- and pair-level tensors only"
+                        .into(),
+                })
+            }
+            (Level::Batch, Some(Feature::Crit)) => {
+                return Err(ExportError {
+                    feature: format!("a `crit` axis at batch level ({})", node.shape),
+                    message: "criteria differ per prompt and cannot be carried across groups"
+                        .into(),
+                })
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The generated module for a lowered recipe.
+pub fn emit(symbolic: &SymbolicGraph, info: &ModuleInfo) -> Result<String, ExportError> {
+    check_graph(&symbolic.graph)?;
+    Ok(Emitter::new(symbolic, info).module())
+}
+
+/// `level` or `level:feature`, as the runtime parses it.
+fn shape_text(graph: &Graph, shape: &Shape) -> String {
+    let level = shape.level.name();
+    match &shape.feature {
+        None => level.to_string(),
+        Some(Feature::Crit) => format!("{level}:crit"),
+        Some(Feature::Dim) => format!("{level}:dim"),
+        Some(Feature::Rubric { index, len }) => {
+            let name = graph
+                .rubrics
+                .get(*index as usize)
+                .map(|r| r.name.as_str())
+                .unwrap_or("rubric");
+            format!("{level}:{name}/{len}")
+        }
+    }
+}
+
+fn type_text(graph: &Graph, elem: Elem, shape: &Shape) -> String {
+    let text = shape_text(graph, shape).replace(':', ", ");
+    let text = match text.split_once('/') {
+        Some((head, _)) => head.to_string(),
+        None => text,
+    };
+    format!("{}[{text}]", elem.name())
+}
+
+/// A Python float literal.
+fn py_float(value: f64) -> String {
+    if value.is_nan() {
+        "math.nan".into()
+    } else if value == f64::INFINITY {
+        "math.inf".into()
+    } else if value == f64::NEG_INFINITY {
+        "-math.inf".into()
+    } else {
+        let text = format!("{value:?}");
+        if text.contains('.') || text.contains('e') {
+            text
+        } else {
+            format!("{text}.0")
+        }
+    }
+}
+
+fn py_str(text: &str) -> String {
+    serde_json::to_string(text).unwrap_or_else(|_| "\"\"".into())
+}
+
+fn mangle(name: &str) -> String {
+    let numbered =
+        name.len() > 1 && name.starts_with('t') && name[1..].chars().all(|c| c.is_ascii_digit());
+    if RESERVED.contains(&name) || name.starts_with('_') || numbered {
+        format!("{name}_")
+    } else {
+        name.to_string()
+    }
+}
+
+/// Whether the op passes a gradient to its operands (as in `ir::autodiff`).
+fn passes_gradient(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Copy
+            | Op::Neg
+            | Op::Add
+            | Op::Sub
+            | Op::Mul
+            | Op::Div
+            | Op::Pow
+            | Op::Min
+            | Op::Max
+            | Op::Select
+            | Op::Exp
+            | Op::Log
+            | Op::Log1p
+            | Op::Sqrt
+            | Op::Sigmoid
+            | Op::LogSigmoid
+            | Op::Tanh
+            | Op::Softplus
+            | Op::Abs
+            | Op::ReduceSum
+            | Op::ReduceMax
+            | Op::ReduceMin
+            | Op::Index(_)
+            | Op::Unindex(_)
+            | Op::Other
+            | Op::SumByOther
+            | Op::Cos
+            | Op::Sin
+    )
+}
+
+/// What a stage function returns.
+enum Ret {
+    Node(NodeId),
+    Keeps(Vec<(KeepLevel, NodeId)>),
+}
+
+struct Stage {
+    function: String,
+    doc: String,
+    /// Nodes computed here, in graph order.
+    nodes: Vec<NodeId>,
+    ret: Ret,
+}
+
+struct Emitter<'a> {
+    graph: &'a Graph,
+    symbolic: &'a SymbolicGraph,
+    info: &'a ModuleInfo,
+    var: Vec<String>,
+    active: Vec<bool>,
+}
+
+impl<'a> Emitter<'a> {
+    fn new(symbolic: &'a SymbolicGraph, info: &'a ModuleInfo) -> Emitter<'a> {
+        let graph = &symbolic.graph;
+        let count = graph.nodes.len();
+        let mut active = vec![false; count];
+        for (index, node) in graph.nodes.iter().enumerate() {
+            active[index] = match &node.op {
+                Op::Input(i) => graph.inputs[*i as usize].differentiable,
+                op if passes_gradient(op) => node.args.iter().any(|a| active[a.0 as usize]),
+                Op::Scan { .. } | Op::Shift { .. } => active[node.args[0].0 as usize],
+                _ => false,
+            };
+        }
+        // Variable names: the recipe's names where it has them.
+        let mut preferred: HashMap<NodeId, String> = HashMap::new();
+        for (index, node) in graph.nodes.iter().enumerate() {
+            if let Op::Input(i) = node.op {
+                preferred.insert(NodeId(index as u32), graph.inputs[i as usize].name.clone());
+            }
+        }
+        let o = &graph.outputs;
+        let mut named = |id: NodeId, name: String| {
+            preferred.entry(id).or_insert(name);
+        };
+        if let Some(id) = o.reward {
+            named(id, "reward".into());
+        }
+        if let Some(id) = o.advantage {
+            named(id, "advantage".into());
+        }
+        let mut lets: Vec<(&NodeId, &String)> = symbolic.names.iter().collect();
+        lets.sort();
+        for (id, name) in lets {
+            named(*id, name.clone());
+        }
+        if let Some(id) = o.loss {
+            named(id, "loss".into());
+        }
+        for (name, id) in &o.metrics {
+            named(*id, name.clone());
+        }
+        for (level, id) in &o.keeps {
+            named(*id, format!("keep_{}", format!("{level:?}").to_lowercase()));
+        }
+        let mut used = HashSet::new();
+        let mut var = Vec::with_capacity(count);
+        for index in 0..count {
+            let name = match preferred.get(&NodeId(index as u32)) {
+                Some(name) => mangle(name),
+                None => format!("t{index}"),
+            };
+            let name = if used.contains(&name) {
+                format!("{name}_{index}")
+            } else {
+                name
+            };
+            used.insert(name.clone());
+            var.push(name);
+        }
+        Emitter {
+            graph,
+            symbolic,
+            info,
+            var,
+            active,
+        }
+    }
+
+    fn node(&self, id: NodeId) -> &crate::ir::Node {
+        self.graph.node(id)
+    }
+
+    fn shape(&self, id: NodeId) -> String {
+        shape_text(self.graph, &self.node(id).shape)
+    }
+
+    fn is_param(&self, input: u32) -> bool {
+        input as usize >= self.symbolic.recipe_inputs
+    }
+
+    /// Nodes with no line of their own: constants and built-in values (written inline).
+    fn is_atom(&self, id: NodeId) -> bool {
+        matches!(self.node(id).op, Op::Const(_) | Op::Value(_))
+    }
+
+    /// The nodes `roots` depend on, not looking past `cut` (which are included).
+    fn cone(&self, roots: &[NodeId], cut: &HashSet<NodeId>) -> Vec<bool> {
+        let mut live = vec![false; self.graph.nodes.len()];
+        let mut stack: Vec<NodeId> = roots.to_vec();
+        while let Some(id) = stack.pop() {
+            if std::mem::replace(&mut live[id.0 as usize], true) || cut.contains(&id) {
+                continue;
+            }
+            stack.extend(self.node(id).args.iter().copied());
+        }
+        live
+    }
+
+    /// The nodes of `roots`' cone (not past `cut`) that need a line and are not in `done`.
+    fn stage_nodes(&self, roots: &[NodeId], cut: &HashSet<NodeId>, done: &[bool]) -> Vec<NodeId> {
+        self.cone(roots, cut)
+            .iter()
+            .enumerate()
+            .filter(|(index, live)| **live && !done[*index])
+            .map(|(index, _)| NodeId(index as u32))
+            .filter(|id| {
+                !cut.contains(id)
+                    && !self.is_atom(*id)
+                    && !matches!(self.node(*id).op, Op::Input(_))
+            })
+            .collect()
+    }
+
+    /// A node as an operand, as it is (a variable, a literal, or a built-in value).
+    fn atom(&self, id: NodeId) -> String {
+        match &self.node(id).op {
+            Op::Const(value) => py_float(*value),
+            Op::Value(value) => match value {
+                Value::Step => "L.step".into(),
+                Value::Progress => "L.progress".into(),
+                Value::N => "L.n".into(),
+                Value::RespIndex => "L.resp_index".into(),
+                Value::Length => "L.length".into(),
+                Value::TokenIndex => "L.token_index".into(),
+                Value::Inf => "L.scalar(math.inf)".into(),
+                Value::Pi => "L.scalar(math.pi)".into(),
+            },
+            _ => self.var[id.0 as usize].clone(),
+        }
+    }
+
+    /// A node as an operand of a node of shape `to`, indexed so that torch broadcasting lines it up.
+    fn operand(&self, id: NodeId, to: &Shape) -> String {
+        let node = self.node(id);
+        let mut text = self.atom(id);
+        if matches!(node.op, Op::Const(_)) {
+            return text;
+        }
+        let from = &node.shape;
+        let mut level = from.level;
+        if level == Level::Group && !matches!(to.level, Level::Group | Level::Batch) {
+            text.push_str("[L.ix]");
+            level = Level::Resp;
+        }
+        if level == Level::Resp && matches!(to.level, Level::Tok | Level::Pair) {
+            text.push_str("[:, None]");
+        }
+        if to.feature.is_some() && from.feature.is_none() && from.level != Level::Batch {
+            text.push_str("[..., None]");
+        }
+        text
+    }
+
+    /// The right-hand side of a node's line.
+    fn rhs(&self, id: NodeId) -> String {
+        let node = self.node(id);
+        let shape = &node.shape;
+        let args = &node.args;
+        let a = |i: usize| self.operand(args[i], shape);
+        let src = |i: usize| self.shape(args[i]);
+        let dst = self.shape(id);
+        let call1 = |f: &str| format!("{f}({})", a(0));
+        let text = match &node.op {
+            Op::Copy => format!("_expand(L, {}, \"{dst}\")", a(0)),
+            Op::Neg => format!("-{}", a(0)),
+            Op::Not => format!("({} == 0).to(L.dtype)", a(0)),
+            Op::Add => format!("{} + {}", a(0), a(1)),
+            Op::Sub => format!("{} - {}", a(0), a(1)),
+            Op::Mul => format!("{} * {}", a(0), a(1)),
+            Op::Div => format!("{} / {}", a(0), a(1)),
+            Op::Pow if self.active[args[1].0 as usize] => {
+                format!("_pow(L, {}, {})", a(0), a(1))
+            }
+            Op::Pow => format!("torch.pow({}, {})", a(0), a(1)),
+            Op::Min => format!("_minimum({}, {})", a(0), a(1)),
+            Op::Max => format!("_maximum({}, {})", a(0), a(1)),
+            Op::Eq => format!("({} == {}).to(L.dtype)", a(0), a(1)),
+            Op::Ne => format!("({} != {}).to(L.dtype)", a(0), a(1)),
+            Op::Lt => format!("({} < {}).to(L.dtype)", a(0), a(1)),
+            Op::Le => format!("({} <= {}).to(L.dtype)", a(0), a(1)),
+            Op::Gt => format!("({} > {}).to(L.dtype)", a(0), a(1)),
+            Op::Ge => format!("({} >= {}).to(L.dtype)", a(0), a(1)),
+            Op::And => format!("(({} != 0) & ({} != 0)).to(L.dtype)", a(0), a(1)),
+            Op::Or => format!("(({} != 0) | ({} != 0)).to(L.dtype)", a(0), a(1)),
+            Op::Select => format!("_where(L, {}, {}, {})", a(0), a(1), a(2)),
+            Op::Exp => call1("torch.exp"),
+            Op::Log => call1("torch.log"),
+            Op::Log1p => call1("torch.log1p"),
+            Op::Sqrt => call1("_sqrt"),
+            Op::Sigmoid => call1("torch.sigmoid"),
+            Op::LogSigmoid => call1("F.logsigmoid"),
+            Op::Tanh => call1("torch.tanh"),
+            Op::Softplus => call1("F.softplus"),
+            Op::Abs => call1("torch.abs"),
+            Op::Floor => call1("torch.floor"),
+            Op::Sign => call1("torch.sign"),
+            Op::StopGrad => format!("{}.detach()", a(0)),
+            Op::Cos => call1("torch.cos"),
+            Op::Sin => call1("torch.sin"),
+            Op::Lgamma => format!("torch.lgamma({}.detach())", a(0)),
+            Op::Shift { offset } => format!("_shift(L, {}, {offset}, {})", a(0), a(1)),
+            Op::Scan { reverse } => format!(
+                "_scan(L, {}, {}, reverse={})",
+                a(0),
+                a(1),
+                if *reverse { "True" } else { "False" }
+            ),
+            Op::DistinctNgrams { n } => format!("_distinct_ngrams(L, {}, {n})", a(0)),
+            Op::ReduceSum => format!("_sum(L, {}, \"{}\", \"{dst}\")", self.atom(args[0]), src(0)),
+            Op::ReduceMax | Op::ReduceMin => format!(
+                "_{}(L, {}, \"{}\", \"{dst}\"{})",
+                if node.op == Op::ReduceMax {
+                    "max"
+                } else {
+                    "min"
+                },
+                self.atom(args[0]),
+                src(0),
+                if self.active[args[0].0 as usize] {
+                    ", grad=True"
+                } else {
+                    ""
+                }
+            ),
+            Op::Count => format!("_count(L, \"{}\", \"{dst}\")", src(0)),
+            Op::Index(k) => format!("{}[..., {k}]", self.atom(args[0])),
+            Op::Unindex(k) => {
+                let size = match &shape.feature {
+                    Some(Feature::Rubric { len, .. }) => *len,
+                    _ => 1,
+                };
+                format!("_unindex(L, {}, {k}, {size})", self.atom(args[0]))
+            }
+            Op::Other => format!("_other(L, {})", self.atom(args[0])),
+            Op::SumByOther => format!("_sum_by_other(L, {})", self.atom(args[0])),
+            Op::Const(_) | Op::Input(_) | Op::Value(_) => self.atom(id),
+        };
+        // An element-wise result covers the node's shape only if some operand has its level (and
+        // its feature axis); otherwise materialise it.
+        if node.op.is_elementwise() && node.op != Op::Copy && shape.level != Level::Batch {
+            let operands: Vec<&Shape> = args.iter().map(|a| &self.node(*a).shape).collect();
+            let covers_level = operands.iter().any(|s| s.level == shape.level);
+            let covers_feature =
+                shape.feature.is_none() || operands.iter().any(|s| s.feature.is_some());
+            if !covers_level || !covers_feature {
+                return format!("_expand(L, {text}, \"{dst}\")");
+            }
+        }
+        text
+    }
+
+    /// The recipe inputs (not params) that `nodes` and `extra` read, in input order.
+    fn inputs_read(&self, nodes: &[NodeId], extra: &[NodeId]) -> Vec<String> {
+        let mut read = HashSet::new();
+        let mut visit = |id: NodeId| {
+            if let Op::Input(i) = self.node(id).op {
+                if !self.is_param(i) {
+                    read.insert(i);
+                }
+            }
+        };
+        for id in nodes {
+            self.node(*id).args.iter().for_each(|a| visit(*a));
+        }
+        extra.iter().for_each(|id| visit(*id));
+        let mut read: Vec<u32> = read.into_iter().collect();
+        read.sort();
+        read.iter()
+            .map(|i| self.graph.inputs[*i as usize].name.clone())
+            .collect()
+    }
+
+    /// Whether `nodes` (and `extra`) read the group structure: group or pair values, `n`,
+    /// `resp_index`.
+    fn group_reason(&self, nodes: &[NodeId], extra: &[NodeId]) -> Option<String> {
+        let mut all: Vec<NodeId> = nodes.to_vec();
+        for id in nodes.iter().chain(extra) {
+            all.extend(self.node(*id).args.iter().copied());
+        }
+        all.extend(extra);
+        for id in all {
+            let node = self.node(id);
+            match (&node.op, node.shape.level) {
+                (Op::Value(Value::N), _) => return Some("`n`".into()),
+                (Op::Value(Value::RespIndex), _) => return Some("`resp_index`".into()),
+                (Op::Input(i), Level::Group) => {
+                    return Some(format!(
+                        "the group-level input `{}`",
+                        self.graph.inputs[*i as usize].name
+                    ))
+                }
+                (_, Level::Group) => return Some("a value per group".into()),
+                (_, Level::Pair) => return Some("a term `over others`".into()),
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// Why the reward of one response depends on other responses (None when it does not).
+    fn reward_group_reason(&self, reward: NodeId) -> Option<String> {
+        let live = self.cone(&[reward], &HashSet::new());
+        for (index, alive) in live.iter().enumerate() {
+            if !alive {
+                continue;
+            }
+            let node = &self.graph.nodes[index];
+            match &node.op {
+                Op::Value(Value::N) => return Some("`n`".into()),
+                Op::Value(Value::RespIndex) => return Some("`resp_index`".into()),
+                Op::Other | Op::SumByOther => return Some("a term `over others`".into()),
+                Op::ReduceSum | Op::ReduceMax | Op::ReduceMin | Op::Count => {
+                    let from = &self.node(node.args[0]).shape;
+                    let to = &node.shape;
+                    let local = from.level == to.level
+                        || (from.level == Level::Tok && to.level == Level::Resp);
+                    if !local {
+                        return Some(format!("a reduction from {from} to {to}"));
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// Emit the functions of one evaluation path; `cut` nodes are read from `v[key]`. Returns, per
+    /// stage, the nodes it exports (for phase-1 shapes).
+    fn emit_path(
+        &self,
+        out: &mut String,
+        stages: &[Stage],
+        cut: &HashMap<NodeId, &str>,
+    ) -> Vec<Vec<NodeId>> {
+        let cut_set: HashSet<NodeId> = cut.keys().copied().collect();
+        let computed_in: HashMap<NodeId, usize> = stages
+            .iter()
+            .enumerate()
+            .flat_map(|(s, stage)| stage.nodes.iter().map(move |id| (*id, s)))
+            .collect();
+        // What each stage reads from earlier stages.
+        let reads: Vec<Vec<NodeId>> = stages
+            .iter()
+            .enumerate()
+            .map(|(s, stage)| {
+                let mut referenced: Vec<NodeId> = Vec::new();
+                for id in &stage.nodes {
+                    referenced.extend(self.node(*id).args.iter().copied());
+                }
+                match &stage.ret {
+                    Ret::Node(id) => referenced.push(*id),
+                    Ret::Keeps(keeps) => referenced.extend(keeps.iter().map(|(_, id)| *id)),
+                }
+                let mut seen = HashSet::new();
+                referenced.sort();
+                referenced
+                    .into_iter()
+                    .filter(|id| seen.insert(*id))
+                    .filter(|id| {
+                        cut_set.contains(id)
+                            || matches!(self.node(*id).op, Op::Input(_))
+                            || computed_in.get(id).is_some_and(|&other| other < s)
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut exports: Vec<Vec<NodeId>> = vec![Vec::new(); stages.len()];
+        for (s, stage_reads) in reads.iter().enumerate() {
+            for id in stage_reads {
+                if let Some(&from) = computed_in.get(id) {
+                    if from < s && !cut_set.contains(id) && !exports[from].contains(id) {
+                        exports[from].push(*id);
+                    }
+                }
+            }
+        }
+        for export in &mut exports {
+            export.sort();
+        }
+        for (s, stage) in stages.iter().enumerate() {
+            let _ = writeln!(out, "\ndef {}(L, x, v):", stage.function);
+            let _ = writeln!(out, "    \"\"\"{}\"\"\"", stage.doc);
+            for id in &reads[s] {
+                let name = &self.var[id.0 as usize];
+                if let Some(key) = cut.get(id) {
+                    let _ = writeln!(out, "    {name} = v[\"{key}\"]");
+                } else if let Op::Input(i) = self.node(*id).op {
+                    let input = &self.graph.inputs[i as usize].name;
+                    let _ = writeln!(out, "    {name} = x[{}]", py_str(input));
+                } else {
+                    let _ = writeln!(out, "    {name} = v[\"{name}\"]");
+                }
+            }
+            for id in &stage.nodes {
+                let node = self.node(*id);
+                let _ = writeln!(
+                    out,
+                    "    {} = {}  # {}",
+                    self.var[id.0 as usize],
+                    self.rhs(*id),
+                    type_text(self.graph, node.elem, &node.shape)
+                );
+            }
+            for id in &exports[s] {
+                let name = &self.var[id.0 as usize];
+                let _ = writeln!(out, "    v[\"{name}\"] = {name}");
+            }
+            match &stage.ret {
+                Ret::Node(id) => {
+                    let _ = writeln!(out, "    return {}", self.atom(*id));
+                }
+                Ret::Keeps(keeps) => {
+                    let conditions: Vec<String> = keeps
+                        .iter()
+                        .map(|(level, id)| {
+                            format!(
+                                "({}, \"{}\", \"{}\")",
+                                self.atom(*id),
+                                self.shape(*id),
+                                format!("{level:?}").to_lowercase()
+                            )
+                        })
+                        .collect();
+                    let _ = writeln!(out, "    return [{}]", conditions.join(", "));
+                }
+            }
+        }
+        exports
+    }
+
+    fn shapes_dict(&self, nodes: &[NodeId], extra: &[(&str, String)]) -> String {
+        let mut entries: Vec<String> = extra
+            .iter()
+            .map(|(key, shape)| format!("\"{key}\": \"{shape}\""))
+            .collect();
+        for id in nodes {
+            entries.push(format!(
+                "\"{}\": \"{}\"",
+                self.var[id.0 as usize],
+                self.shape(*id)
+            ));
+        }
+        format!("{{{}}}", entries.join(", "))
+    }
+
+    fn tuple(names: &[String]) -> String {
+        match names.len() {
+            0 => "()".into(),
+            1 => format!("({},)", py_str(&names[0])),
+            _ => format!(
+                "({})",
+                names
+                    .iter()
+                    .map(|n| py_str(n))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+
+    fn module(&self) -> String {
+        let g = self.graph;
+        let o = &g.outputs;
+        let name = format!("rlx_{}", self.info.recipe);
+        let mut out = String::new();
+        self.header(&mut out, &name);
+        let _ = writeln!(
+            out,
+            "import math\n\nimport torch\nimport torch.nn.functional as F\n"
+        );
+        // Metadata.
+        let _ = writeln!(out, "NAME = {}", py_str(&name));
+        let _ = writeln!(out, "RECIPE = {}", py_str(&self.info.recipe));
+        let _ = writeln!(out, "SOURCE = {}", py_str(&self.info.source));
+        let _ = writeln!(out, "SOURCE_SHA256 = {}", py_str(&self.info.source_sha256));
+        let params: Vec<String> = g.inputs[self.symbolic.recipe_inputs..]
+            .iter()
+            .map(|p| {
+                format!(
+                    "{}: {}",
+                    py_str(&p.name),
+                    py_float(p.default.unwrap_or(0.0))
+                )
+            })
+            .collect();
+        let _ = writeln!(out, "PARAMS = {{{}}}", params.join(", "));
+        let _ = writeln!(
+            out,
+            "# Each recipe input: (shape, default or None, differentiable)."
+        );
+        let _ = writeln!(out, "INPUTS = {{");
+        for input in &g.inputs[..self.symbolic.recipe_inputs] {
+            let role = if input.differentiable {
+                "True"
+            } else {
+                "False"
+            };
+            let _ = writeln!(
+                out,
+                "    {}: (\"{}\", {}, {role}),",
+                py_str(&input.name),
+                shape_text(g, &input.shape),
+                input.default.map_or("None".into(), py_float)
+            );
+        }
+        let _ = writeln!(out, "}}");
+        let policy = self.policy_input();
+        let _ = writeln!(
+            out,
+            "POLICY_INPUT = {}",
+            policy.as_deref().map_or("None".into(), py_str)
+        );
+        let metric_names: Vec<String> = o.metrics.iter().map(|(n, _)| n.clone()).collect();
+        let _ = writeln!(out, "METRICS = {}", Self::tuple(&metric_names));
+
+        // The whole recipe.
+        let _ = writeln!(
+            out,
+            "\n\n# ---------------------------------------------------------------------------------------------------\n# The recipe, one function per stage. Each line is one IR node; `L` is the batch layout, `x` the\n# inputs and params, `v` the values earlier stages pass on."
+        );
+        let none: HashSet<NodeId> = HashSet::new();
+        let mut done = vec![false; g.nodes.len()];
+        let mut stages = Vec::new();
+        let mut take = |roots: &[NodeId], done: &mut Vec<bool>| {
+            let nodes = self.stage_nodes(roots, &none, done);
+            for id in &nodes {
+                done[id.0 as usize] = true;
+            }
+            nodes
+        };
+        let has_keeps = !o.keeps.is_empty();
+        if let Some(reward) = o.reward {
+            stages.push(Stage {
+                function: "_reward".into(),
+                doc: "reward: one scalar per response (on the whole batch).".into(),
+                nodes: take(&[reward], &mut done),
+                ret: Ret::Node(reward),
+            });
+        }
+        if has_keeps {
+            let roots: Vec<NodeId> = o.keeps.iter().map(|(_, id)| *id).collect();
+            stages.push(Stage {
+                function: "_keep".into(),
+                doc: "keep: the filters' conditions, on the whole batch, before advantages.".into(),
+                nodes: take(&roots, &mut done),
+                ret: Ret::Keeps(o.keeps.clone()),
+            });
+        }
+        let phase_one = stages.len();
+        if let Some(advantage) = o.advantage {
+            stages.push(Stage {
+                function: "_advantage".into(),
+                doc: if has_keeps {
+                    "advantage: one scalar per kept response.".into()
+                } else {
+                    "advantage: one scalar per response.".into()
+                },
+                nodes: take(&[advantage], &mut done),
+                ret: Ret::Node(advantage),
+            });
+        }
+        if let Some(loss) = o.loss {
+            stages.push(Stage {
+                function: "_loss".into(),
+                doc: "loss: the objective to minimise.".into(),
+                nodes: take(&[loss], &mut done),
+                ret: Ret::Node(loss),
+            });
+        }
+        for (metric, id) in &o.metrics {
+            stages.push(Stage {
+                function: format!("_metric_{metric}"),
+                doc: format!("metric `{metric}`."),
+                nodes: take(&[*id], &mut done),
+                ret: Ret::Node(*id),
+            });
+        }
+        let exports = self.emit_path(&mut out, &stages, &HashMap::new());
+        let phase_one_exports: Vec<NodeId> =
+            exports[..phase_one].iter().flatten().copied().collect();
+        let mut all_nodes: Vec<NodeId> = stages.iter().flat_map(|s| s.nodes.clone()).collect();
+        all_nodes.sort();
+        let returns: Vec<NodeId> = output_roots(o);
+        let all_inputs = self.inputs_read(&all_nodes, &returns);
+        let _ = writeln!(
+            out,
+            "\n\n# Recipe inputs the outputs read.\n_ALL_INPUTS = {}",
+            Self::tuple(&all_inputs)
+        );
+        if has_keeps {
+            let _ = writeln!(
+                out,
+                "# Shapes of the values phase 1 (reward, keep) passes to phase 2.\n_PHASE1_SHAPES = {}",
+                self.shapes_dict(&phase_one_exports, &[])
+            );
+        }
+        self.evaluate(&mut out, has_keeps);
+
+        // The adapters' paths.
+        self.loss_given_advantage(&mut out);
+        self.advantage_given_reward(&mut out);
+        self.reward_metadata(&mut out);
+
+        out.push_str("\n\n");
+        out.push_str(PRELUDE);
+        let _ = writeln!(out, "\n\nVERL_REGISTERED = _register_with_verl()");
+        out
+    }
+
+    fn policy_input(&self) -> Option<String> {
+        self.graph.inputs[..self.symbolic.recipe_inputs]
+            .iter()
+            .find(|i| i.differentiable && i.shape == Shape::new(Level::Tok))
+            .map(|i| i.name.clone())
+    }
+
+    fn header(&self, out: &mut String, name: &str) {
+        let g = self.graph;
+        let info = self.info;
+        let _ = writeln!(
+            out,
+            "\"\"\"rlx recipe `{}` for PyTorch: its reward, advantage, loss and metrics, for verl and TRL.\n",
+            info.recipe
+        );
+        let _ = writeln!(
+            out,
+            "Generated by rlxc {} from {} (sha256 {}).\nDo not edit: regenerate with `rlxc compile {} --emit torch -o {name}.py` (add `--set NAME=VALUE`\nto change a param's default).\n",
+            info.version, info.source, info.source_sha256, info.source
+        );
+        let _ = writeln!(
+            out,
+            "Inputs (a padded batch: [B, T] per token with `response_mask`, [B] per response, group-level\ninputs per response too, with `index` [B] naming each response's group):"
+        );
+        let width = g.inputs[..self.symbolic.recipe_inputs]
+            .iter()
+            .map(|i| i.name.len())
+            .max()
+            .unwrap_or(0);
+        for input in &g.inputs[..self.symbolic.recipe_inputs] {
+            let mut line = format!(
+                "    {:width$}  {}",
+                input.name,
+                type_text(g, input.elem, &input.shape)
+            );
+            if input.differentiable {
+                line.push_str("  differentiable");
+            }
+            if let Some(default) = input.default {
+                let _ = write!(line, "  = {}", py_float(default));
+            }
+            let _ = writeln!(out, "{line}");
+        }
+        let _ = writeln!(
+            out,
+            "Params (PARAMS; override with config={{\"rlx\": {{...}}}} or keyword arguments):"
+        );
+        for param in &g.inputs[self.symbolic.recipe_inputs..] {
+            let _ = writeln!(
+                out,
+                "    {} = {}",
+                param.name,
+                py_float(param.default.unwrap_or(0.0))
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\nEntry points: evaluate, compute_rewards, loss (TRL), policy_loss (verl's PolicyLossFn) and\nadvantage_estimator (registered with verl as `{name}` when verl is importable), make_compute_score\n(a verl reward function), make_reward_func (a TRL reward function). See docs/scale.md.\n\"\"\"\n"
+        );
+    }
+
+    fn evaluate(&self, out: &mut String, has_keeps: bool) {
+        let o = &self.graph.outputs;
+        let _ = writeln!(
+            out,
+            "\n\ndef evaluate(batch, config=None, **params):\n    \"\"\"Every output of the recipe on a padded batch, gradients attached (see `compute_rewards`).\"\"\"\n    L, x = _prepare(batch, config, params, _ALL_INPUTS)\n    v = {{}}\n    out = {{}}\n    size = L.B"
+        );
+        if let Some(reward) = o.reward {
+            let _ = writeln!(
+                out,
+                "    out[\"reward\"] = _per_response(L, _reward(L, x, v), \"{}\")",
+                self.shape(reward)
+            );
+        }
+        if has_keeps {
+            let _ = writeln!(
+                out,
+                "    kept = _kept(L, _keep(L, x, v))\n    out[\"kept\"] = kept\n    L, x, v, sel = _select(L, x, v, kept, _PHASE1_SHAPES)"
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "    out[\"kept\"] = torch.ones(L.B, dtype=torch.bool, device=L.device)\n    sel = None"
+            );
+        }
+        if let Some(advantage) = o.advantage {
+            let _ = writeln!(
+                out,
+                "    out[\"advantage\"] = _scatter(L, sel, _per_response(L, _advantage(L, x, v), \"{}\"), size)",
+                self.shape(advantage)
+            );
+        }
+        if o.loss.is_some() {
+            let _ = writeln!(out, "    out[\"loss\"] = _t(L, _loss(L, x, v))");
+        }
+        for (metric, _) in &o.metrics {
+            let _ = writeln!(
+                out,
+                "    out[{}] = _t(L, _metric_{metric}(L, x, v))",
+                py_str(metric)
+            );
+        }
+        let _ = writeln!(out, "    return out");
+    }
+
+    /// The loss (and metrics) with the advantage given: verl's `policy_loss`, TRL's `loss`.
+    fn loss_given_advantage(&self, out: &mut String) {
+        let o = &self.graph.outputs;
+        let _ = writeln!(
+            out,
+            "\n\n# ---------------------------------------------------------------------------------------------------\n# The loss given a trainer's advantages (verl's policy_loss, TRL's loss): the graph cut at the advantage."
+        );
+        let why = match (o.loss, o.advantage) {
+            (None, _) => Some("the recipe has no loss section".to_string()),
+            (_, None) => Some(
+                "the recipe has no advantage section for a trainer's advantages to replace"
+                    .to_string(),
+            ),
+            (Some(_), Some(advantage)) if matches!(self.node(advantage).op, Op::Const(_)) => {
+                Some("the recipe's advantage is a constant".to_string())
+            }
+            _ => None,
+        };
+        let (Some(loss), Some(advantage), None) = (o.loss, o.advantage, &why) else {
+            let why = why.unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "_LOSS_GIVEN_ADVANTAGE = None\n_LOSS_GIVEN_ADVANTAGE_WHY = {}\nPOLICY_LOSS_WHY = _LOSS_GIVEN_ADVANTAGE_WHY",
+                py_str(&format!("recipe `{}`: {why}", self.info.recipe))
+            );
+            return;
+        };
+        let cut: HashMap<NodeId, &str> = [(advantage, "advantage")].into_iter().collect();
+        let cut_set: HashSet<NodeId> = cut.keys().copied().collect();
+        let none_done = vec![false; self.graph.nodes.len()];
+        let loss_nodes = self.stage_nodes(&[loss], &cut_set, &none_done);
+        let mut done = none_done.clone();
+        for id in &loss_nodes {
+            done[id.0 as usize] = true;
+        }
+        let mut stages = vec![Stage {
+            function: "_loss_given_advantage".into(),
+            doc: "loss, with v[\"advantage\"] given per response.".into(),
+            nodes: loss_nodes.clone(),
+            ret: Ret::Node(loss),
+        }];
+        for (metric, id) in &o.metrics {
+            stages.push(Stage {
+                function: format!("_metric_{metric}_given_advantage"),
+                doc: format!("metric `{metric}`, with v[\"advantage\"] given."),
+                nodes: self.stage_nodes(&[*id], &cut_set, &done),
+                ret: Ret::Node(*id),
+            });
+        }
+        self.emit_path(out, &stages, &cut);
+        let loss_inputs = self.inputs_read(&loss_nodes, &[loss]);
+        let loss_group = self.group_reason(&loss_nodes, &[loss]);
+        let mut loss_needs = loss_inputs.clone();
+        if loss_group.is_some() {
+            loss_needs.push("index".into());
+        }
+        let mut metrics = Vec::new();
+        for (stage, (metric, id)) in stages[1..].iter().zip(&o.metrics) {
+            let mut needs = self.inputs_read(&stage.nodes, &[*id]);
+            if self.group_reason(&stage.nodes, &[*id]).is_some() {
+                needs.push("index".into());
+            }
+            metrics.push(format!(
+                "{}: ({}, {})",
+                py_str(metric),
+                stage.function,
+                Self::tuple(&needs)
+            ));
+        }
+        let _ = writeln!(
+            out,
+            "\n\n_LOSS_GIVEN_ADVANTAGE = (\n    _loss_given_advantage,\n    {},\n    {{{}}},\n)\n_LOSS_GIVEN_ADVANTAGE_WHY = None",
+            Self::tuple(&loss_needs),
+            metrics.join(", ")
+        );
+        // verl's PolicyLossFn receives the log-probs, the advantages and the mask, nothing else.
+        let policy = self.policy_input();
+        let verl_gives: Vec<String> = policy
+            .iter()
+            .cloned()
+            .chain(["old_logp".to_string(), "rollout_is_weights".to_string()])
+            .collect();
+        let defaults: HashSet<&str> = self
+            .graph
+            .inputs
+            .iter()
+            .filter(|i| i.default.is_some())
+            .map(|i| i.name.as_str())
+            .collect();
+        let lacking: Vec<String> = loss_inputs
+            .iter()
+            .filter(|n| !verl_gives.contains(n) && !defaults.contains(n.as_str()))
+            .map(|n| format!("`{n}`"))
+            .collect();
+        let policy_why = if policy.is_none() {
+            Some(format!(
+                "recipe `{}` has no token-level policy input for verl's log_prob",
+                self.info.recipe
+            ))
+        } else if !lacking.is_empty() {
+            Some(format!(
+                "the loss of recipe `{}` reads {}, which verl's PolicyLossFn does not receive (it gets \
+                 log_prob, old_log_prob, advantages, response_mask and rollout_is_weights); for a KL \
+                 term use verl's actor.use_kl_loss, or call `loss` with the whole batch",
+                self.info.recipe,
+                lacking.join(", ")
+            ))
+        } else {
+            loss_group.map(|reason| {
+                format!(
+                    "the loss of recipe `{}` reads the group structure ({reason}), which verl's \
+                     PolicyLossFn does not receive",
+                    self.info.recipe
+                )
+            })
+        };
+        let _ = writeln!(
+            out,
+            "POLICY_LOSS_WHY = {}",
+            policy_why.as_deref().map_or("None".into(), py_str)
+        );
+    }
+
+    /// The advantage (and keep filters) with the reward given: verl's `advantage_estimator`.
+    fn advantage_given_reward(&self, out: &mut String) {
+        let o = &self.graph.outputs;
+        let _ = writeln!(
+            out,
+            "\n\n# ---------------------------------------------------------------------------------------------------\n# The advantage given a trainer's rewards (verl's advantage_estimator): the graph cut at the reward."
+        );
+        let why = match (o.reward, o.advantage) {
+            (_, None) => Some("the recipe has no advantage section".to_string()),
+            (None, _) => Some("the recipe has no reward section".to_string()),
+            (Some(reward), _) if matches!(self.node(reward).op, Op::Const(_)) => {
+                Some("the recipe's reward is a constant".to_string())
+            }
+            _ => None,
+        };
+        let advantage_shape = o.advantage.map(|a| self.shape(a)).unwrap_or_default();
+        let _ = writeln!(out, "ADVANTAGE_SHAPE = \"{advantage_shape}\"");
+        let (Some(reward), Some(advantage), None) = (o.reward, o.advantage, &why) else {
+            let _ = writeln!(
+                out,
+                "_ADVANTAGE_GIVEN_REWARD = None\n_ADVANTAGE_GIVEN_REWARD_WHY = {}",
+                py_str(&format!(
+                    "recipe `{}`: {}",
+                    self.info.recipe,
+                    why.unwrap_or_default()
+                ))
+            );
+            return;
+        };
+        let cut: HashMap<NodeId, &str> = [(reward, "reward")].into_iter().collect();
+        let cut_set: HashSet<NodeId> = cut.keys().copied().collect();
+        let mut done = vec![false; self.graph.nodes.len()];
+        let mut stages = Vec::new();
+        if !o.keeps.is_empty() {
+            let roots: Vec<NodeId> = o.keeps.iter().map(|(_, id)| *id).collect();
+            let nodes = self.stage_nodes(&roots, &cut_set, &done);
+            for id in &nodes {
+                done[id.0 as usize] = true;
+            }
+            stages.push(Stage {
+                function: "_keep_given_reward".into(),
+                doc: "keep, with v[\"reward\"] given.".into(),
+                nodes,
+                ret: Ret::Keeps(o.keeps.clone()),
+            });
+        }
+        let advantage_nodes = self.stage_nodes(&[advantage], &cut_set, &done);
+        stages.push(Stage {
+            function: "_advantage_given_reward".into(),
+            doc: "advantage, with v[\"reward\"] given.".into(),
+            nodes: advantage_nodes,
+            ret: Ret::Node(advantage),
+        });
+        let all: Vec<NodeId> = stages.iter().flat_map(|s| s.nodes.clone()).collect();
+        let mut roots: Vec<NodeId> = o.keeps.iter().map(|(_, id)| *id).collect();
+        roots.push(advantage);
+        let lacking: Vec<String> = self
+            .inputs_read(&all, &roots)
+            .into_iter()
+            .filter(|name| {
+                self.graph
+                    .inputs
+                    .iter()
+                    .any(|i| &i.name == name && i.default.is_none())
+            })
+            .map(|name| format!("`{name}`"))
+            .collect();
+        if !lacking.is_empty() {
+            let _ = writeln!(
+                out,
+                "_ADVANTAGE_GIVEN_REWARD = None\n_ADVANTAGE_GIVEN_REWARD_WHY = {}",
+                py_str(&format!(
+                    "the advantage of recipe `{}` reads {} besides the reward, which verl's advantage \
+                     estimators do not receive",
+                    self.info.recipe,
+                    lacking.join(", ")
+                ))
+            );
+            return;
+        }
+        let exports = self.emit_path(out, &stages, &cut);
+        let keep_exports: Vec<NodeId> = if o.keeps.is_empty() {
+            Vec::new()
+        } else {
+            exports[0].clone()
+        };
+        let _ = writeln!(
+            out,
+            "\n\n_ADVANTAGE_GIVEN_REWARD = (\n    {},\n    _advantage_given_reward,\n    {},\n)\n_ADVANTAGE_GIVEN_REWARD_WHY = None",
+            if o.keeps.is_empty() {
+                "None"
+            } else {
+                "_keep_given_reward"
+            },
+            self.shapes_dict(&keep_exports, &[("reward", self.shape(reward))])
+        );
+    }
+
+    fn reward_metadata(&self, out: &mut String) {
+        let o = &self.graph.outputs;
+        let _ = writeln!(
+            out,
+            "\n\n# What the reward adapters (compute_score for verl, reward_func for TRL) need."
+        );
+        match o.reward {
+            None => {
+                let _ = writeln!(
+                    out,
+                    "_reward = None\nREWARD_SHAPE = \"resp\"\nREWARD_INPUTS = ()\nREWARD_PER_RESPONSE = False\nREWARD_GROUP_WHY = \"the recipe has no reward section\""
+                );
+            }
+            Some(reward) => {
+                let live = self.cone(&[reward], &HashSet::new());
+                let nodes: Vec<NodeId> = (0..live.len())
+                    .filter(|i| live[*i])
+                    .map(|i| NodeId(i as u32))
+                    .collect();
+                let inputs = self.inputs_read(&nodes, &[reward]);
+                let reason = self.reward_group_reason(reward);
+                let _ = writeln!(
+                    out,
+                    "REWARD_SHAPE = \"{}\"\nREWARD_INPUTS = {}\nREWARD_PER_RESPONSE = {}\nREWARD_GROUP_WHY = {}",
+                    self.shape(reward),
+                    Self::tuple(&inputs),
+                    if reason.is_none() { "True" } else { "False" },
+                    reason.as_deref().map_or("None".into(), py_str)
+                );
+            }
+        }
+    }
+}
+
+/// The nodes the recipe's sections return (reward, advantage, loss, metrics, keeps).
+fn output_roots(o: &crate::ir::Outputs) -> Vec<NodeId> {
+    o.reward
+        .iter()
+        .chain(o.advantage.iter())
+        .chain(o.loss.iter())
+        .copied()
+        .chain(o.metrics.iter().map(|(_, id)| *id))
+        .chain(o.keeps.iter().map(|(_, id)| *id))
+        .collect()
+}

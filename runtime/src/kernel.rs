@@ -1,0 +1,908 @@
+//! Kernel execution: a recipe's graph compiled to a kernel plan and native code
+//! (`rlx_compiler::backend`), run over a packed batch. `Kernel::run` gives the same `Outcome` as the
+//! interpreter (`crate::interp::evaluate`), including its two-phase `keep` semantics, non-finite
+//! outputs as errors, and 0 advantage and gradient for filtered responses.
+//!
+//! - **Storage.** `f32` inputs are held in the plan's storage precision (f32 by default, see
+//!   `Options`), `i32`/`bool` inputs in f64; token-level outputs (gradients) in the storage precision,
+//!   everything else in the accumulation precision. `Kernel::pack` converts a `Batch` once;
+//!   `Kernel::run_packed` runs on a `PackedBatch` (the trainer's path: no conversion per step).
+//! - **Validation.** Before any kernel runs, the layout is validated and every input's length checked
+//!   against its shape (`interp::check_batch`'s rules, without building the interpreter's O(tokens)
+//!   index tables); a malformed batch is an error, never an out-of-bounds access.
+//! - **Threads.** Passes whose loop nest starts with groups are split into ranges of whole groups
+//!   across the current rayon pool. Every value is computed by one thread in a fixed order and
+//!   reductions to the batch go through per-group partials combined in a fixed pairwise order, so the
+//!   results are bit-identical for any number of threads.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use rayon::prelude::*;
+
+use rlx_compiler::backend::jit::{self, slot, JitKernel, PassFn};
+use rlx_compiler::backend::plan::{self, BufferKind, Init, KernelPlan, Pass, Reduction};
+pub use rlx_compiler::backend::{Options, Precision};
+use rlx_compiler::ir::{Elem, Feature, Graph, KeepLevel, Level, NodeId, Shape};
+
+use crate::batch::{Batch, Layout};
+use crate::geometry::Geometry;
+use crate::interp::{finite, rubric_lens, Context, EvalError, Outcome, Selection};
+
+/// Values of one input or buffer, in their storage precision.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Column {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+impl Column {
+    fn filled(precision: Precision, len: usize, value: f64) -> Column {
+        match precision {
+            Precision::F32 => Column::F32(vec![value as f32; len]),
+            Precision::F64 => Column::F64(vec![value; len]),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Column::F32(v) => v.len(),
+            Column::F64(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn precision(&self) -> Precision {
+        match self {
+            Column::F32(_) => Precision::F32,
+            Column::F64(_) => Precision::F64,
+        }
+    }
+
+    pub fn get(&self, index: usize) -> f64 {
+        match self {
+            Column::F32(v) => f64::from(v[index]),
+            Column::F64(v) => v[index],
+        }
+    }
+
+    pub fn to_f64(&self) -> Vec<f64> {
+        match self {
+            Column::F32(v) => v.iter().map(|x| f64::from(*x)).collect(),
+            Column::F64(v) => v.clone(),
+        }
+    }
+
+    fn set(&mut self, index: usize, value: f64) {
+        match self {
+            Column::F32(v) => v[index] = value as f32,
+            Column::F64(v) => v[index] = value,
+        }
+    }
+
+    /// The elements at `indices` (an index past the end reads as 0, as the interpreter's slicing).
+    fn gather(&self, indices: &[usize]) -> Column {
+        match self {
+            Column::F32(v) => Column::F32(
+                indices
+                    .iter()
+                    .map(|&i| v.get(i).copied().unwrap_or(0.0))
+                    .collect(),
+            ),
+            Column::F64(v) => Column::F64(
+                indices
+                    .iter()
+                    .map(|&i| v.get(i).copied().unwrap_or(0.0))
+                    .collect(),
+            ),
+        }
+    }
+
+    fn pointer(&mut self) -> *mut u8 {
+        match self {
+            Column::F32(v) => v.as_mut_ptr().cast(),
+            Column::F64(v) => v.as_mut_ptr().cast(),
+        }
+    }
+
+    fn const_pointer(&self) -> *mut u8 {
+        match self {
+            Column::F32(v) => v.as_ptr().cast_mut().cast(),
+            Column::F64(v) => v.as_ptr().cast_mut().cast(),
+        }
+    }
+
+    fn all_finite(&self) -> bool {
+        match self {
+            Column::F32(v) => v.iter().all(|x| x.is_finite()),
+            Column::F64(v) => v.iter().all(|x| x.is_finite()),
+        }
+    }
+}
+
+/// A batch in a kernel's storage: the layout and one column per input, in the recipe's input order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PackedBatch {
+    pub layout: Layout,
+    pub inputs: Vec<Column>,
+}
+
+/// What a kernel run produced; like `interp::Outcome`, with gradients in the storage precision.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PackedOutcome {
+    pub loss: Option<f64>,
+    pub metrics: Vec<(String, f64)>,
+    pub reward: Option<Vec<f64>>,
+    pub advantage: Option<Vec<f64>>,
+    pub kept: Vec<bool>,
+    pub gradients: Vec<(String, Column)>,
+}
+
+impl PackedOutcome {
+    pub fn into_outcome(self) -> Outcome {
+        Outcome {
+            loss: self.loss,
+            metrics: self.metrics,
+            reward: self.reward,
+            advantage: self.advantage,
+            kept: self.kept,
+            gradients: self
+                .gradients
+                .into_iter()
+                .map(|(name, column)| (name, column.to_f64()))
+                .collect(),
+        }
+    }
+}
+
+/// A recipe's graph compiled to native kernels.
+pub struct Kernel {
+    graph: Graph,
+    plan: KernelPlan,
+    jit: JitKernel,
+    compile_time: Duration,
+    launches: AtomicUsize,
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernel")
+            .field("phases", &self.plan.phases.len())
+            .field("compile_time", &self.compile_time)
+            .finish()
+    }
+}
+
+/// The layout's sizes and the per-group offset tables the generated code reads.
+struct Tables {
+    groups: usize,
+    responses: usize,
+    tokens: usize,
+    pairs: usize,
+    group_crits: usize,
+    resp_crits: usize,
+    pair_crits: usize,
+    tok_crits: usize,
+    dim: usize,
+    rubric_lens: Vec<usize>,
+    resp_crit_base: Vec<usize>,
+    pair_offsets: Vec<usize>,
+    pair_crit_base: Vec<usize>,
+}
+
+fn too_large() -> EvalError {
+    EvalError("malformed batch: its sizes overflow".into())
+}
+
+impl Tables {
+    /// For a validated layout.
+    fn new(layout: &Layout, rubric_lens: Vec<usize>) -> Result<Tables, EvalError> {
+        let groups = layout.groups();
+        let mut resp_crit_base = Vec::with_capacity(groups + 1);
+        let mut pair_offsets = Vec::with_capacity(groups + 1);
+        let mut pair_crit_base = Vec::with_capacity(groups + 1);
+        let (mut resp_crits, mut pairs, mut pair_crits, mut tok_crits) = (0usize, 0usize, 0, 0);
+        for g in 0..groups {
+            resp_crit_base.push(resp_crits);
+            pair_offsets.push(pairs);
+            pair_crit_base.push(pair_crits);
+            let n = layout.group_size(g);
+            let crits = layout.crit_count(g);
+            let group_pairs = n.checked_mul(n.saturating_sub(1)).ok_or_else(too_large)?;
+            let group_tokens = layout.token_offsets[layout.group_offsets[g + 1]]
+                - layout.token_offsets[layout.group_offsets[g]];
+            let add = |total: usize, count: usize, width: usize| {
+                count
+                    .checked_mul(width)
+                    .and_then(|x| total.checked_add(x))
+                    .ok_or_else(too_large)
+            };
+            resp_crits = add(resp_crits, n, crits)?;
+            pairs = add(pairs, group_pairs, 1)?;
+            pair_crits = add(pair_crits, group_pairs, crits)?;
+            tok_crits = add(tok_crits, group_tokens, crits)?;
+        }
+        resp_crit_base.push(resp_crits);
+        pair_offsets.push(pairs);
+        pair_crit_base.push(pair_crits);
+        Ok(Tables {
+            groups,
+            responses: layout.responses(),
+            tokens: layout.tokens(),
+            pairs,
+            group_crits: layout.crit_offsets[groups],
+            resp_crits,
+            pair_crits,
+            tok_crits,
+            dim: layout.dim,
+            rubric_lens,
+            resp_crit_base,
+            pair_offsets,
+            pair_crit_base,
+        })
+    }
+
+    /// Elements of a shape (as `Geometry::size`).
+    fn size(&self, shape: &Shape) -> Result<usize, EvalError> {
+        let base = match shape.level {
+            Level::Batch => 1,
+            Level::Group => self.groups,
+            Level::Resp => self.responses,
+            Level::Tok => self.tokens,
+            Level::Pair => self.pairs,
+        };
+        match &shape.feature {
+            None => Ok(base),
+            Some(Feature::Crit) => Ok(match shape.level {
+                Level::Batch => 0,
+                Level::Group => self.group_crits,
+                Level::Resp => self.resp_crits,
+                Level::Tok => self.tok_crits,
+                Level::Pair => self.pair_crits,
+            }),
+            Some(Feature::Dim) => base.checked_mul(self.dim).ok_or_else(too_large),
+            Some(Feature::Rubric { index, .. }) => base
+                .checked_mul(self.rubric_lens.get(*index as usize).copied().unwrap_or(0))
+                .ok_or_else(too_large),
+        }
+    }
+}
+
+/// A pointer table shared by the threads of one pass.
+struct SharedTable(Vec<*mut u8>);
+
+// SAFETY: the table is only read. The buffers it points to are written by the generated code at
+// elements of the groups each call is given (stores and accumulators are group-local; batch
+// reductions go to per-group partials), and the group ranges handed to concurrent calls are
+// disjoint, so no element is written by two threads or read while another thread writes it.
+unsafe impl Sync for SharedTable {}
+
+/// Group ranges of roughly equal work (tokens plus responses), about four per thread.
+fn group_ranges(layout: &Layout, threads: usize) -> Vec<(usize, usize)> {
+    let groups = layout.groups();
+    let work = |g: usize| {
+        let (first, end) = (layout.group_offsets[g], layout.group_offsets[g + 1]);
+        (layout.token_offsets[end] - layout.token_offsets[first]) + (end - first) + 1
+    };
+    let total: usize = (0..groups).map(work).sum();
+    let chunks = (threads * 4).max(1);
+    let target = total.div_ceil(chunks).max(1);
+    let mut ranges = Vec::new();
+    let (mut start, mut load) = (0, 0);
+    for g in 0..groups {
+        load += work(g);
+        if load >= target {
+            ranges.push((start, g + 1));
+            start = g + 1;
+            load = 0;
+        }
+    }
+    if start < groups {
+        ranges.push((start, groups));
+    }
+    ranges
+}
+
+/// `f64::max`/`min`-style combination in a fixed pairwise order.
+fn tree(values: &[f64], combine: &dyn Fn(f64, f64) -> f64, identity: f64) -> f64 {
+    match values.len() {
+        0 => identity,
+        1 => values[0],
+        n => {
+            let (left, right) = values.split_at(n / 2);
+            combine(
+                tree(left, combine, identity),
+                tree(right, combine, identity),
+            )
+        }
+    }
+}
+
+impl Kernel {
+    /// Plan and compile `graph` (from `rlx_compiler::compile_graph`). An error names what the plan or
+    /// the code generator does not support; callers fall back to the interpreter.
+    pub fn compile(graph: &Graph, options: &Options) -> Result<Kernel, String> {
+        let start = Instant::now();
+        let plan = plan::plan(graph, options).map_err(|e| e.to_string())?;
+        let jit = jit::compile(graph, &plan, false)?;
+        Ok(Kernel {
+            graph: graph.clone(),
+            plan,
+            jit,
+            compile_time: start.elapsed(),
+            launches: AtomicUsize::new(0),
+        })
+    }
+
+    /// The CLIF text of every loop pass of `graph`'s kernel (for inspection).
+    pub fn clif(graph: &Graph, options: &Options) -> Result<Vec<String>, String> {
+        let plan = plan::plan(graph, options).map_err(|e| e.to_string())?;
+        Ok(jit::compile(graph, &plan, true)?.clif.clone())
+    }
+
+    pub fn plan(&self) -> &KernelPlan {
+        &self.plan
+    }
+
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// How many compiled passes have been launched (each launch may run on several threads).
+    pub fn launches(&self) -> usize {
+        self.launches.load(Ordering::Relaxed)
+    }
+
+    /// Planning and code generation time.
+    pub fn compile_time(&self) -> Duration {
+        self.compile_time
+    }
+
+    fn input_precision(&self, elem: Elem) -> Precision {
+        if elem == Elem::F32 {
+            self.plan.options.storage
+        } else {
+            Precision::F64
+        }
+    }
+
+    fn tables(&self, layout: &Layout) -> Result<Tables, EvalError> {
+        Tables::new(layout, rubric_lens(&self.graph))
+    }
+
+    /// Check a layout and the input lengths (`interp::check_batch`'s rules and messages).
+    fn check_lengths(
+        &self,
+        layout: &Layout,
+        lengths: impl ExactSizeIterator<Item = usize>,
+    ) -> Result<Tables, EvalError> {
+        layout
+            .validate()
+            .map_err(|e| EvalError(format!("malformed batch: {e}")))?;
+        if lengths.len() != self.graph.inputs.len() {
+            return Err(EvalError(format!(
+                "malformed batch: {} input vectors for a recipe with {} inputs",
+                lengths.len(),
+                self.graph.inputs.len()
+            )));
+        }
+        let tables = self.tables(layout)?;
+        for (input, len) in self.graph.inputs.iter().zip(lengths) {
+            let expected = tables.size(&input.shape)?;
+            if len != expected {
+                return Err(EvalError(format!(
+                    "malformed batch: input `{}` has {len} values, its shape {} needs {expected}",
+                    input.name, input.shape
+                )));
+            }
+        }
+        Ok(tables)
+    }
+
+    /// Validate a batch and convert it to the kernel's storage.
+    pub fn pack(&self, batch: &Batch) -> Result<PackedBatch, EvalError> {
+        self.check_lengths(&batch.layout, batch.inputs.iter().map(Vec::len))?;
+        let mut inputs = Vec::with_capacity(batch.inputs.len());
+        for (info, values) in self.graph.inputs.iter().zip(&batch.inputs) {
+            inputs.push(match self.input_precision(info.elem) {
+                Precision::F64 => Column::F64(values.clone()),
+                Precision::F32 => {
+                    let mut out = Vec::with_capacity(values.len());
+                    for (position, value) in values.iter().enumerate() {
+                        let narrow = *value as f32;
+                        if value.is_finite() && !narrow.is_finite() {
+                            return Err(EvalError(format!(
+                                "malformed batch: input `{}` element {position} is {value}, beyond the range of f32",
+                                info.name
+                            )));
+                        }
+                        out.push(narrow);
+                    }
+                    Column::F32(out)
+                }
+            });
+        }
+        Ok(PackedBatch {
+            layout: batch.layout.clone(),
+            inputs,
+        })
+    }
+
+    /// Check a packed batch against the plan: valid layout, one column per input, each of the right
+    /// length and precision. Nothing runs on a batch that fails.
+    pub fn validate(&self, batch: &PackedBatch) -> Result<(), EvalError> {
+        self.check_lengths(&batch.layout, batch.inputs.iter().map(Column::len))?;
+        for (info, column) in self.graph.inputs.iter().zip(&batch.inputs) {
+            let wanted = self.input_precision(info.elem);
+            if column.precision() != wanted {
+                return Err(EvalError(format!(
+                    "malformed batch: input `{}` is stored as {}, the kernel reads {}",
+                    info.name,
+                    column.precision().name(),
+                    wanted.name()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Evaluate every output on `batch`, like `interp::evaluate`.
+    pub fn run(&self, batch: &Batch, context: &Context) -> Result<Outcome, EvalError> {
+        let packed = self.pack(batch)?;
+        Ok(self.run_packed(&packed, context)?.into_outcome())
+    }
+
+    /// Evaluate every output on a packed batch.
+    pub fn run_packed(
+        &self,
+        batch: &PackedBatch,
+        context: &Context,
+    ) -> Result<PackedOutcome, EvalError> {
+        self.validate(batch)?;
+        let layout = &batch.layout;
+        let tables = self.tables(layout)?;
+        let responses = layout.responses();
+        let inputs: Vec<&Column> = batch.inputs.iter().collect();
+        let outcome = if self.plan.phases.len() == 1 {
+            let mut buffers =
+                self.run_phase(0, layout, &tables, &inputs, HashMap::new(), context)?;
+            self.collect(0, &mut buffers, vec![true; responses], None)?
+        } else {
+            self.run_filtered(batch, &tables, &inputs, context)?
+        };
+        check_finite(outcome)
+    }
+
+    fn run_filtered(
+        &self,
+        batch: &PackedBatch,
+        tables: &Tables,
+        inputs: &[&Column],
+        context: &Context,
+    ) -> Result<PackedOutcome, EvalError> {
+        let layout = &batch.layout;
+        let responses = layout.responses();
+        let mut first = self.run_phase(0, layout, tables, inputs, HashMap::new(), context)?;
+        let outputs = &self.plan.phases[0].outputs;
+        let mut group_kept = vec![true; layout.groups()];
+        let mut response_kept = vec![true; responses];
+        for (level, buffer) in &outputs.keeps {
+            let values = take(&mut first, *buffer)?;
+            let kept = match level {
+                KeepLevel::Group => &mut group_kept,
+                KeepLevel::Resp => &mut response_kept,
+            };
+            for (position, flag) in kept.iter_mut().enumerate() {
+                *flag &= values.get(position) != 0.0;
+            }
+        }
+        let response_group = layout.response_groups();
+        let kept: Vec<bool> = (0..responses)
+            .map(|r| group_kept[response_group[r]] && response_kept[r])
+            .collect();
+        if !kept.iter().any(|k| *k) {
+            return Err(EvalError(
+                "every response was filtered out by `keep`: there is nothing to compute advantages and the loss over"
+                    .into(),
+            ));
+        }
+        let reward = match outputs.reward {
+            Some(b) => Some(take(&mut first, b)?.to_f64()),
+            None => None,
+        };
+        let mut exports: HashMap<NodeId, Column> = HashMap::new();
+        for (node, buffer) in &outputs.exports {
+            exports.insert(*node, take(&mut first, *buffer)?);
+        }
+        drop(first);
+        if kept.iter().all(|k| *k) {
+            // Nothing dropped: the kept batch is the batch.
+            let mut second = self.run_phase(1, layout, tables, inputs, exports, context)?;
+            return self.collect(1, &mut second, kept, reward);
+        }
+        let selection = Selection::new(layout, &kept);
+        let graph = &self.graph;
+        let mut full = Geometry::new(layout.clone(), rubric_lens(graph));
+        let mut sub = Geometry::new(selection.layout.clone(), rubric_lens(graph));
+        let mut slice = |shape: &Shape, column: &Column| -> Column {
+            if shape.level == Level::Batch && shape.feature.is_none() && column.len() == 1 {
+                return column.clone();
+            }
+            let map = selection.element_map(&mut full, &mut sub, shape);
+            column.gather(&map)
+        };
+        let sub_inputs: Vec<Column> = graph
+            .inputs
+            .iter()
+            .zip(inputs)
+            .map(|(info, column)| slice(&info.shape, column))
+            .collect();
+        let carried: HashMap<NodeId, Column> = exports
+            .into_iter()
+            .map(|(node, column)| {
+                let shape = graph.node(node).shape.clone();
+                (node, slice(&shape, &column))
+            })
+            .collect();
+        let sub_layout = selection.layout.clone();
+        let sub_tables = self.tables(&sub_layout)?;
+        let sub_refs: Vec<&Column> = sub_inputs.iter().collect();
+        let mut second =
+            self.run_phase(1, &sub_layout, &sub_tables, &sub_refs, carried, context)?;
+        let mut outcome = self.collect(1, &mut second, kept, reward)?;
+        // Back to the whole batch: dropped responses get advantage 0 and gradient 0.
+        if let Some(advantage) = &mut outcome.advantage {
+            let mut out = vec![0.0; responses];
+            for (value, &r) in advantage.iter().zip(&selection.kept_responses) {
+                out[r] = *value;
+            }
+            *advantage = out;
+        }
+        for (position, (input, _)) in self.plan.phases[1].outputs.gradients.iter().enumerate() {
+            let shape = graph.inputs[*input as usize].shape.clone();
+            let kept_values = &outcome.gradients[position].1;
+            if shape.level == Level::Batch {
+                continue;
+            }
+            let map = selection.element_map(&mut full, &mut sub, &shape);
+            let mut values = Column::filled(kept_values.precision(), tables.size(&shape)?, 0.0);
+            for (element, target) in map.iter().enumerate() {
+                values.set(*target, kept_values.get(element));
+            }
+            outcome.gradients[position].1 = values;
+        }
+        Ok(outcome)
+    }
+
+    /// Gather a phase's outputs.
+    fn collect(
+        &self,
+        phase: usize,
+        buffers: &mut [Option<Column>],
+        kept: Vec<bool>,
+        reward: Option<Vec<f64>>,
+    ) -> Result<PackedOutcome, EvalError> {
+        let outputs = &self.plan.phases[phase].outputs;
+        let scalar = |buffers: &mut [Option<Column>], b: u32| -> Result<f64, EvalError> {
+            let column = buffers
+                .get(b as usize)
+                .and_then(Option::as_ref)
+                .ok_or_else(|| EvalError(format!("internal: output buffer b{b} missing")))?;
+            Ok(if column.is_empty() {
+                0.0
+            } else {
+                column.get(0)
+            })
+        };
+        let loss = match outputs.loss {
+            Some(b) => Some(scalar(buffers, b)?),
+            None => None,
+        };
+        let mut metrics = Vec::new();
+        for (name, b) in &outputs.metrics {
+            metrics.push((name.clone(), scalar(buffers, *b)?));
+        }
+        let reward = match (reward, outputs.reward) {
+            (Some(reward), _) => Some(reward),
+            (None, Some(b)) => Some(take(buffers, b)?.to_f64()),
+            (None, None) => None,
+        };
+        let advantage = match outputs.advantage {
+            Some(b) => Some(take(buffers, b)?.to_f64()),
+            None => None,
+        };
+        let mut gradients = Vec::new();
+        for (input, b) in &outputs.gradients {
+            let name = self.graph.inputs[*input as usize].name.clone();
+            let shared = outputs.gradients.iter().filter(|(_, o)| o == b).count() > 1;
+            let column = if shared {
+                take(buffers, *b)?
+            } else {
+                // The only reader: move the (token-sized) buffer out instead of copying it.
+                buffers
+                    .get_mut(*b as usize)
+                    .and_then(Option::take)
+                    .ok_or_else(|| EvalError(format!("internal: output buffer b{b} missing")))?
+            };
+            gradients.push((name, column));
+        }
+        Ok(PackedOutcome {
+            loss,
+            metrics,
+            reward,
+            advantage,
+            kept,
+            gradients,
+        })
+    }
+
+    /// Run one phase's passes; returns its buffers (`None` for inputs and carried values).
+    fn run_phase(
+        &self,
+        phase_index: usize,
+        layout: &Layout,
+        tables: &Tables,
+        inputs: &[&Column],
+        mut carried: HashMap<NodeId, Column>,
+        context: &Context,
+    ) -> Result<Vec<Option<Column>>, EvalError> {
+        let phase = &self.plan.phases[phase_index];
+        let mut owned: Vec<Option<Column>> = Vec::with_capacity(phase.buffers.len());
+        for buffer in &phase.buffers {
+            owned.push(match buffer.kind {
+                BufferKind::Input(_) => None,
+                BufferKind::Carried(node) => {
+                    let column = carried.remove(&node).ok_or_else(|| {
+                        EvalError(format!("internal: carried value %{} missing", node.0))
+                    })?;
+                    if column.len() != tables.size(&buffer.shape)? {
+                        return Err(EvalError(format!(
+                            "internal: carried value %{} has the wrong size",
+                            node.0
+                        )));
+                    }
+                    Some(column)
+                }
+                _ => {
+                    let mut len = tables.size(&buffer.shape)?;
+                    if buffer.per_group {
+                        len = len.checked_mul(tables.groups).ok_or_else(too_large)?;
+                    }
+                    let init = if buffer.init == Init::Nan {
+                        f64::NAN
+                    } else {
+                        0.0
+                    };
+                    Some(Column::filled(buffer.storage, len, init))
+                }
+            });
+        }
+        let scalars = [context.step, context.progress];
+        let sizes = [tables.dim];
+        for (pass_index, pass) in phase.passes.iter().enumerate() {
+            match pass {
+                Pass::Loop(loop_pass) => {
+                    let function =
+                        self.jit.functions[phase_index][pass_index].ok_or_else(|| {
+                            EvalError("internal: a loop pass was not compiled".into())
+                        })?;
+                    let mut table: Vec<*mut u8> = vec![
+                        layout.group_offsets.as_ptr().cast_mut().cast(),
+                        layout.token_offsets.as_ptr().cast_mut().cast(),
+                        layout.crit_offsets.as_ptr().cast_mut().cast(),
+                        tables.resp_crit_base.as_ptr().cast_mut().cast(),
+                        tables.pair_offsets.as_ptr().cast_mut().cast(),
+                        tables.pair_crit_base.as_ptr().cast_mut().cast(),
+                        scalars.as_ptr().cast_mut().cast(),
+                        sizes.as_ptr().cast_mut().cast(),
+                    ];
+                    debug_assert_eq!(table.len(), slot::FIRST_BUFFER);
+                    for (buffer, column) in phase.buffers.iter().zip(owned.iter_mut()) {
+                        table.push(match (buffer.kind, column) {
+                            (BufferKind::Input(i), _) => inputs[i as usize].const_pointer(),
+                            (_, Some(column)) => column.pointer(),
+                            (_, None) => {
+                                return Err(EvalError("internal: a buffer was released".into()))
+                            }
+                        });
+                    }
+                    self.call(function, &SharedTable(table), loop_pass.parallel(), layout);
+                }
+                Pass::Combine {
+                    op,
+                    partial,
+                    partial_count,
+                    value,
+                    count,
+                    ..
+                } => {
+                    let groups = tables.groups;
+                    let partials = column(&owned, *partial)?.to_f64();
+                    let partial_counts = match partial_count {
+                        Some(b) => Some(column(&owned, *b)?.to_f64()),
+                        None => None,
+                    };
+                    let width = column(&owned, *value)?.len();
+                    let combine: &dyn Fn(f64, f64) -> f64 = match op {
+                        Reduction::Max => &f64::max,
+                        Reduction::Min => &f64::min,
+                        _ => &|a, b| a + b,
+                    };
+                    let identity = if matches!(op, Reduction::Max | Reduction::Min) {
+                        f64::NAN
+                    } else {
+                        0.0
+                    };
+                    let mut lane = Vec::with_capacity(groups);
+                    for f in 0..width {
+                        lane.clear();
+                        lane.extend((0..groups).map(|g| partials[g * width + f]));
+                        let combined = tree(&lane, combine, identity);
+                        column_mut(&mut owned, *value)?.set(f, combined);
+                        if let (Some(counts), Some(count)) = (&partial_counts, count) {
+                            lane.clear();
+                            lane.extend((0..groups).map(|g| counts[g * width + f]));
+                            let total = tree(&lane, &|a, b| a + b, 0.0);
+                            column_mut(&mut owned, *count)?.set(f, total);
+                        }
+                    }
+                }
+                Pass::Ngrams {
+                    n, source, target, ..
+                } => {
+                    let ids = match phase.buffers[*source as usize].kind {
+                        BufferKind::Input(i) => inputs[i as usize].to_f64(),
+                        _ => column(&owned, *source)?.to_f64(),
+                    };
+                    let n = *n as usize;
+                    let values: Vec<f64> = (0..layout.responses())
+                        .into_par_iter()
+                        .map(|r| {
+                            let tokens = &ids[layout.token_offsets[r]..layout.token_offsets[r + 1]];
+                            distinct_ngrams(tokens, n)
+                        })
+                        .collect();
+                    let target = column_mut(&mut owned, *target)?;
+                    for (r, value) in values.into_iter().enumerate() {
+                        target.set(r, value);
+                    }
+                }
+            }
+        }
+        Ok(owned)
+    }
+
+    /// Call a compiled pass over every group, split across the rayon pool when it loops over groups.
+    fn call(&self, function: PassFn, table: &SharedTable, parallel: bool, layout: &Layout) {
+        self.launches.fetch_add(1, Ordering::Relaxed);
+        let groups = layout.groups();
+        let threads = rayon::current_num_threads();
+        let pointer = table.0.as_ptr();
+        if !parallel || threads <= 1 || groups <= 1 {
+            // SAFETY: `table` was built by `run_phase` from a layout validated by `validate` (via
+            // `run_packed`) and buffers sized by `Tables::size` for their shapes, which is the
+            // generated code's contract (see `rlx_compiler::backend::jit`); `0..groups` is the whole
+            // layout. No other code touches the buffers during the call.
+            unsafe { function(pointer, 0, groups) };
+            return;
+        }
+        let ranges = group_ranges(layout, threads);
+        ranges.par_iter().for_each(|&(begin, end)| {
+            let pointer = table.0.as_ptr();
+            // SAFETY: as above, for a sub-range of the groups; concurrent calls get disjoint ranges
+            // and write only their own groups' elements (see `SharedTable`).
+            unsafe { function(pointer, begin, end) };
+        });
+    }
+}
+
+/// The interpreter's `distinct_ngrams` of one response.
+fn distinct_ngrams(tokens: &[f64], n: usize) -> f64 {
+    if tokens.len() < n {
+        return 1.0;
+    }
+    let bits: Vec<u64> = tokens.iter().map(|v| v.to_bits()).collect();
+    let grams = bits.windows(n).count();
+    let distinct: std::collections::HashSet<&[u64]> = bits.windows(n).collect();
+    distinct.len() as f64 / grams as f64
+}
+
+fn column(buffers: &[Option<Column>], b: u32) -> Result<&Column, EvalError> {
+    buffers
+        .get(b as usize)
+        .and_then(Option::as_ref)
+        .ok_or_else(|| EvalError(format!("internal: buffer b{b} missing")))
+}
+
+fn column_mut(buffers: &mut [Option<Column>], b: u32) -> Result<&mut Column, EvalError> {
+    buffers
+        .get_mut(b as usize)
+        .and_then(Option::as_mut)
+        .ok_or_else(|| EvalError(format!("internal: buffer b{b} missing")))
+}
+
+/// A copy of a buffer (outputs may share one).
+fn take(buffers: &mut [Option<Column>], b: u32) -> Result<Column, EvalError> {
+    column(buffers, b).cloned()
+}
+
+/// Non-finite outputs are errors, with the interpreter's messages.
+fn check_finite(outcome: PackedOutcome) -> Result<PackedOutcome, EvalError> {
+    let scalars_ok = outcome.loss.is_none_or(f64::is_finite)
+        && outcome.metrics.iter().all(|(_, v)| v.is_finite());
+    let vectors_ok = [&outcome.reward, &outcome.advantage]
+        .iter()
+        .all(|v| v.as_ref().is_none_or(|v| v.iter().all(|x| x.is_finite())));
+    let gradients_ok = outcome.gradients.iter().all(|(_, c)| c.all_finite());
+    if scalars_ok && vectors_ok && gradients_ok {
+        return Ok(outcome);
+    }
+    match finite(outcome.clone().into_outcome()) {
+        Err(error) => Err(error),
+        Ok(_) => Ok(outcome),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_agree_with_the_geometry() {
+        let layout = Layout::from_counts(&[1, 3, 0, 2], &[2, 0, 4, 1, 3, 5], &[2, 0, 3, 1], 4)
+            .expect("valid");
+        let tables = Tables::new(&layout, vec![3]).expect("small");
+        let geometry = Geometry::new(layout.clone(), vec![3]);
+        let features = [
+            None,
+            Some(Feature::Crit),
+            Some(Feature::Dim),
+            Some(Feature::Rubric { index: 0, len: 3 }),
+        ];
+        for level in [
+            Level::Batch,
+            Level::Group,
+            Level::Resp,
+            Level::Pair,
+            Level::Tok,
+        ] {
+            for feature in &features {
+                let shape = Shape {
+                    level,
+                    feature: feature.clone(),
+                };
+                assert_eq!(
+                    tables.size(&shape).unwrap(),
+                    geometry.size(&shape),
+                    "{shape}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn tree_is_pairwise_and_ignores_nan_for_max() {
+        assert_eq!(tree(&[1.0, 2.0, 3.0], &|a, b| a + b, 0.0), 6.0);
+        assert_eq!(tree(&[], &|a, b| a + b, 0.0), 0.0);
+        assert_eq!(tree(&[f64::NAN, 2.0, f64::NAN], &f64::max, f64::NAN), 2.0);
+    }
+
+    #[test]
+    fn ranges_cover_every_group_once() {
+        let layout = Layout::from_counts(&[1, 3, 0, 2, 5], &[2; 11], &[], 0).expect("valid");
+        for threads in 1..6 {
+            let ranges = group_ranges(&layout, threads);
+            let mut next = 0;
+            for (begin, end) in ranges {
+                assert_eq!(begin, next);
+                assert!(end > begin);
+                next = end;
+            }
+            assert_eq!(next, layout.groups());
+        }
+    }
+}

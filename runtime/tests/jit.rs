@@ -1,0 +1,710 @@
+//! The JIT backend against the f64 reference interpreter.
+//!
+//! - **Agreement.** Every recipe in recipes/ and tests/gradients/ (read at run time), a few inline
+//!   recipes covering the remaining ops, and every hand-worked scoring case of tests/scores/: on random
+//!   ragged synthetic batches with singleton groups (and so filtered groups, for recipes with `keep`),
+//!   loss, metrics, rewards, advantages, kept flags and gradients agree with the interpreter within
+//!   `F64_TOLERANCE` (relative, with an absolute floor for values that cancel to ~0) with f64
+//!   accumulation, and within `F32_TOLERANCE` with f32 accumulation. The interpreter sees the same
+//!   f32-rounded inputs as the kernel, which stores them as f32.
+//! - **Determinism.** Results are bit-identical on 1 and 4 threads.
+//! - **Validation.** Malformed batches are rejected before any kernel runs.
+
+use std::path::{Path, PathBuf};
+
+use rlx_compiler::ir::{Elem, Graph};
+use rlx_runtime::batch::{Batch, Layout};
+use rlx_runtime::interp::{evaluate, Context, Outcome};
+use rlx_runtime::kernel::{Column, Kernel, Options, PackedBatch, Precision};
+use rlx_runtime::synthetic::{self, Spec};
+
+/// f64 accumulation: |jit − interp| ≤ 1e-5 · max(|jit|, |interp|) + 1e-9.
+const F64_TOLERANCE: (f64, f64) = (1e-5, 1e-9);
+/// f32 accumulation (registers, reductions and buffers in f32): 2e-3 relative + 1e-4 absolute. Token
+/// sums of a few hundred f32 terms and the exp/log round trips of a loss lose about 3–4 digits in the
+/// worst element; everything else agrees to ~1e-6.
+const F32_TOLERANCE: (f64, f64) = (2e-3, 1e-4);
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Every `.rlx` in the folders, read now (recipes may be added while the suite evolves).
+fn recipe_files() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = ["recipes", "tests/gradients"]
+        .iter()
+        .flat_map(|folder| std::fs::read_dir(root().join(folder)).unwrap().flatten())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rlx"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn graph_of(path: &Path) -> Option<Graph> {
+    let checked = rlx_compiler::check_path(path).expect("readable recipe");
+    // A recipe being edited concurrently may not check; the checker's own tests report it.
+    let recipe = checked.recipe?;
+    Some(rlx_compiler::compile_graph(&recipe, &[]).expect("lowers"))
+}
+
+fn graph_of_source(name: &str, text: &str) -> Graph {
+    let checked = rlx_compiler::check_source(name, text);
+    let recipe = checked
+        .recipe
+        .unwrap_or_else(|| panic!("{name} does not check: {:?}", checked.diagnostics));
+    rlx_compiler::compile_graph(&recipe, &[]).expect("lowers")
+}
+
+/// The batch with every `f32` input rounded to f32 (what the kernel stores).
+fn rounded(graph: &Graph, batch: &Batch) -> Batch {
+    let mut batch = batch.clone();
+    for (info, values) in graph.inputs.iter().zip(&mut batch.inputs) {
+        if info.elem == Elem::F32 {
+            for v in values.iter_mut() {
+                *v = f64::from(*v as f32);
+            }
+        }
+    }
+    batch
+}
+
+fn close(a: f64, b: f64, (relative, absolute): (f64, f64)) -> bool {
+    if a == b || (a.is_nan() && b.is_nan()) {
+        return true;
+    }
+    (a - b).abs() <= relative * a.abs().max(b.abs()) + absolute
+}
+
+fn scalar(out: &mut Vec<String>, what: &str, e: f64, a: f64, tolerance: (f64, f64)) {
+    if !close(e, a, tolerance) {
+        out.push(format!("{what}: interp {e}, jit {a}"));
+    }
+}
+
+fn vector(out: &mut Vec<String>, what: &str, e: &[f64], a: &[f64], tolerance: (f64, f64)) {
+    if e.len() != a.len() {
+        out.push(format!("{what}: {} values vs {}", e.len(), a.len()));
+        return;
+    }
+    if let Some(i) = (0..e.len()).find(|&i| !close(e[i], a[i], tolerance)) {
+        out.push(format!("{what}[{i}]: interp {}, jit {}", e[i], a[i]));
+    }
+}
+
+/// Differences between two outcomes, as messages (empty when they agree).
+fn compare(expected: &Outcome, actual: &Outcome, tolerance: (f64, f64)) -> Vec<String> {
+    let mut out = Vec::new();
+    match (expected.loss, actual.loss) {
+        (Some(e), Some(a)) => scalar(&mut out, "loss", e, a, tolerance),
+        (None, None) => {}
+        (e, a) => out.push(format!("loss: interp {e:?}, jit {a:?}")),
+    }
+    if expected.metrics.len() != actual.metrics.len() {
+        out.push("metric count".into());
+    }
+    for ((name, e), (other, a)) in expected.metrics.iter().zip(&actual.metrics) {
+        if name != other {
+            out.push(format!("metric order: {name} vs {other}"));
+        }
+        scalar(&mut out, &format!("metric {name}"), *e, *a, tolerance);
+    }
+    for (what, e, a) in [
+        ("reward", &expected.reward, &actual.reward),
+        ("advantage", &expected.advantage, &actual.advantage),
+    ] {
+        match (e, a) {
+            (Some(e), Some(a)) => vector(&mut out, what, e, a, tolerance),
+            (None, None) => {}
+            _ => out.push(format!("{what}: present in one outcome only")),
+        }
+    }
+    if expected.kept != actual.kept {
+        out.push(format!(
+            "kept: interp {:?}, jit {:?}",
+            expected.kept, actual.kept
+        ));
+    }
+    if expected.gradients.len() != actual.gradients.len() {
+        out.push("gradient count".into());
+    }
+    for ((name, e), (other, a)) in expected.gradients.iter().zip(&actual.gradients) {
+        if name != other {
+            out.push(format!("gradient order: {name} vs {other}"));
+        }
+        vector(&mut out, &format!("grad {name}"), e, a, tolerance);
+    }
+    out
+}
+
+fn worst(e: &Outcome, a: &Outcome) -> f64 {
+    let mut pairs: Vec<(f64, f64)> = Vec::new();
+    pairs.extend(e.loss.zip(a.loss));
+    pairs.extend(e.metrics.iter().zip(&a.metrics).map(|(x, y)| (x.1, y.1)));
+    for (x, y) in [(&e.reward, &a.reward), (&e.advantage, &a.advantage)] {
+        if let (Some(x), Some(y)) = (x, y) {
+            pairs.extend(x.iter().copied().zip(y.iter().copied()));
+        }
+    }
+    for (x, y) in e.gradients.iter().zip(&a.gradients) {
+        pairs.extend(x.1.iter().copied().zip(y.1.iter().copied()));
+    }
+    pairs
+        .iter()
+        .map(|(x, y)| (x - y).abs() / x.abs().max(y.abs()).max(1e-300))
+        .filter(|r| r.is_finite())
+        .fold(0.0, f64::max)
+}
+
+fn specs() -> Vec<Spec> {
+    let mut specs = Vec::new();
+    for seed in 1..=4 {
+        specs.push(Spec {
+            seed,
+            ..Spec::default()
+        });
+    }
+    specs.push(Spec {
+        groups: 6,
+        responses: 5,
+        tokens: 40,
+        seed: 11,
+        ..Spec::default()
+    });
+    specs.push(Spec {
+        groups: 4,
+        responses: 2,
+        tokens: 3,
+        singleton: false,
+        ragged: false,
+        seed: 12,
+        ..Spec::default()
+    });
+    specs
+}
+
+/// Run both backends on `batch` and report disagreements.
+fn agree(
+    label: &str,
+    graph: &Graph,
+    kernel: &Kernel,
+    batch: &Batch,
+    tolerance: (f64, f64),
+    failures: &mut Vec<String>,
+) {
+    let batch = rounded(graph, batch);
+    let context = Context {
+        step: 3.0,
+        progress: 0.25,
+    };
+    let expected = evaluate(graph, &batch, &context);
+    let actual = kernel.run(&batch, &context);
+    match (expected, actual) {
+        (Ok(e), Ok(a)) => {
+            if std::env::var_os("RLX_DEBUG_AGREE").is_some() {
+                let worst = worst(&e, &a);
+                eprintln!(
+                    "{label}: ok, kept {}/{}, worst relative {worst:.2e}",
+                    e.kept.iter().filter(|k| **k).count(),
+                    e.kept.len()
+                );
+            }
+            for difference in compare(&e, &a, tolerance) {
+                failures.push(format!("{label}: {difference}"));
+            }
+        }
+        (Err(e), Err(a)) => {
+            if std::env::var_os("RLX_DEBUG_AGREE").is_some() {
+                eprintln!("{label}: both fail: {e}");
+            }
+            if e != a {
+                failures.push(format!(
+                    "{label}: different errors: interp `{e}`, jit `{a}`"
+                ));
+            }
+        }
+        (Ok(_), Err(a)) => failures.push(format!("{label}: only the jit fails: {a}")),
+        (Err(e), Ok(_)) => failures.push(format!("{label}: only the interpreter fails: {e}")),
+    }
+}
+
+fn check_recipes(options: &Options, tolerance: (f64, f64)) {
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for path in recipe_files() {
+        let Some(graph) = graph_of(&path) else {
+            continue;
+        };
+        let name = path
+            .strip_prefix(root())
+            .unwrap_or(&path)
+            .display()
+            .to_string();
+        let kernel = Kernel::compile(&graph, options)
+            .unwrap_or_else(|e| panic!("{name}: the JIT does not support it: {e}"));
+        for spec in specs() {
+            let batch = synthetic::batch(&graph, &spec);
+            agree(
+                &format!("{name} seed {}", spec.seed),
+                &graph,
+                &kernel,
+                &batch,
+                tolerance,
+                &mut failures,
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked >= 10, "only {checked} recipes found");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn every_recipe_agrees_with_the_interpreter_in_f64() {
+    check_recipes(&Options::default(), F64_TOLERANCE);
+}
+
+#[test]
+fn every_recipe_agrees_with_the_interpreter_in_f32_accumulation() {
+    check_recipes(
+        &Options {
+            accumulate: Precision::F32,
+            storage: Precision::F32,
+        },
+        F32_TOLERANCE,
+    );
+}
+
+/// Ops and situations the shipped recipes do not (yet) reach.
+const EXTRA: &[(&str, &str)] = &[
+    (
+        "keep_resp",
+        "input logp : f32[tok] policy
+         input score : f32[resp]
+         input id : i32[tok]
+         let d = distinct_ngrams(id over tok, n = 2)
+         reward = score + 0.1 * d
+         keep resp when reward > 0.35 or resp_index == 0
+         keep group when n > 1
+         advantage = (reward - mean(reward over resp)) / (std(reward over resp, ddof = 1) + 1e-3) + resp_index / n
+         loss = -mean(advantage * mean(logp over tok) over batch) + 0.01 * max(logp over tok, batch) - 0.01 * min(logp over tok, resp, group, batch)
+         metric kept_n = mean(n over batch)
+         metric top = max(reward over batch)",
+    ),
+    (
+        "elementwise",
+        "input logp : f32[tok] policy
+         input old_logp : f32[tok]
+         input score : f32[resp]
+         input flag : bool[resp]
+         param base = 1.5
+         let x = logp - old_logp
+         let y = pow(base + x, 1.7) + abs(x) * sign(x) + floor(3 * score) + lgamma(score + 1)
+         let z = where(flag and not (score < 0.5), exp(x), log1p(exp(x))) + sqrt(abs(x))
+         reward = score * step + progress
+         advantage = reward - mean(reward over resp)
+         loss = mean(y * z * advantage + sigmoid(x) - logsigmoid(x) + softplus(-x) + tanh(x) + x ^ 2 over tok, batch) + mean(cos(logp) + sin(old_logp) over tok, resp, group, batch)
+         metric m = mean(max(x, 0.01) - min(x, -0.01) over tok, batch)
+         metric c = mean(count(x > 0 over tok) over batch)
+         metric a = mean(any(x > 0.1 over tok) over batch) + mean(all(x > -1 over tok) over batch)
+         metric e = mean(x == 0 or x != 0 over tok, batch) + mean(x >= 0 over tok, batch) + mean(x <= 0 over tok, batch)",
+    ),
+    (
+        "scans",
+        "input logp : f32[tok] policy
+         input values : f32[tok] value
+         input score : f32[resp]
+         let forward = scan(logp over tok, decay = 0.9)
+         let back = scan(values * logp over tok, decay = 0.5 + 0.4 * score, reverse = true)
+         let shifted = shift(forward over tok, offset = 2, fill = score) + shift(values over tok, offset = -1, fill = 0.5)
+         loss = mean(forward * back + shifted * logp + logsumexp(logp over tok) over tok, batch) + mean(var(logp over tok) over batch)",
+    ),
+    (
+        "features",
+        "rubric judge {
+             criterion a weight 2
+             criterion b weight 1 saturate tanh(k = 2)
+             criterion c veto
+         }
+         input logp : f32[tok] policy
+         input seq_bonus : f32[resp] policy
+         input points : f32[group, crit]
+         input met : bool[resp, crit]
+         input emb : f32[resp, dim] policy
+         input judged : f32[resp, judge]
+         let seq = mean(logp over tok) + seq_bonus
+         let hb = sum(points * met over crit) / max(sum(max(points, 0) over crit), 1e-6)
+         let spread = mean(sum((emb - other.emb) ^ 2 over dim) over others)
+         let close = max(cos(emb, other.emb) over others)
+         let centre = mean(emb over batch)
+         let pull = sum((emb - centre) * seq over dim)
+         reward = hb + judge(judged) + judged[b]
+         advantage = reward - mean(reward over resp)
+         loss = -mean(advantage * seq + 0.1 * spread + 0.1 * close + 0.01 * pull + 0.1 * judge(judged * (1 + seq)) + sum(softmax(points * seq over crit) over crit) over batch)
+         metric crit_mean = mean(mean(met over crit) over batch)
+         metric emb_max = max(max(emb over dim) over batch)",
+    ),
+];
+
+#[test]
+fn inline_recipes_cover_the_remaining_ops() {
+    let mut failures = Vec::new();
+    for (name, text) in EXTRA {
+        let graph = graph_of_source(name, text);
+        for (options, tolerance) in [
+            (Options::default(), F64_TOLERANCE),
+            (
+                Options {
+                    accumulate: Precision::F64,
+                    storage: Precision::F64,
+                },
+                (1e-12, 1e-14),
+            ),
+        ] {
+            let kernel =
+                Kernel::compile(&graph, &options).unwrap_or_else(|e| panic!("{name}: {e}"));
+            for spec in specs() {
+                let batch = synthetic::batch(&graph, &spec);
+                agree(
+                    &format!(
+                        "{name} seed {} storage {}",
+                        spec.seed,
+                        options.storage.name()
+                    ),
+                    &graph,
+                    &kernel,
+                    &batch,
+                    tolerance,
+                    &mut failures,
+                );
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn filters_drop_responses_and_groups_like_the_interpreter() {
+    let (_, text) = EXTRA[0];
+    let graph = graph_of_source("keep_resp", text);
+    let kernel = Kernel::compile(&graph, &Options::default()).unwrap();
+    let mut partial = 0;
+    for seed in 1..=12 {
+        let spec = Spec {
+            groups: 5,
+            responses: 4,
+            tokens: 6,
+            seed,
+            ..Spec::default()
+        };
+        let batch = rounded(&graph, &synthetic::batch(&graph, &spec));
+        let expected = evaluate(&graph, &batch, &Context::default());
+        let actual = kernel.run(&batch, &Context::default());
+        match (expected, actual) {
+            (Ok(e), Ok(a)) => {
+                let differences = compare(&e, &a, F64_TOLERANCE);
+                assert!(differences.is_empty(), "seed {seed}: {differences:?}");
+                if e.kept.iter().any(|k| !k) {
+                    partial += 1;
+                }
+            }
+            (Err(e), Err(a)) => assert_eq!(e, a),
+            (e, a) => panic!("seed {seed}: interp {e:?}, jit {a:?}"),
+        }
+    }
+    assert!(partial >= 3, "too few batches with dropped responses");
+}
+
+/// Empty responses (no tokens) and zero-variance groups: the empty reductions and edge cases of the
+/// interpreter's documentation.
+#[test]
+fn empty_responses_and_edge_cases_agree() {
+    let (_, text) = EXTRA[0];
+    let graph = graph_of_source("keep_resp", text);
+    let kernel = Kernel::compile(&graph, &Options::default()).unwrap();
+    let layout = Layout::from_counts(&[1, 3, 2], &[0, 2, 0, 3, 1, 0], &[], 0).unwrap();
+    let tokens = layout.tokens();
+    let batch = Batch {
+        layout,
+        inputs: vec![
+            (0..tokens).map(|t| -0.5 - 0.1 * t as f64).collect(),
+            vec![0.9, 0.2, 0.9, 0.4, 0.8, 0.8],
+            (0..tokens).map(|t| (t % 2) as f64).collect(),
+        ],
+    };
+    let batch = rounded(&graph, &batch);
+    let expected = evaluate(&graph, &batch, &Context::default()).unwrap();
+    let actual = kernel.run(&batch, &Context::default()).unwrap();
+    let differences = compare(&expected, &actual, F64_TOLERANCE);
+    assert!(differences.is_empty(), "{differences:?}");
+    for path in recipe_files() {
+        let Some(graph) = graph_of(&path) else {
+            continue;
+        };
+        let kernel = Kernel::compile(&graph, &Options::default()).unwrap();
+        let mut spec = Spec::default();
+        spec.tokens = 1; // lengths of 1: a single token per response
+        let batch = rounded(&graph, &synthetic::batch(&graph, &spec));
+        let e = evaluate(&graph, &batch, &Context::default());
+        let a = kernel.run(&batch, &Context::default());
+        match (e, a) {
+            (Ok(e), Ok(a)) => {
+                let differences = compare(&e, &a, F64_TOLERANCE);
+                assert!(
+                    differences.is_empty(),
+                    "{}: {differences:?}",
+                    path.display()
+                );
+            }
+            (Err(e), Err(a)) => assert_eq!(e, a, "{}", path.display()),
+            (e, a) => panic!("{}: interp {e:?}, jit {a:?}", path.display()),
+        }
+    }
+}
+
+/// Every hand-worked scoring case (tests/scores/), through the rollout reader: exact storage, so the
+/// JIT must match the interpreter to rounding.
+#[test]
+fn scoring_cases_agree() {
+    let mut failures = Vec::new();
+    let mut stack = vec![root().join("tests/scores")];
+    let mut count = 0;
+    while let Some(folder) = stack.pop() {
+        for entry in std::fs::read_dir(&folder).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let Some(name) = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(".expected.json"))
+            else {
+                continue;
+            };
+            let expected: serde_json::Value =
+                match serde_json::from_str(&std::fs::read_to_string(&path).unwrap()) {
+                    Ok(v) => v,
+                    Err(_) => continue,
+                };
+            let recipe_path = match expected.get("recipe").and_then(|r| r.as_str()) {
+                Some(relative) => root().join(relative),
+                None => folder.join(format!("{name}.rlx")),
+            };
+            let Ok(checked) = rlx_compiler::check_path(&recipe_path) else {
+                continue;
+            };
+            let Some(recipe) = checked.recipe else {
+                continue;
+            };
+            let overrides: Vec<(String, f64)> = match expected.get("set") {
+                Some(serde_json::Value::Object(set)) => set
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.as_f64().unwrap_or(f64::NAN)))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            let Ok(graph) = rlx_compiler::compile_graph(&recipe, &overrides) else {
+                continue;
+            };
+            let text =
+                std::fs::read_to_string(folder.join(format!("{name}.jsonl"))).unwrap_or_default();
+            let Ok(read) = rlx_runtime::rollouts::read_rollouts(&text, &recipe) else {
+                continue;
+            };
+            let options = Options {
+                accumulate: Precision::F64,
+                storage: Precision::F64,
+            };
+            let kernel = match Kernel::compile(&graph, &options) {
+                Ok(kernel) => kernel,
+                Err(e) => {
+                    failures.push(format!("{name}: no kernel: {e}"));
+                    continue;
+                }
+            };
+            let e = evaluate(&graph, &read.batch, &Context::default());
+            let a = kernel.run(&read.batch, &Context::default());
+            match (e, a) {
+                (Ok(e), Ok(a)) => {
+                    for d in compare(&e, &a, (1e-12, 1e-13)) {
+                        failures.push(format!("{name}: {d}"));
+                    }
+                }
+                (Err(e), Err(a)) => {
+                    if e != a {
+                        failures.push(format!("{name}: interp `{e}`, jit `{a}`"));
+                    }
+                }
+                (e, a) => failures.push(format!("{name}: interp {e:?}, jit {a:?}")),
+            }
+            count += 1;
+        }
+    }
+    assert!(count >= 6, "only {count} scoring cases");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn bits(outcome: &Outcome) -> Vec<u64> {
+    let mut out: Vec<u64> = outcome.loss.iter().map(|l| l.to_bits()).collect();
+    out.extend(outcome.metrics.iter().map(|(_, v)| v.to_bits()));
+    for values in [&outcome.reward, &outcome.advantage].into_iter().flatten() {
+        out.extend(values.iter().map(|v| v.to_bits()));
+    }
+    for (_, values) in &outcome.gradients {
+        out.extend(values.iter().map(|v| v.to_bits()));
+    }
+    out
+}
+
+#[test]
+fn results_are_bit_identical_for_one_and_four_threads() {
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let four = rayon::ThreadPoolBuilder::new()
+        .num_threads(4)
+        .build()
+        .unwrap();
+    let mut sources: Vec<(String, Graph)> = recipe_files()
+        .iter()
+        .filter_map(|p| graph_of(p).map(|g| (p.display().to_string(), g)))
+        .collect();
+    for (name, text) in EXTRA {
+        sources.push((name.to_string(), graph_of_source(name, text)));
+    }
+    for accumulate in [Precision::F64, Precision::F32] {
+        let options = Options {
+            accumulate,
+            storage: Precision::F32,
+        };
+        for (name, graph) in &sources {
+            let kernel = Kernel::compile(graph, &options).unwrap();
+            let spec = Spec {
+                groups: 37,
+                responses: 6,
+                tokens: 30,
+                seed: 5,
+                ..Spec::default()
+            };
+            let batch = synthetic::batch(graph, &spec);
+            let context = Context::default();
+            let a = one.install(|| kernel.run(&batch, &context));
+            let b = four.install(|| kernel.run(&batch, &context));
+            match (a, b) {
+                (Ok(a), Ok(b)) => {
+                    assert_eq!(a.kept, b.kept, "{name}");
+                    assert!(
+                        bits(&a) == bits(&b),
+                        "{name}: results differ across threads"
+                    );
+                }
+                (Err(a), Err(b)) => assert_eq!(a, b),
+                (a, b) => panic!("{name}: {a:?} vs {b:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn malformed_batches_are_rejected_before_any_kernel_runs() {
+    let path = root().join("recipes/grpo.rlx");
+    let graph = graph_of(&path).expect("grpo checks");
+    let kernel = Kernel::compile(&graph, &Options::default()).unwrap();
+    let good = synthetic::batch(&graph, &Spec::default());
+    assert!(kernel.run(&good, &Context::default()).is_ok());
+    let launched = kernel.launches();
+    let mut cases: Vec<(&str, Batch)> = Vec::new();
+    let mut short = good.clone();
+    short.inputs[0].pop();
+    cases.push(("values, its shape", short));
+    let mut long = good.clone();
+    long.inputs[3].push(1.0);
+    cases.push(("values, its shape", long));
+    let mut missing = good.clone();
+    missing.inputs.pop();
+    cases.push(("input vectors", missing));
+    let mut inconsistent = good.clone();
+    *inconsistent.layout.group_offsets.last_mut().unwrap() += 1;
+    cases.push(("group offsets cover", inconsistent));
+    let mut decreasing = good.clone();
+    decreasing.layout.token_offsets.swap(1, 2);
+    cases.push(("must not decrease", decreasing));
+    let mut past_end = good.clone();
+    *past_end.layout.token_offsets.last_mut().unwrap() += 1000;
+    cases.push(("values, its shape", past_end));
+    let mut no_start = good.clone();
+    no_start.layout.group_offsets[0] = 1;
+    cases.push(("must start at 0", no_start));
+    let mut crit = good.clone();
+    crit.layout.crit_offsets.push(0);
+    cases.push(("criterion offsets", crit));
+    let mut empty = good.clone();
+    empty.layout.token_offsets.clear();
+    cases.push(("must start at 0", empty));
+    let mut huge = good.clone();
+    huge.inputs[0][0] = 1e300;
+    cases.push(("beyond the range of f32", huge));
+    for (wanted, batch) in cases {
+        let error = kernel
+            .run(&batch, &Context::default())
+            .expect_err("malformed batch accepted");
+        assert!(error.0.contains(wanted), "expected `{wanted}`: {error}");
+        assert!(error.0.starts_with("malformed batch"), "{error}");
+    }
+    // A packed batch in the wrong precision.
+    let mut packed = kernel.pack(&good).unwrap();
+    packed.inputs[0] = Column::F64(good.inputs[0].clone());
+    let error = kernel.run_packed(&packed, &Context::default()).unwrap_err();
+    assert!(error.0.contains("stored as f64"), "{error}");
+    let packed = PackedBatch {
+        layout: Layout {
+            group_offsets: vec![0, 5],
+            ..good.layout.clone()
+        },
+        inputs: kernel.pack(&good).unwrap().inputs,
+    };
+    assert!(kernel.run_packed(&packed, &Context::default()).is_err());
+    assert_eq!(
+        kernel.launches(),
+        launched,
+        "a kernel ran on a malformed batch"
+    );
+}
+
+#[test]
+fn non_finite_outputs_are_errors_like_the_interpreter() {
+    let graph = graph_of_source(
+        "nan",
+        "input logp : f32[tok] policy
+         input score : f32[resp]
+         reward = log(score - 0.5)
+         advantage = reward
+         loss = mean(logp * score over tok, batch)",
+    );
+    let kernel = Kernel::compile(&graph, &Options::default()).unwrap();
+    let batch = synthetic::batch(&graph, &Spec::default());
+    let batch = rounded(&graph, &batch);
+    let e = evaluate(&graph, &batch, &Context::default()).unwrap_err();
+    let a = kernel.run(&batch, &Context::default()).unwrap_err();
+    assert_eq!(e, a);
+}
+
+#[test]
+fn typical_recipes_compile_quickly() {
+    for name in ["dapo.rlx", "grpo.rlx", "darling.rlx"] {
+        let path = root().join("recipes").join(name);
+        let Some(graph) = graph_of(&path) else {
+            continue;
+        };
+        let kernel = Kernel::compile(&graph, &Options::default()).unwrap();
+        // Reported, not asserted (timings depend on the machine and the build profile).
+        eprintln!(
+            "{name}: planned and compiled in {:.1} ms, {} token passes",
+            kernel.compile_time().as_secs_f64() * 1e3,
+            kernel.plan().token_passes()
+        );
+    }
+}
