@@ -131,7 +131,13 @@ fn hand_worked_cases_match() {
                 .collect(),
             _ => Vec::new(),
         };
-        let scored = match rlx_runtime::score::score(&recipe, &rollouts, &overrides, true) {
+        let scored = match rlx_runtime::score::score_with_backend(
+            &recipe,
+            &rollouts,
+            &overrides,
+            true,
+            rlx_runtime::score::Backend::Jit,
+        ) {
             Ok(scored) => scored.document,
             Err(message) => {
                 match expected.get("error").and_then(Value::as_str) {
@@ -373,4 +379,56 @@ fn bad_rollouts_exit_1_and_write_nothing() {
         assert!(!out.exists(), "{name}: --out was written on error");
     }
     std::fs::remove_dir_all(&directory).ok();
+}
+
+/// Every shipped recipe scores a generated rollout file (written from a random batch, read back by the
+/// rollout reader): the file round-trips to the same batch, and scoring it gives the interpreter's result.
+#[test]
+fn every_recipe_scores_a_generated_rollout_file() {
+    let mut recipes: Vec<PathBuf> = std::fs::read_dir(root().join("recipes"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rlx"))
+        .collect();
+    recipes.sort();
+    for path in recipes {
+        let recipe = check(&path);
+        let graph = rlx_compiler::compile_graph(&recipe, &[]).unwrap();
+        let batch = synthetic::batch(&graph, &synthetic::Spec::default());
+        let text = synthetic::to_jsonl(&graph, &batch);
+        let read = rlx_runtime::rollouts::read_rollouts(&text, &recipe).unwrap_or_else(|e| {
+            panic!(
+                "{}: generated rollouts do not read back: {e}",
+                path.display()
+            )
+        });
+        // Without a token-level input a rollout file cannot say how long responses are.
+        let has_tokens = graph
+            .inputs
+            .iter()
+            .any(|i| i.shape.level == rlx_compiler::ir::Level::Tok);
+        if has_tokens {
+            assert_eq!(
+                read.batch,
+                batch,
+                "{}: rollout file round trip",
+                path.display()
+            );
+        } else {
+            assert_eq!(
+                read.batch.inputs,
+                batch.inputs,
+                "{}: rollout file round trip",
+                path.display()
+            );
+        }
+        let scored = rlx_runtime::score::score(&recipe, &text, &[], true)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .document;
+        let direct = evaluate(&graph, &read.batch, &Context::default()).unwrap();
+        if let Some(loss) = direct.loss {
+            assert_eq!(scored["loss"].as_f64(), Some(loss), "{}", path.display());
+        }
+    }
 }

@@ -1,1 +1,128 @@
-fn main() {}
+//! Fused JIT kernels against the reference interpreter and a memory-bandwidth bound, on 64 groups × 8
+//! responses × 1024 tokens: `recipes/dapo.rlx` (or grpo.rlx) and `recipes/darling.rlx`. Throughput is
+//! in tokens (criterion's "elements"). Run: `cargo bench -p rlx-runtime --bench jit`.
+//!
+//! - `interpreter`: `interp::evaluate` (f64).
+//! - `jit 1 thread` / `jit all threads`: `Kernel::run_packed` on a batch packed once (f32 storage, f64
+//!   accumulation), loss, metrics, advantages and gradients included, in a 1-thread rayon pool and in the
+//!   global pool.
+//! - `bandwidth bound`: read every input column once and write a gradient-sized f32 buffer once (what
+//!   any implementation must at least do), on 1 thread and on all threads.
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use rayon::prelude::*;
+
+use rlx_runtime::interp::{evaluate, Context};
+use rlx_runtime::kernel::{Column, Kernel, Options, PackedBatch};
+use rlx_runtime::synthetic::{self, Spec};
+
+fn recipe_graph(name: &str) -> Option<rlx_compiler::ir::Graph> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../recipes")
+        .join(name);
+    if !path.exists() {
+        return None;
+    }
+    let checked = rlx_compiler::check_path(&path).expect("recipe is readable");
+    let recipe = checked.recipe.expect("recipe checks clean");
+    Some(rlx_compiler::compile_graph(&recipe, &[]).expect("recipe compiles"))
+}
+
+/// Read every input once, write one gradient-sized buffer once.
+fn bandwidth(batch: &PackedBatch, gradient: &mut [f32], parallel: bool) -> f64 {
+    let chunk = 1 << 14;
+    let mut total = 0.0f64;
+    for column in &batch.inputs {
+        total += match column {
+            Column::F32(values) if parallel => values
+                .par_chunks(chunk)
+                .map(|c| c.iter().map(|x| f64::from(*x)).sum::<f64>())
+                .sum::<f64>(),
+            Column::F32(values) => values.iter().map(|x| f64::from(*x)).sum::<f64>(),
+            Column::F64(values) => values.iter().sum::<f64>(),
+        };
+    }
+    let value = total as f32;
+    if parallel {
+        gradient
+            .par_chunks_mut(chunk)
+            .for_each(|c| c.iter_mut().for_each(|g| *g = value));
+    } else {
+        gradient.iter_mut().for_each(|g| *g = value);
+    }
+    total
+}
+
+fn kernels(c: &mut Criterion) {
+    let spec = Spec {
+        groups: 64,
+        responses: 8,
+        tokens: 1024,
+        ragged: false,
+        singleton: false,
+        ..Spec::default()
+    };
+    let first = if recipe_graph("dapo.rlx").is_some() {
+        "dapo.rlx"
+    } else {
+        "grpo.rlx"
+    };
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("a thread pool");
+    for recipe in [first, "darling.rlx"] {
+        let Some(graph) = recipe_graph(recipe) else {
+            continue;
+        };
+        let batch = synthetic::batch(&graph, &spec);
+        let kernel = Kernel::compile(&graph, &Options::default()).expect("the JIT supports it");
+        let packed = kernel.pack(&batch).expect("a valid batch");
+        let tokens = batch.layout.tokens();
+        let context = Context::default();
+        let input_bytes: usize = packed
+            .inputs
+            .iter()
+            .map(|c| {
+                c.len()
+                    * match c {
+                        Column::F32(_) => 4,
+                        Column::F64(_) => 8,
+                    }
+            })
+            .sum();
+        eprintln!(
+            "{recipe}: {tokens} tokens, compiled in {:.1} ms, {} token passes, inputs {:.1} MiB, kernel buffers {:.1} MiB (outputs included), {} threads",
+            kernel.compile_time().as_secs_f64() * 1e3,
+            kernel.plan().token_passes(),
+            input_bytes as f64 / (1 << 20) as f64,
+            kernel.scratch_bytes(&batch.layout) as f64 / (1 << 20) as f64,
+            rayon::current_num_threads(),
+        );
+        let mut group = c.benchmark_group(recipe);
+        group.sample_size(10);
+        group.throughput(Throughput::Elements(tokens as u64));
+        group.bench_function("interpreter", |b| {
+            b.iter(|| evaluate(&graph, &batch, &context).expect("evaluates"))
+        });
+        group.bench_function("jit 1 thread", |b| {
+            b.iter(|| one.install(|| kernel.run_packed(&packed, &context).expect("runs")))
+        });
+        group.bench_function("jit all threads", |b| {
+            b.iter(|| kernel.run_packed(&packed, &context).expect("runs"))
+        });
+        let mut gradient = vec![0f32; tokens];
+        group.bench_function("bandwidth bound 1 thread", |b| {
+            b.iter(|| black_box(bandwidth(&packed, &mut gradient, false)))
+        });
+        group.bench_function("bandwidth bound all threads", |b| {
+            b.iter(|| black_box(bandwidth(&packed, &mut gradient, true)))
+        });
+        group.finish();
+    }
+}
+
+criterion_group!(benches, kernels);
+criterion_main!(benches);

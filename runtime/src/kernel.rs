@@ -357,6 +357,30 @@ impl Kernel {
         self.launches.load(Ordering::Relaxed)
     }
 
+    /// Bytes a run allocates for one phase's buffers at most (outputs included, inputs not): on a
+    /// typical recipe, the token-level gradients plus O(groups + responses).
+    pub fn scratch_bytes(&self, layout: &Layout) -> usize {
+        let Ok(tables) = self.tables(layout) else {
+            return 0;
+        };
+        self.plan
+            .phases
+            .iter()
+            .map(|phase| {
+                phase
+                    .buffers
+                    .iter()
+                    .filter(|b| !matches!(b.kind, BufferKind::Input(_)))
+                    .map(|b| {
+                        let copies = if b.per_group { tables.groups } else { 1 };
+                        tables.size(&b.shape).unwrap_or(0) * copies * b.storage.bytes()
+                    })
+                    .sum::<usize>()
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Planning and code generation time.
     pub fn compile_time(&self) -> Duration {
         self.compile_time

@@ -6,15 +6,32 @@ use rlx_compiler::hir::Recipe;
 use rlx_compiler::ir::Level;
 
 use crate::interp::{evaluate, Context};
+use crate::kernel::{Kernel, Options, Precision};
 use crate::rollouts::read_rollouts;
+
+/// Which engine evaluates the recipe.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Backend {
+    /// The f64 reference interpreter.
+    Interp,
+    /// Compiled kernels (`crate::kernel`), with f64 storage and accumulation so the scores are those of
+    /// the interpreter up to summation order; falls back to the interpreter when the recipe has no
+    /// kernel form.
+    #[default]
+    Jit,
+}
 
 /// The result document and the warnings met on the way.
 pub struct Scored {
     pub document: Value,
+    /// Warnings about the rollouts.
     pub warnings: Vec<String>,
+    /// Why the JIT was not used, when `Backend::Jit` fell back to the interpreter.
+    pub fallback: Option<String>,
 }
 
-/// Score `rollouts` (JSONL text) with `recipe`, params overridden by `overrides`.
+/// Score `rollouts` (JSONL text) with `recipe`, params overridden by `overrides`, on the reference
+/// interpreter (`score_with_backend` chooses the engine).
 ///
 /// The document is `{"loss", "metrics": {NAME: x}, "responses": [{"group", "reward", "advantage",
 /// "kept"}] (input order), "grad": {INPUT: …}}` (`grad` only when `with_gradients`); see
@@ -25,9 +42,44 @@ pub fn score(
     overrides: &[(String, f64)],
     with_gradients: bool,
 ) -> Result<Scored, String> {
+    score_with_backend(recipe, rollouts, overrides, with_gradients, Backend::Interp)
+}
+
+/// `score` on the chosen engine (`rlx score --backend`).
+pub fn score_with_backend(
+    recipe: &Recipe,
+    rollouts: &str,
+    overrides: &[(String, f64)],
+    with_gradients: bool,
+    backend: Backend,
+) -> Result<Scored, String> {
     let graph = rlx_compiler::compile_graph(recipe, overrides)?;
     let read = read_rollouts(rollouts, recipe).map_err(|e| e.to_string())?;
-    let outcome = evaluate(&graph, &read.batch, &Context::default()).map_err(|e| e.to_string())?;
+    let context = Context::default();
+    let mut fallback = None;
+    let kernel = match backend {
+        Backend::Interp => None,
+        Backend::Jit => {
+            let options = Options {
+                accumulate: Precision::F64,
+                storage: Precision::F64,
+            };
+            match Kernel::compile(&graph, &options) {
+                Ok(kernel) => Some(kernel),
+                Err(error) => {
+                    fallback = Some(format!(
+                        "the JIT cannot compile this recipe ({error}); using the interpreter"
+                    ));
+                    None
+                }
+            }
+        }
+    };
+    let outcome = match &kernel {
+        Some(kernel) => kernel.run(&read.batch, &context),
+        None => evaluate(&graph, &read.batch, &context),
+    }
+    .map_err(|e| e.to_string())?;
     let layout = &read.batch.layout;
     let responses = layout.responses();
     let groups = layout.response_groups();
@@ -87,5 +139,6 @@ pub fn score(
     Ok(Scored {
         document: Value::Object(document),
         warnings: read.warnings,
+        fallback,
     })
 }

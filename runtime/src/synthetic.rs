@@ -138,3 +138,68 @@ pub fn batch(graph: &Graph, spec: &Spec) -> Batch {
         .collect();
     Batch { layout, inputs }
 }
+
+/// A batch as a rollout file (docs/formats.md): one JSON line per response, the inverse of
+/// `rollouts::read_rollouts`. Groups are named by their index.
+pub fn to_jsonl(graph: &Graph, batch: &Batch) -> String {
+    use serde_json::{Map, Value};
+    let mut geometry = Geometry::new(
+        batch.layout.clone(),
+        graph.rubrics.iter().map(|r| r.criteria.len()).collect(),
+    );
+    let groups = batch.layout.response_groups();
+    let value = |elem: Elem, x: f64| match elem {
+        Elem::Bool => Value::Bool(x != 0.0),
+        Elem::I32 => Value::from(x as i64),
+        Elem::F32 => Value::from(x),
+    };
+    // For each input: the base element (at the input's level) of each of its elements.
+    let bases: Vec<Vec<usize>> = graph
+        .inputs
+        .iter()
+        .map(|input| {
+            geometry
+                .map(
+                    &input.shape,
+                    &rlx_compiler::ir::Shape::new(input.shape.level),
+                )
+                .to_vec()
+        })
+        .collect();
+    let mut out = String::new();
+    for (response, &group) in groups.iter().enumerate() {
+        let mut line = Map::new();
+        line.insert("group".into(), Value::from(group));
+        for ((input, values), bases) in graph.inputs.iter().zip(&batch.inputs).zip(&bases) {
+            let mine: Vec<Value> = match input.shape.level {
+                Level::Tok => {
+                    let tokens = batch.layout.token_offsets[response]
+                        ..batch.layout.token_offsets[response + 1];
+                    tokens.map(|t| value(input.elem, values[t])).collect()
+                }
+                level => {
+                    let base = match level {
+                        Level::Batch => 0,
+                        Level::Group => group,
+                        _ => response,
+                    };
+                    bases
+                        .iter()
+                        .zip(values)
+                        .filter(|(b, _)| **b == base)
+                        .map(|(_, x)| value(input.elem, *x))
+                        .collect()
+                }
+            };
+            let entry = if input.shape.level == Level::Tok || input.shape.feature.is_some() {
+                Value::Array(mine)
+            } else {
+                mine.into_iter().next().unwrap_or(Value::Null)
+            };
+            line.insert(input.name.clone(), entry);
+        }
+        out.push_str(&Value::Object(line).to_string());
+        out.push('\n');
+    }
+    out
+}

@@ -20,10 +20,10 @@ use rlx_runtime::synthetic::{self, Spec};
 
 /// f64 accumulation: |jit − interp| ≤ 1e-5 · max(|jit|, |interp|) + 1e-9.
 const F64_TOLERANCE: (f64, f64) = (1e-5, 1e-9);
-/// f32 accumulation (registers, reductions and buffers in f32): 2e-3 relative + 1e-4 absolute. Token
-/// sums of a few hundred f32 terms and the exp/log round trips of a loss lose about 3–4 digits in the
-/// worst element; everything else agrees to ~1e-6.
-const F32_TOLERANCE: (f64, f64) = (2e-3, 1e-4);
+/// f32 accumulation (registers, reductions and the kernel's buffers in f32): 1e-3 relative + 1e-5
+/// absolute. Measured on these batches: everything passes at 1e-4 + 1e-6; the worst case is a loss that
+/// cancels to ~3e-4 (SAPO), where f32 sums lose the 4th digit.
+const F32_TOLERANCE: (f64, f64) = (1e-3, 1e-5);
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -442,8 +442,11 @@ fn empty_responses_and_edge_cases_agree() {
             continue;
         };
         let kernel = Kernel::compile(&graph, &Options::default()).unwrap();
-        let mut spec = Spec::default();
-        spec.tokens = 1; // lengths of 1: a single token per response
+        // Lengths of 1: a single token per response.
+        let spec = Spec {
+            tokens: 1,
+            ..Spec::default()
+        };
         let batch = rounded(&graph, &synthetic::batch(&graph, &spec));
         let e = evaluate(&graph, &batch, &Context::default());
         let a = kernel.run(&batch, &Context::default());
@@ -705,6 +708,74 @@ fn typical_recipes_compile_quickly() {
             "{name}: planned and compiled in {:.1} ms, {} token passes",
             kernel.compile_time().as_secs_f64() * 1e3,
             kernel.plan().token_passes()
+        );
+    }
+}
+
+/// The inline `exp` (fdlibm's algorithm, no call) against `f64::exp`: within 1 ulp over the whole range,
+/// with the edge cases (overflow, underflow, subnormals, ±∞, NaN) of the libm function.
+#[test]
+fn inline_exp_matches_libm() {
+    let graph = graph_of_source("exp", "input x : f32[resp]\nreward = exp(x)");
+    let options = Options {
+        accumulate: Precision::F64,
+        storage: Precision::F64,
+    };
+    let kernel = Kernel::compile(&graph, &options).unwrap();
+    let mut xs: Vec<f64> = vec![
+        0.0,
+        -0.0,
+        1e-300,
+        -1e-300,
+        0.5,
+        1.0,
+        -1.0,
+        709.78,
+        709.782_712_893_384,
+        709.782_712_893_385,
+        710.0,
+        1e10,
+        -700.0,
+        -708.4,
+        -720.0,
+        -745.0,
+        -745.133_219_101_941_1,
+        -746.0,
+        -1e10,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+    ];
+    let mut rng = synthetic::Rng::new(7);
+    xs.extend((0..20_000).map(|_| rng.range(-750.0, 712.0)));
+    xs.extend((0..20_000).map(|_| rng.range(-3.0, 3.0)));
+    // A non-finite reward is an error (as in the interpreter): check those one by one.
+    for x in xs.iter().filter(|x| !x.exp().is_finite()) {
+        let single = Batch {
+            layout: Layout::from_counts(&[1], &[0], &[], 0).unwrap(),
+            inputs: vec![vec![*x]],
+        };
+        let error = kernel.run(&single, &Context::default()).unwrap_err();
+        assert!(error.0.contains("reward"), "exp({x}): {error}");
+    }
+    let finite: Vec<f64> = xs.iter().copied().filter(|x| x.exp().is_finite()).collect();
+    let layout = Layout::from_counts(&[finite.len()], &vec![0; finite.len()], &[], 0).unwrap();
+    let batch = Batch {
+        layout,
+        inputs: vec![finite.clone()],
+    };
+    let outcome = kernel.run(&batch, &Context::default()).unwrap();
+    let reward = outcome.reward.unwrap();
+    for (x, got) in finite.iter().zip(&reward) {
+        let expected = x.exp();
+        let ulp = if expected == 0.0 {
+            f64::from_bits(1)
+        } else {
+            (f64::from_bits(expected.abs().to_bits() + 1) - expected.abs()).abs()
+        };
+        assert!(
+            (got - expected).abs() <= ulp,
+            "exp({x}): {got} vs libm {expected}"
         );
     }
 }

@@ -48,12 +48,16 @@ enum Command {
         file: PathBuf,
         /// The representation to print: `ast` (parsed, JSON), `hir` (checked and typed, JSON), `ir`
         /// (the dataflow graph with the loss gradient, readable text), `ir-json`, `plan` (the fused
-        /// kernel passes, readable text) or `plan-json`.
+        /// kernel passes, readable text), `plan-json` or `torch` (a PyTorch module for verl and TRL,
+        /// docs/scale.md).
         #[arg(long, value_enum)]
         emit: Emit,
         /// Override a param before lowering: `--set beta=0.01` (repeatable).
         #[arg(long = "set", value_name = "NAME=VALUE")]
         set: Vec<String>,
+        /// Write the output to FILE instead of standard output (with `--emit torch`).
+        #[arg(short = 'o', long = "out", value_name = "FILE")]
+        out: Option<PathBuf>,
     },
 }
 
@@ -71,6 +75,7 @@ enum Emit {
     IrJson,
     Plan,
     PlanJson,
+    Torch,
 }
 
 fn main() -> ExitCode {
@@ -82,7 +87,21 @@ fn main() -> ExitCode {
             print!("{}", rlx_compiler::docgen::stdlib_markdown());
             ExitCode::SUCCESS
         }
-        Command::Compile { file, emit, set } => compile(&file, emit, &set),
+        Command::Compile {
+            file,
+            emit: Emit::Torch,
+            set,
+            out,
+        } => torch(&file, &set, out.as_deref()),
+        Command::Compile {
+            out: Some(_), emit, ..
+        } if emit != Emit::Torch => {
+            eprintln!("error: `-o` is supported with `--emit torch`; redirect standard output");
+            ExitCode::from(2)
+        }
+        Command::Compile {
+            file, emit, set, ..
+        } => compile(&file, emit, &set),
     }
 }
 
@@ -192,6 +211,7 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
         }
     };
     match emit {
+        Emit::Torch => torch(path, set, None),
         Emit::Ast => {
             let mut sources = rlx_compiler::SourceMap::new();
             let file = sources.add(
@@ -258,6 +278,61 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
                 }
             }
         }
+    }
+}
+
+/// `--emit torch`: the recipe as a self-contained PyTorch module (docs/scale.md).
+fn torch(path: &std::path::Path, set: &[String], out: Option<&std::path::Path>) -> ExitCode {
+    let overrides: Vec<(String, f64)> = match set.iter().map(|s| rlx::parse_override(s)).collect() {
+        Ok(overrides) => overrides,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    let (text, checked) = match std::fs::read_to_string(path)
+        .and_then(|text| Ok((text, rlx_compiler::check_path(path)?)))
+    {
+        Ok(read) => read,
+        Err(error) => {
+            eprintln!("error: cannot read {}: {error}", path.display());
+            return ExitCode::from(2);
+        }
+    };
+    if !checked.diagnostics.is_empty() {
+        let name = path.display().to_string();
+        eprint!(
+            "{}",
+            render_human(&name, &checked.diagnostics, &checked.sources, color())
+        );
+    }
+    let Some(recipe) = &checked.recipe else {
+        return ExitCode::from(1);
+    };
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "recipe".into());
+    let info = rlx_compiler::export::ModuleInfo::new(&stem, &path.display().to_string(), &text);
+    let module = match rlx_compiler::export::recipe_to_torch(recipe, &overrides, &info) {
+        Ok(module) => module,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    match out {
+        None => {
+            print!("{module}");
+            ExitCode::SUCCESS
+        }
+        Some(file) => match rlx::write_atomically(file, &module) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("error: cannot write {}: {error}", file.display());
+                ExitCode::from(2)
+            }
+        },
     }
 }
 

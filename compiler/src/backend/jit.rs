@@ -321,6 +321,7 @@ pub fn compile(graph: &Graph, plan: &KernelPlan, keep_clif: bool) -> Result<JitK
                     shims: refs,
                     bases: HashMap::new(),
                     values: HashMap::new(),
+                    conds: HashMap::new(),
                     c: Coords::default(),
                     accumulators: HashMap::new(),
                     table: None,
@@ -332,10 +333,16 @@ pub fn compile(graph: &Graph, plan: &KernelPlan, keep_clif: bool) -> Result<JitK
             }
             if keep_clif {
                 clif.push(format!("; {name}\n{}", context.func.display()));
+                context.set_disasm(true);
             }
             module
                 .define_function(id, &mut context)
                 .map_err(|e| format!("cranelift could not compile pass {pass_index}: {e:?}"))?;
+            if keep_clif {
+                if let Some(code) = context.compiled_code().and_then(|c| c.vcode.clone()) {
+                    clif.push(format!("; {name} (machine code)\n{code}"));
+                }
+            }
             module.clear_context(&mut context);
             phase_ids.push(Some(id));
         }
@@ -410,6 +417,9 @@ struct Gen<'a, 'b> {
     /// Base pointers loaded at entry, by table slot.
     bases: HashMap<usize, ClifValue>,
     values: HashMap<NodeId, ClifValue>,
+    /// For nodes that are conditions (comparisons, `and`, `or`, `not`): the `i8` truth value, so
+    /// `where`/`and`/`or` test it directly instead of comparing the 0/1 float with 0.
+    conds: HashMap<NodeId, ClifValue>,
     c: Coords,
     /// Register accumulators and scan carries, by action index.
     accumulators: HashMap<usize, Accumulator>,
@@ -671,10 +681,79 @@ impl Gen<'_, '_> {
         self.b.ins().select(condition, one, zero)
     }
 
-    fn nonzero(&mut self, x: ClifValue) -> ClifValue {
+    /// `x != 0` (unordered: NaN counts as true, as in Rust), or the node's own truth value.
+    fn condition(&mut self, node: NodeId, x: ClifValue) -> ClifValue {
+        if let Some(condition) = self.conds.get(&node) {
+            return *condition;
+        }
         let zero = self.fconst(0.0);
-        // `!=` is unordered: NaN counts as true, as in Rust.
         self.b.ins().fcmp(FloatCC::NotEqual, x, zero)
+    }
+
+    /// eˣ in f64 without a call (fdlibm's `e_exp.c`: k = round(x/ln 2), r = x − k·ln 2 in two parts,
+    /// a degree-5 rational correction, then ·2ᵏ in two steps so that subnormal results stay exact to
+    /// rounding); error below 1 ulp. Overflow gives +∞, underflow 0, NaN stays NaN.
+    fn exp_f64(&mut self, x: ClifValue) -> ClifValue {
+        const INV_LN2: f64 = std::f64::consts::LOG2_E;
+        const LN2_HI: f64 = 6.931_471_803_691_238e-1;
+        const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
+        const P: [f64; 5] = [
+            1.666_666_666_666_660_2e-1,
+            -2.777_777_777_701_559_3e-3,
+            6.613_756_321_437_934e-5,
+            -1.653_390_220_546_525_2e-6,
+            4.138_136_797_057_238_5e-8,
+        ];
+        let c = |gen: &mut Self, v: f64| gen.b.ins().f64const(v);
+        let low = c(self, -746.0);
+        let high = c(self, 710.0);
+        let clamped = self.b.ins().fmax(x, low);
+        let clamped = self.b.ins().fmin(clamped, high);
+        let inv_ln2 = c(self, INV_LN2);
+        let scaled = self.b.ins().fmul(clamped, inv_ln2);
+        let k = self.b.ins().nearest(scaled);
+        let ln2_hi = c(self, LN2_HI);
+        let ln2_lo = c(self, LN2_LO);
+        let k_hi = self.b.ins().fmul(k, ln2_hi);
+        let hi = self.b.ins().fsub(clamped, k_hi);
+        let lo = self.b.ins().fmul(k, ln2_lo);
+        let r = self.b.ins().fsub(hi, lo);
+        let t = self.b.ins().fmul(r, r);
+        let mut poly = c(self, P[4]);
+        for coefficient in P[..4].iter().rev() {
+            let coefficient = c(self, *coefficient);
+            let product = self.b.ins().fmul(t, poly);
+            poly = self.b.ins().fadd(coefficient, product);
+        }
+        let tp = self.b.ins().fmul(t, poly);
+        let corr = self.b.ins().fsub(r, tp);
+        let rc = self.b.ins().fmul(r, corr);
+        let two = c(self, 2.0);
+        let denominator = self.b.ins().fsub(two, corr);
+        let quotient = self.b.ins().fdiv(rc, denominator);
+        let inner = self.b.ins().fsub(lo, quotient);
+        let inner = self.b.ins().fsub(inner, hi);
+        let one = c(self, 1.0);
+        let y = self.b.ins().fsub(one, inner);
+        // 2ᵏ = 2^(k − k/2) · 2^(k/2), each a normal number for |k| ≤ 1076.
+        let ki = self.b.ins().fcvt_to_sint_sat(I64, k);
+        let k1 = self.b.ins().sshr_imm_s(ki, 1);
+        let k2 = self.b.ins().isub(ki, k1);
+        let mut result = y;
+        for part in [k1, k2] {
+            let biased = self.b.ins().iadd_imm_s(part, 1023);
+            let bits = self.b.ins().ishl_imm_u(biased, 52);
+            let power = self.b.ins().bitcast(types::F64, MemFlagsData::new(), bits);
+            result = self.b.ins().fmul(result, power);
+        }
+        let overflow = c(self, 709.782_712_893_384);
+        let underflow = c(self, -745.133_219_101_941_1);
+        let infinity = c(self, f64::INFINITY);
+        let zero = c(self, 0.0);
+        let over = self.b.ins().fcmp(FloatCC::GreaterThan, x, overflow);
+        let under = self.b.ins().fcmp(FloatCC::LessThan, x, underflow);
+        let result = self.b.ins().select(under, zero, result);
+        self.b.ins().select(over, infinity, result)
     }
 
     /// `f64::max` / `f64::min`: NaN operands are ignored, ties give the first operand.
@@ -763,10 +842,12 @@ impl Gen<'_, '_> {
                 self.b.ins().fneg(a)
             }
             Op::Not => {
-                let a = arg(0)?;
-                let zero = self.fconst(0.0);
-                let is_zero = self.b.ins().fcmp(FloatCC::Equal, a, zero);
-                self.truth(is_zero)
+                // a == 0 is !(a != 0), NaN included.
+                let a = self.condition(node.args[0], arg(0)?);
+                let one = self.b.ins().iconst(types::I8, 1);
+                let not = self.b.ins().bxor(a, one);
+                self.conds.insert(entry.node, not);
+                self.truth(not)
             }
             Op::Add | Op::Sub | Op::Mul | Op::Div => {
                 let (a, b) = (arg(0)?, arg(1)?);
@@ -783,7 +864,24 @@ impl Gen<'_, '_> {
             }
             Op::Min | Op::Max => {
                 let (a, b) = (arg(0)?, arg(1)?);
-                self.extreme(a, b, node.op == Op::Max)
+                let constant = |k: usize| match graph.node(node.args[k]).op {
+                    Op::Const(v) => !v.is_nan(),
+                    _ => false,
+                };
+                let max = node.op == Op::Max;
+                if constant(0) || constant(1) {
+                    // Against a constant k: a NaN x gives k, as `f64::max`/`min` do; one compare.
+                    let (x, k) = if constant(1) { (a, b) } else { (b, a) };
+                    let cc = if max {
+                        FloatCC::GreaterThan
+                    } else {
+                        FloatCC::LessThan
+                    };
+                    let better = self.b.ins().fcmp(cc, x, k);
+                    self.b.ins().select(better, x, k)
+                } else {
+                    self.extreme(a, b, max)
+                }
             }
             Op::Eq | Op::Ne | Op::Lt | Op::Le | Op::Gt | Op::Ge => {
                 let (a, b) = (arg(0)?, arg(1)?);
@@ -796,25 +894,36 @@ impl Gen<'_, '_> {
                     _ => FloatCC::GreaterThanOrEqual,
                 };
                 let condition = self.b.ins().fcmp(cc, a, b);
+                self.conds.insert(entry.node, condition);
                 self.truth(condition)
             }
             Op::And | Op::Or => {
-                let (a, b) = (arg(0)?, arg(1)?);
-                let (a, b) = (self.nonzero(a), self.nonzero(b));
+                let a = self.condition(node.args[0], arg(0)?);
+                let b = self.condition(node.args[1], arg(1)?);
                 let both = if node.op == Op::And {
                     self.b.ins().band(a, b)
                 } else {
                     self.b.ins().bor(a, b)
                 };
+                self.conds.insert(entry.node, both);
                 self.truth(both)
             }
             Op::Select => {
-                let (condition, yes, no) = (arg(0)?, arg(1)?, arg(2)?);
-                let condition = self.nonzero(condition);
+                let (yes, no) = (arg(1)?, arg(2)?);
+                let condition = self.condition(node.args[0], arg(0)?);
                 self.b.ins().select(condition, yes, no)
             }
-            Op::Exp
-            | Op::Log
+            Op::Exp => {
+                let a = arg(0)?;
+                if self.ft == types::F64 {
+                    self.exp_f64(a)
+                } else {
+                    let wide = self.b.ins().fpromote(types::F64, a);
+                    let e = self.exp_f64(wide);
+                    self.b.ins().fdemote(types::F32, e)
+                }
+            }
+            Op::Log
             | Op::Log1p
             | Op::Tanh
             | Op::Sin
@@ -825,7 +934,6 @@ impl Gen<'_, '_> {
             | Op::Softplus => {
                 let a = arg(0)?;
                 let name = match node.op {
-                    Op::Exp => "exp",
                     Op::Log => "log",
                     Op::Log1p => "log1p",
                     Op::Tanh => "tanh",

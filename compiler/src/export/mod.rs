@@ -18,18 +18,23 @@ use crate::ir::{Graph, NodeId};
 /// Why a recipe cannot be exported: the feature the exporter does not support, and a message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExportError {
-    /// The op or feature, e.g. `a token-level value with a feature axis`.
+    /// The op or feature, e.g. `a token-level value with a feature axis` (empty for a usage error such
+    /// as an unknown param).
     pub feature: String,
     pub message: String,
 }
 
 impl std::fmt::Display for ExportError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the torch exporter does not support {}: {}",
-            self.feature, self.message
-        )
+        if self.feature.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(
+                f,
+                "the torch exporter does not support {}: {}",
+                self.feature, self.message
+            )
+        }
     }
 }
 
@@ -85,7 +90,7 @@ pub fn symbolic_graph(
 ) -> Result<SymbolicGraph, ExportError> {
     let values =
         crate::ir::lower::param_values(recipe, overrides).map_err(|message| ExportError {
-            feature: "these params".into(),
+            feature: String::new(),
             message,
         })?;
     let mut symbolic = recipe.clone();

@@ -453,11 +453,11 @@ def _layout(batch, needed):
     `crit_mask` [B, C], `step` and `progress`."""
     tensors = [value for value in batch.values() if torch.is_tensor(value)]
     device = tensors[0].device if tensors else torch.device("cpu")
-    dtype = torch.float32
-    for name in needed:
-        value = batch.get(name)
-        if torch.is_tensor(value) and value.is_floating_point():
-            dtype = torch.promote_types(dtype, value.dtype)
+    # The inputs' floating dtype (at least float32); float64 when they are plain numbers.
+    floating = [batch[name].dtype for name in needed if torch.is_tensor(batch.get(name)) and batch[name].is_floating_point()]
+    dtype = torch.float32 if floating else torch.float64
+    for other in floating:
+        dtype = torch.promote_types(dtype, other)
     mask = batch.get("response_mask")
     if mask is None:
         for name in needed:
@@ -510,8 +510,9 @@ def _input(L, batch, name):
             raise KeyError(f"recipe `{RECIPE}` needs input `{name}` ({shape}) and the batch has none")
         return _expand(L, default, shape)
     value = torch.as_tensor(value, device=L.device).to(L.dtype)
-    rows = {"batch": (), "group": (L.B,), "resp": (L.B,), "tok": (L.B, L.T)}[level]
-    expected = rows + L.shape(shape)[len(rows) if level != "group" else 1 :]
+    expected = L.shape(shape)
+    if level == "group":
+        expected = (L.B,) + expected[1:]
     if level == "batch" and feature is None and value.numel() == 1:
         value = value.reshape(())
     if tuple(value.shape) != tuple(expected):
@@ -629,20 +630,30 @@ def _loss_given(batch, config, params, advantages):
     if _LOSS_GIVEN_ADVANTAGE is None:
         raise NotImplementedError(_LOSS_GIVEN_ADVANTAGE_WHY)
     run, needed, metric_runs = _LOSS_GIVEN_ADVANTAGE
-    missing = _missing(batch, needed)
+    available = {name for name in INPUTS if batch.get(name) is not None or INPUTS[name][1] is not None}
+    if batch.get("index") is not None:
+        available.add("index")
+    missing = [name for name in needed if name not in available]
     if missing:
         raise KeyError(
             f"the loss of recipe `{RECIPE}` needs {', '.join(f'`{n}`' for n in missing)}, which the batch lacks"
         )
-    available = [name for name in INPUTS if batch.get(name) is not None or INPUTS[name][1] is not None]
-    L, x = _prepare(batch, config, params, [name for name in INPUTS if name in available])
-    v = {ADVANTAGE_VAR: _advantage_per_response(advantages, L.tmask).to(device=L.device, dtype=L.dtype)}
-    value = run(L, x, v)
+    metric_runs = {
+        name: metric_run
+        for name, (metric_run, metric_needs) in metric_runs.items()
+        if all(n in available for n in metric_needs)
+    }
+    wanted = set(needed)
+    for name, (_, metric_needs) in _LOSS_GIVEN_ADVANTAGE[2].items():
+        if name in metric_runs:
+            wanted.update(metric_needs)
+    L, x = _prepare(batch, config, params, [name for name in INPUTS if name in wanted])
+    v = {"advantage": _advantage_per_response(advantages, L.tmask).to(device=L.device, dtype=L.dtype)}
+    value = _t(L, run(L, x, v))
     metrics = {}
     with torch.no_grad():
-        for name, (metric_run, metric_needs) in metric_runs.items():
-            if all(n in available for n in metric_needs):
-                metrics[name] = float(metric_run(L, x, dict(v)))
+        for name, metric_run in metric_runs.items():
+            metrics[name] = float(metric_run(L, x, dict(v)))
     return value, metrics
 
 
@@ -666,7 +677,7 @@ def trl_batch(inputs, per_token_logps, **extra):
     return {key: value for key, value in batch.items() if value is not None}
 
 
-def _agg_scale(L, loss_agg_mode, config):
+def _agg_scale(response_mask, loss_agg_mode, config):
     """verl sums the losses of micro-batches and data-parallel ranks (`agg_loss` with
     `global_batch_info`); the recipe's loss is a mean over the micro-batch, so rescale it as verl's
     `loss_agg_mode` would: by the micro-batch's share of the global tokens (or sequences) × dp."""
@@ -675,12 +686,13 @@ def _agg_scale(L, loss_agg_mode, config):
         info = config.get("global_batch_info") if hasattr(config, "get") else getattr(config, "global_batch_info", None)
     info = info or {}
     dp = info.get("dp_size") or 1
-    if loss_agg_mode == "token-mean":
+    mask = torch.as_tensor(response_mask) != 0
+    if loss_agg_mode == "token-mean":  # (counts in float64: exact)
         total = info.get("batch_num_tokens")
-        return 1.0 if total is None else L.tmask.sum().to(L.dtype) / total * dp
+        return 1.0 if total is None else mask.sum().double() / total * dp
     if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
         total = info.get("global_batch_size")
-        return 1.0 if total is None else L.tmask.any(1).sum().to(L.dtype) / total * dp
+        return 1.0 if total is None else mask.any(-1).sum().double() / total * dp
     if loss_agg_mode == "token-sum":
         return float(dp)
     raise ValueError(f"unknown loss_agg_mode `{loss_agg_mode}`")
@@ -699,8 +711,8 @@ def policy_loss(
     averaged over each response's tokens) in place of the recipe's, as `(loss, metrics)`. The loss
     is rescaled for verl's micro-batch and data-parallel sums according to `loss_agg_mode` (set it
     to the recipe's aggregation); params come from PARAMS (regenerate with `rlxc compile --set`)."""
-    if _LOSS_GIVEN_ADVANTAGE is None:
-        raise NotImplementedError(_LOSS_GIVEN_ADVANTAGE_WHY)
+    if POLICY_LOSS_WHY is not None:
+        raise NotImplementedError(POLICY_LOSS_WHY)
     batch = {"response_mask": response_mask, POLICY_INPUT: log_prob}
     if "old_logp" in INPUTS:
         batch["old_logp"] = old_log_prob
@@ -713,8 +725,7 @@ def policy_loss(
             )
         batch["rollout_is_weights"] = rollout_is_weights
     value, metrics = _loss_given(batch, None, {}, advantages)
-    L = _layout(batch, [POLICY_INPUT])
-    scale = _agg_scale(L, loss_agg_mode, config)
+    scale = _agg_scale(response_mask, loss_agg_mode, config)
     return value * scale, {f"actor/{name}": metric for name, metric in metrics.items()}
 
 
@@ -724,23 +735,19 @@ def advantage_estimator(token_level_rewards, response_mask, index=None, config=N
     (verl's `uid`). Returns (advantages, returns), both the advantage broadcast over the tokens."""
     if _ADVANTAGE_GIVEN_REWARD is None:
         raise NotImplementedError(_ADVANTAGE_GIVEN_REWARD_WHY)
-    keep_run, keep_shapes, advantage_run, shapes = _ADVANTAGE_GIVEN_REWARD
+    keep_run, advantage_run, shapes = _ADVANTAGE_GIVEN_REWARD
     mask = torch.as_tensor(response_mask)
     batch = {"response_mask": mask, "index": index}
-    L, x = _prepare(batch, None, {}, [])
-    v = {REWARD_VAR: token_level_rewards.sum(-1).to(L.dtype)}
+    L, x = _prepare(batch, None, {}, [name for name in INPUTS if INPUTS[name][1] is not None])
+    v = {"reward": token_level_rewards.sum(-1).to(L.dtype)}
     sel = None
     size = L.B
     if keep_run is not None:
         kept = _kept(L, keep_run(L, x, v))
         L, x, v, sel = _select(L, x, v, kept, shapes)
-    advantage = _scatter(L, sel, advantage_run(L, x, v), size)
+    advantage = _scatter(L, sel, _per_response(L, advantage_run(L, x, v), ADVANTAGE_SHAPE), size)
     advantage = advantage[:, None].to(token_level_rewards.dtype) * mask.to(token_level_rewards.dtype)
     return advantage, advantage
-
-
-def _single_response_batch(values):
-    return {name: [value] for name, value in values.items()}
 
 
 def make_compute_score(inputs_fn=None):
@@ -777,33 +784,72 @@ compute_score = make_compute_score()
 
 
 def _reward_only(batch, config=None, **params):
+    if _reward is None:
+        raise NotImplementedError(f"recipe `{RECIPE}` has no reward section")
     missing = _missing(batch, REWARD_INPUTS)
     if missing:
         raise KeyError(
             f"the reward of recipe `{RECIPE}` needs {', '.join(f'`{n}`' for n in missing)}, which were not given"
         )
     L, x = _prepare(batch, config, params, REWARD_INPUTS)
-    v = {}
     with torch.no_grad():
-        _reward(L, x, v)
-    return _per_response(L, v[REWARD_VAR], REWARD_SHAPE)
+        return _per_response(L, _reward(L, x, {}), REWARD_SHAPE)
 
 
-def make_reward_func(inputs_fn=None):
+def _advantage_only(batch, config=None, **params):
+    """Reward, keep and advantage stages alone (what a reward stage can compute)."""
+    if _advantage is None:
+        raise NotImplementedError(f"recipe `{RECIPE}` has no advantage section")
+    missing = _missing(batch, _ADVANTAGE_INPUTS)
+    if missing:
+        raise KeyError(
+            f"the advantage of recipe `{RECIPE}` needs {', '.join(f'`{n}`' for n in missing)}, which were not given"
+        )
+    with torch.no_grad():
+        L, x = _prepare(batch, config, params, _ADVANTAGE_INPUTS)
+        v = {}
+        size, sel = L.B, None
+        if _reward is not None:
+            _reward(L, x, v)
+        if _keep is not None:
+            kept = _kept(L, _keep(L, x, v))
+            L, x, v, sel = _select(L, x, v, kept, _PHASE1_SHAPES)
+        return _scatter(L, sel, _per_response(L, _advantage(L, x, v), ADVANTAGE_SHAPE), size)
+
+
+def make_reward_func(inputs_fn=None, output="reward"):
     """A TRL reward function `f(prompts, completions, completion_ids=None, **kwargs) -> list[float]`
     computing the recipe's reward. Completions with the same prompt form a group (so group terms
     such as diversity see the whole group when TRL scores it together). The reward's inputs come from
     `inputs_fn(prompts=…, completions=…, completion_ids=…, **kwargs)` (a dict of per-completion
     lists), then the dataset columns TRL passes as keyword arguments; token counts from
-    `completion_ids`, and a token-level input named `ids` from the token ids."""
+    `completion_ids`, and a token-level input named `ids` from the token ids.
+
+    With output="advantage" it returns the recipe's advantage instead (0 for responses its `keep`
+    filters drop): with GRPOConfig(scale_rewards="none"), TRL's centring leaves a zero-mean advantage
+    unchanged, so TRL trains on the recipe's own advantages."""
+    if output not in ("reward", "advantage"):
+        raise ValueError("output is 'reward' or 'advantage'")
 
     def reward_func(prompts, completions, completion_ids=None, **kwargs):
         columns = {k: v for k, v in kwargs.items() if k in INPUTS}
         if inputs_fn is not None:
-            columns.update(inputs_fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs) or {})
+            columns.update(
+                inputs_fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs) or {}
+            )
         size = len(completions)
-        batch = {name: value for name, value in columns.items()}
-        batch["index"] = [repr(prompt) for prompt in prompts]
+        batch = {"index": [repr(prompt) for prompt in prompts]}
+        for name, column in columns.items():
+            level, feature = _parse(INPUTS[name][0])
+            if level == "batch":
+                batch[name] = column[0] if isinstance(column, (list, tuple)) else column
+            elif feature == "crit":  # ragged: pad, and say which criteria each prompt has
+                rows = [list(row) for row in column]
+                width = max((len(row) for row in rows), default=0)
+                batch[name] = [row + [0.0] * (width - len(row)) for row in rows]
+                batch["crit_mask"] = [[True] * len(row) + [False] * (width - len(row)) for row in rows]
+            else:
+                batch[name] = column
         if completion_ids is not None:
             longest = max((len(ids) for ids in completion_ids), default=0)
             mask = torch.zeros((size, longest), dtype=torch.bool)
@@ -814,9 +860,10 @@ def make_reward_func(inputs_fn=None):
             batch["response_mask"] = mask
             if "ids" in INPUTS and "ids" not in batch:
                 batch["ids"] = ids
-        return [float(r) for r in _reward_only(batch)]
+        values = _reward_only(batch) if output == "reward" else _advantage_only(batch)
+        return [float(r) for r in values]
 
-    reward_func.__name__ = NAME
+    reward_func.__name__ = NAME if output == "reward" else f"{NAME}_advantage"
     return reward_func
 
 
@@ -833,7 +880,7 @@ def _register_with_verl():
         from verl.trainer.ppo import core_algos
     except Exception:  # verl present but not importable here: nothing to register
         return False
-    if _LOSS_GIVEN_ADVANTAGE is not None:
+    if POLICY_LOSS_WHY is None:
         core_algos.register_policy_loss(NAME)(policy_loss)
     if _ADVANTAGE_GIVEN_REWARD is not None:
         registry = core_algos.ADV_ESTIMATOR_REGISTRY

@@ -166,6 +166,12 @@ struct Stage {
     ret: Ret,
 }
 
+/// What the stages of a path read (variable, source) and pass on.
+struct PathPlan {
+    reads: Vec<Vec<(String, String)>>,
+    exports: Vec<Vec<NodeId>>,
+}
+
 struct Emitter<'a> {
     graph: &'a Graph,
     symbolic: &'a SymbolicGraph,
@@ -500,22 +506,16 @@ impl<'a> Emitter<'a> {
         None
     }
 
-    /// Emit the functions of one evaluation path; `cut` nodes are read from `v[key]`. Returns, per
-    /// stage, the nodes it exports (for phase-1 shapes).
-    fn emit_path(
-        &self,
-        out: &mut String,
-        stages: &[Stage],
-        cut: &HashMap<NodeId, &str>,
-    ) -> Vec<Vec<NodeId>> {
+    /// What each stage of a path reads from `x`/`v` and passes on in `v`; `cut` nodes are read
+    /// from `v[key]`.
+    fn plan_path(&self, stages: &[Stage], cut: &HashMap<NodeId, &str>) -> PathPlan {
         let cut_set: HashSet<NodeId> = cut.keys().copied().collect();
         let computed_in: HashMap<NodeId, usize> = stages
             .iter()
             .enumerate()
             .flat_map(|(s, stage)| stage.nodes.iter().map(move |id| (*id, s)))
             .collect();
-        // What each stage reads from earlier stages.
-        let reads: Vec<Vec<NodeId>> = stages
+        let reads: Vec<Vec<(String, String)>> = stages
             .iter()
             .enumerate()
             .map(|(s, stage)| {
@@ -527,45 +527,59 @@ impl<'a> Emitter<'a> {
                     Ret::Node(id) => referenced.push(*id),
                     Ret::Keeps(keeps) => referenced.extend(keeps.iter().map(|(_, id)| *id)),
                 }
-                let mut seen = HashSet::new();
                 referenced.sort();
+                referenced.dedup();
                 referenced
                     .into_iter()
-                    .filter(|id| seen.insert(*id))
-                    .filter(|id| {
-                        cut_set.contains(id)
-                            || matches!(self.node(*id).op, Op::Input(_))
-                            || computed_in.get(id).is_some_and(|&other| other < s)
+                    .filter_map(|id| {
+                        let name = self.var[id.0 as usize].clone();
+                        if let Some(key) = cut.get(&id) {
+                            Some((name, format!("v[\"{key}\"]")))
+                        } else if let Op::Input(i) = self.node(id).op {
+                            let input = &self.graph.inputs[i as usize].name;
+                            Some((name, format!("x[{}]", py_str(input))))
+                        } else if computed_in.get(&id).is_some_and(|&other| other < s) {
+                            Some((name.clone(), format!("v[\"{name}\"]")))
+                        } else {
+                            None
+                        }
                     })
                     .collect()
             })
             .collect();
         let mut exports: Vec<Vec<NodeId>> = vec![Vec::new(); stages.len()];
-        for (s, stage_reads) in reads.iter().enumerate() {
-            for id in stage_reads {
-                if let Some(&from) = computed_in.get(id) {
-                    if from < s && !cut_set.contains(id) && !exports[from].contains(id) {
-                        exports[from].push(*id);
-                    }
+        for (s, stage) in stages.iter().enumerate() {
+            for id in &stage.nodes {
+                let name = &self.var[id.0 as usize];
+                let later = reads[s + 1..].iter().any(|r| {
+                    r.iter()
+                        .any(|(n, source)| n == name && source.starts_with("v["))
+                });
+                if later && !cut_set.contains(id) {
+                    exports[s].push(*id);
                 }
             }
         }
-        for export in &mut exports {
-            export.sort();
-        }
+        PathPlan { reads, exports }
+    }
+
+    /// Write a path's stage functions; `aliases[s]` names an identical function already written.
+    fn write_path(
+        &self,
+        out: &mut String,
+        stages: &[Stage],
+        plan: &PathPlan,
+        aliases: &[Option<String>],
+    ) {
         for (s, stage) in stages.iter().enumerate() {
-            let _ = writeln!(out, "\ndef {}(L, x, v):", stage.function);
+            if let Some(Some(existing)) = aliases.get(s) {
+                let _ = writeln!(out, "\n\n{} = {existing}  # the same nodes", stage.function);
+                continue;
+            }
+            let _ = writeln!(out, "\n\ndef {}(L, x, v):", stage.function);
             let _ = writeln!(out, "    \"\"\"{}\"\"\"", stage.doc);
-            for id in &reads[s] {
-                let name = &self.var[id.0 as usize];
-                if let Some(key) = cut.get(id) {
-                    let _ = writeln!(out, "    {name} = v[\"{key}\"]");
-                } else if let Op::Input(i) = self.node(*id).op {
-                    let input = &self.graph.inputs[i as usize].name;
-                    let _ = writeln!(out, "    {name} = x[{}]", py_str(input));
-                } else {
-                    let _ = writeln!(out, "    {name} = v[\"{name}\"]");
-                }
+            for (name, source) in &plan.reads[s] {
+                let _ = writeln!(out, "    {name} = {source}");
             }
             for id in &stage.nodes {
                 let node = self.node(*id);
@@ -577,7 +591,7 @@ impl<'a> Emitter<'a> {
                     type_text(self.graph, node.elem, &node.shape)
                 );
             }
-            for id in &exports[s] {
+            for id in &plan.exports[s] {
                 let name = &self.var[id.0 as usize];
                 let _ = writeln!(out, "    v[\"{name}\"] = {name}");
             }
@@ -601,7 +615,35 @@ impl<'a> Emitter<'a> {
                 }
             }
         }
-        exports
+    }
+
+    /// For each stage of `stages`, an identical stage of `full` (same nodes, reads and result, and
+    /// passing on at least what is needed), by function name.
+    fn aliases(
+        stages: &[Stage],
+        plan: &PathPlan,
+        full: &[Stage],
+        full_plan: &PathPlan,
+    ) -> Vec<Option<String>> {
+        stages
+            .iter()
+            .enumerate()
+            .map(|(s, stage)| {
+                full.iter().enumerate().find_map(|(f, other)| {
+                    let same_ret = match (&stage.ret, &other.ret) {
+                        (Ret::Node(a), Ret::Node(b)) => a == b,
+                        _ => false,
+                    };
+                    let same = same_ret
+                        && stage.nodes == other.nodes
+                        && plan.reads[s] == full_plan.reads[f]
+                        && plan.exports[s]
+                            .iter()
+                            .all(|id| full_plan.exports[f].contains(id));
+                    same.then(|| other.function.clone())
+                })
+            })
+            .collect()
     }
 
     fn shapes_dict(&self, nodes: &[NodeId], extra: &[(&str, String)]) -> String {
@@ -697,7 +739,7 @@ impl<'a> Emitter<'a> {
         let none: HashSet<NodeId> = HashSet::new();
         let mut done = vec![false; g.nodes.len()];
         let mut stages = Vec::new();
-        let mut take = |roots: &[NodeId], done: &mut Vec<bool>| {
+        let take = |roots: &[NodeId], done: &mut Vec<bool>| {
             let nodes = self.stage_nodes(roots, &none, done);
             for id in &nodes {
                 done[id.0 as usize] = true;
@@ -751,9 +793,13 @@ impl<'a> Emitter<'a> {
                 ret: Ret::Node(*id),
             });
         }
-        let exports = self.emit_path(&mut out, &stages, &HashMap::new());
-        let phase_one_exports: Vec<NodeId> =
-            exports[..phase_one].iter().flatten().copied().collect();
+        let plan = self.plan_path(&stages, &HashMap::new());
+        self.write_path(&mut out, &stages, &plan, &[]);
+        let phase_one_exports: Vec<NodeId> = plan.exports[..phase_one]
+            .iter()
+            .flatten()
+            .copied()
+            .collect();
         let mut all_nodes: Vec<NodeId> = stages.iter().flat_map(|s| s.nodes.clone()).collect();
         all_nodes.sort();
         let returns: Vec<NodeId> = output_roots(o);
@@ -763,17 +809,46 @@ impl<'a> Emitter<'a> {
             "\n\n# Recipe inputs the outputs read.\n_ALL_INPUTS = {}",
             Self::tuple(&all_inputs)
         );
-        if has_keeps {
-            let _ = writeln!(
-                out,
-                "# Shapes of the values phase 1 (reward, keep) passes to phase 2.\n_PHASE1_SHAPES = {}",
-                self.shapes_dict(&phase_one_exports, &[])
-            );
+        let _ = writeln!(
+            out,
+            "# Shapes of the values phase 1 (reward, keep) passes to phase 2.\n_PHASE1_SHAPES = {}",
+            self.shapes_dict(&phase_one_exports, &[])
+        );
+        let mut advantage_nodes: Vec<NodeId> = stages
+            .iter()
+            .filter(|s| ["_reward", "_keep", "_advantage"].contains(&s.function.as_str()))
+            .flat_map(|s| s.nodes.clone())
+            .collect();
+        advantage_nodes.sort();
+        let advantage_roots: Vec<NodeId> = o
+            .reward
+            .iter()
+            .chain(o.advantage.iter())
+            .copied()
+            .chain(o.keeps.iter().map(|(_, id)| *id))
+            .collect();
+        let _ = writeln!(
+            out,
+            "# Recipe inputs the reward, keep and advantage stages read.\n_ADVANTAGE_INPUTS = {}",
+            Self::tuple(&self.inputs_read(&advantage_nodes, &advantage_roots))
+        );
+        let missing: Vec<&str> = [
+            ("_reward", o.reward.is_some()),
+            ("_keep", has_keeps),
+            ("_advantage", o.advantage.is_some()),
+            ("_loss", o.loss.is_some()),
+        ]
+        .iter()
+        .filter(|(_, present)| !present)
+        .map(|(name, _)| *name)
+        .collect();
+        for name in missing {
+            let _ = writeln!(out, "{name} = None  # the recipe has no such section");
         }
         self.evaluate(&mut out, has_keeps);
 
         // The adapters' paths.
-        self.loss_given_advantage(&mut out);
+        self.loss_given_advantage(&mut out, &stages, &plan);
         self.advantage_given_reward(&mut out);
         self.reward_metadata(&mut out);
 
@@ -889,7 +964,7 @@ impl<'a> Emitter<'a> {
     }
 
     /// The loss (and metrics) with the advantage given: verl's `policy_loss`, TRL's `loss`.
-    fn loss_given_advantage(&self, out: &mut String) {
+    fn loss_given_advantage(&self, out: &mut String, full: &[Stage], full_plan: &PathPlan) {
         let o = &self.graph.outputs;
         let _ = writeln!(
             out,
@@ -937,7 +1012,9 @@ impl<'a> Emitter<'a> {
                 ret: Ret::Node(*id),
             });
         }
-        self.emit_path(out, &stages, &cut);
+        let plan = self.plan_path(&stages, &cut);
+        let aliases = Self::aliases(&stages, &plan, full, full_plan);
+        self.write_path(out, &stages, &plan, &aliases);
         let loss_inputs = self.inputs_read(&loss_nodes, &[loss]);
         let loss_group = self.group_reason(&loss_nodes, &[loss]);
         let mut loss_needs = loss_inputs.clone();
@@ -1091,11 +1168,12 @@ impl<'a> Emitter<'a> {
             );
             return;
         }
-        let exports = self.emit_path(out, &stages, &cut);
+        let plan = self.plan_path(&stages, &cut);
+        self.write_path(out, &stages, &plan, &[]);
         let keep_exports: Vec<NodeId> = if o.keeps.is_empty() {
             Vec::new()
         } else {
-            exports[0].clone()
+            plan.exports[0].clone()
         };
         let _ = writeln!(
             out,
@@ -1119,7 +1197,7 @@ impl<'a> Emitter<'a> {
             None => {
                 let _ = writeln!(
                     out,
-                    "_reward = None\nREWARD_SHAPE = \"resp\"\nREWARD_INPUTS = ()\nREWARD_PER_RESPONSE = False\nREWARD_GROUP_WHY = \"the recipe has no reward section\""
+                    "REWARD_SHAPE = \"resp\"\nREWARD_INPUTS = ()\nREWARD_PER_RESPONSE = False\nREWARD_GROUP_WHY = \"the recipe has no reward section\""
                 );
             }
             Some(reward) => {

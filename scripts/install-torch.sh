@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Install CPU-capable PyTorch (and, with --with-verl, verl's loss registry) for the torch export tests
+# (tests/export.rs) into a virtual environment of its own: $RLX_TORCH_VENV, by default
+# ~/.cache/rlx/torch (outside the repository, so a later clone on the same machine reuses it). The tests
+# use $RLX_PYTHON, else `python3` if it imports torch, else that environment's python.
+#
+# PyPI has no CPU-only torch for Linux x86_64: `pip install torch` pulls the CUDA build and its NVIDIA
+# libraries (about 2.8 GB downloaded, 5.3 GB installed; measured at about 3.5 minutes on a CI machine:
+# 80 s download, 115 s install). Without them `import torch` fails (libtorch_cuda.so needs them), so
+# there is no smaller install from PyPI; the CUDA code is simply unused on a machine without a GPU.
+# CPU-only wheels exist only on PyTorch's own index, which this project's machines cannot reach.
+#
+# --with-verl adds verl (pinned, without its dependencies: Ray clusters, vLLM and friends are not needed)
+# and the few packages `verl.trainer.ppo.core_algos` imports, so that the registry test runs: about
+# 1 minute more.
+#
+# Idempotent: does nothing when the packages already import. Exit status 0 even when PyPI cannot be
+# reached (the tests then say they are skipped); 1 on a real installation error.
+set -uo pipefail
+
+VENV="${RLX_TORCH_VENV:-$HOME/.cache/rlx/torch}"
+WITH_VERL=0
+for argument in "$@"; do
+    case "$argument" in
+        --with-verl) WITH_VERL=1 ;;
+        *) echo "usage: $0 [--with-verl]" >&2; exit 2 ;;
+    esac
+done
+
+if [ ! -x "$VENV/bin/python" ]; then
+    mkdir -p "$(dirname "$VENV")"
+    python3 -m venv "$VENV" || { echo "install-torch: cannot create a virtual environment at $VENV" >&2; exit 1; }
+fi
+PYTHON="$VENV/bin/python"
+
+imports() { "$PYTHON" -c "import $1" >/dev/null 2>&1; }
+
+pip_install() {
+    local attempt
+    for attempt in 1 2; do
+        if "$PYTHON" -m pip install --disable-pip-version-check --progress-bar off "$@"; then
+            return 0
+        fi
+        echo "install-torch: pip install $* failed (attempt $attempt)" >&2
+        sleep 5
+    done
+    return 1
+}
+
+start=$(date +%s)
+if imports torch; then
+    echo "install-torch: torch $("$PYTHON" -c 'import torch; print(torch.__version__)') is already installed"
+else
+    echo "install-torch: installing torch from PyPI into $VENV (about 2.8 GB)"
+    if ! pip_install "torch>=2.1"; then
+        echo "install-torch: WARNING: torch could not be installed; the torch export tests will be skipped" >&2
+        exit 0
+    fi
+    imports torch || { echo "install-torch: torch installed but does not import" >&2; exit 1; }
+    echo "install-torch: torch $("$PYTHON" -c 'import torch; print(torch.__version__)') installed in $(( $(date +%s) - start )) s"
+fi
+
+if [ "$WITH_VERL" = 1 ]; then
+    if imports verl.trainer.ppo.core_algos; then
+        echo "install-torch: verl's core_algos already imports"
+    else
+        verl_start=$(date +%s)
+        # verl's own dependency list pins a whole training stack; core_algos needs only these.
+        if pip_install --no-deps "verl==0.9.1" \
+            && pip_install numpy omegaconf packaging ray tensordict transformers codetiming orjson; then
+            if imports verl.trainer.ppo.core_algos; then
+                echo "install-torch: verl installed in $(( $(date +%s) - verl_start )) s"
+            else
+                echo "install-torch: WARNING: verl installed but core_algos does not import; the registry test will be skipped" >&2
+            fi
+        else
+            echo "install-torch: WARNING: verl could not be installed; the registry test will be skipped" >&2
+        fi
+    fi
+fi
+
+echo "install-torch: RLX_PYTHON=$PYTHON"

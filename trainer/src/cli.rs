@@ -1,0 +1,86 @@
+//! What `rlx run` does with its arguments: the config (embedded default or `--config FILE`), `--set`
+//! split between config keys (`section.key`, or a top-level key) and recipe params, `--steps`/`--seed`/
+//! `--out`, all validated before anything trains.
+
+use std::path::PathBuf;
+
+use rlx_compiler::hir::Recipe;
+
+use crate::config::{config_keys, Config, DEFAULT_CONFIG};
+use crate::train::{plan, Plan};
+
+/// The command line of `rlx run`, parsed by the binary.
+#[derive(Clone, Debug, Default)]
+pub struct RunArgs {
+    pub recipe_name: String,
+    pub config_text: Option<String>,
+    pub sets: Vec<String>,
+    pub steps: Option<usize>,
+    pub seed: Option<u64>,
+    pub out: Option<PathBuf>,
+}
+
+/// A run ready to start.
+pub struct Prepared {
+    pub config: Config,
+    pub plan: Plan,
+    pub out: PathBuf,
+}
+
+fn parse_number(name: &str, value: &str) -> Result<f64, String> {
+    match value.trim() {
+        "true" => Ok(1.0),
+        "false" => Ok(0.0),
+        number => number
+            .parse::<f64>()
+            .map_err(|_| format!("--set {name}: `{number}` is not a number, `true` or `false`")),
+    }
+}
+
+pub fn prepare(recipe: &Recipe, args: &RunArgs) -> Result<Prepared, String> {
+    let top_level: Vec<String> = config_keys()
+        .into_iter()
+        .filter(|k| !k.contains('.'))
+        .collect();
+    let mut config_sets = Vec::new();
+    let mut param_sets = Vec::new();
+    for set in &args.sets {
+        let (name, value) = set
+            .split_once('=')
+            .ok_or_else(|| format!("--set expects NAME=VALUE, got `{set}`"))?;
+        let (name, value) = (name.trim(), value.trim());
+        if name.contains('.') || top_level.iter().any(|k| k == name) {
+            config_sets.push((name.to_string(), value.to_string()));
+        } else if recipe.params.iter().any(|p| p.name == name) {
+            param_sets.push((name.to_string(), parse_number(name, value)?));
+        } else {
+            let message = rlx_compiler::ir::lower::param_values(recipe, &[(name.into(), 0.0)])
+                .err()
+                .unwrap_or_else(|| format!("unknown param `{name}`"));
+            return Err(format!(
+                "--set {name}: {message}; config keys are written `section.key` (e.g. `train.lr`)"
+            ));
+        }
+    }
+    if let Some(steps) = args.steps {
+        config_sets.push(("steps".into(), steps.to_string()));
+    }
+    if let Some(seed) = args.seed {
+        config_sets.push(("seed".into(), seed.to_string()));
+    }
+    let text = args.config_text.as_deref().unwrap_or(DEFAULT_CONFIG);
+    let config = Config::parse(text, &config_sets)?;
+    let plan = plan(recipe, &param_sets, &config)?;
+    let out = match &args.out {
+        Some(out) => out.clone(),
+        None if !config.out.is_empty() => PathBuf::from(&config.out),
+        None => {
+            let time = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            PathBuf::from(format!("runs/{}-{time}", args.recipe_name))
+        }
+    };
+    Ok(Prepared { config, plan, out })
+}

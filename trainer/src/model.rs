@@ -1,0 +1,346 @@
+//! A small Llama-style causal LM built only from differentiable candle primitives (candle's fused
+//! `rms_norm`, `softmax_last_dim` and `rope` have no backward pass): RMS norm as x / sqrt(mean(x²) + ε) · w,
+//! softmax with a detached max, rotary embeddings as x·cos + rotate_half(x)·sin, grouped-query attention,
+//! SwiGLU MLP, untied LM head. Weights are initialised from a seeded RNG, so a model is deterministic.
+
+use candle_core::{DType, Device, Result, Tensor, Var, D};
+use candle_nn::VarMap;
+use serde::{Deserialize, Serialize};
+
+use crate::rng::Rng;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub vocab: usize,
+    pub hidden: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub intermediate: usize,
+    pub rope_theta: f64,
+    pub rms_eps: f64,
+    pub max_positions: usize,
+    /// Standard deviation of the initial weights.
+    pub init_std: f64,
+}
+
+impl ModelConfig {
+    pub fn head_dim(&self) -> usize {
+        self.hidden / self.heads
+    }
+
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.heads == 0 || !self.hidden.is_multiple_of(self.heads) {
+            return Err(format!(
+                "model.hidden ({}) must be a multiple of model.heads ({})",
+                self.hidden, self.heads
+            ));
+        }
+        if self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
+            return Err(format!(
+                "model.heads ({}) must be a multiple of model.kv_heads ({})",
+                self.heads, self.kv_heads
+            ));
+        }
+        if !self.head_dim().is_multiple_of(2) {
+            return Err(
+                "the head dimension (hidden / heads) must be even for rotary embeddings".into(),
+            );
+        }
+        if self.layers == 0 || self.vocab == 0 || self.intermediate == 0 || self.max_positions == 0
+        {
+            return Err("model sizes must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+struct Block {
+    attn_norm: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    mlp_norm: Tensor,
+    gate: Tensor,
+    up: Tensor,
+    down: Tensor,
+}
+
+/// Per-layer keys and values of the positions seen so far (`[batch, kv_heads, time, head_dim]`).
+#[derive(Default)]
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+}
+
+pub struct Model {
+    pub config: ModelConfig,
+    embed: Tensor,
+    blocks: Vec<Block>,
+    norm: Tensor,
+    lm_head: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    vars: Vec<(String, Var)>,
+}
+
+/// `x @ wᵀ` for `x: [.., in]`, `w: [out, in]`.
+fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    x.broadcast_matmul(&w.t()?)
+}
+
+fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    let scale = (x.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?;
+    x.broadcast_div(&scale)?.broadcast_mul(w)
+}
+
+/// Softmax over the last axis; the max is detached (it only shifts for stability).
+pub fn softmax(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let e = x.broadcast_sub(&max)?.exp()?;
+    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+}
+
+/// Log-softmax over the last axis, differentiable (detached max).
+pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let shifted = x.broadcast_sub(&max)?;
+    let log_sum = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    shifted.broadcast_sub(&log_sum)
+}
+
+fn rotate_half(x: &Tensor) -> Result<Tensor> {
+    let half = x.dim(D::Minus1)? / 2;
+    let x1 = x.narrow(D::Minus1, 0, half)?;
+    let x2 = x.narrow(D::Minus1, half, half)?;
+    Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)
+}
+
+/// `[b, kv, t, d]` → `[b, kv·rep, t, d]` (each key/value head serves `rep` query heads).
+fn repeat_kv(x: &Tensor, rep: usize) -> Result<Tensor> {
+    if rep == 1 {
+        return Ok(x.clone());
+    }
+    let (b, kv, t, d) = x.dims4()?;
+    x.unsqueeze(2)?
+        .broadcast_as((b, kv, rep, t, d))?
+        .reshape((b, kv * rep, t, d))
+}
+
+/// An additive attention mask `[batch, 1, t, offset + t]`: query i (absolute position offset + i) of row b
+/// sees key j when j ≤ offset + i and j ≥ left_pad[b]. Masked entries are −1e9 (finite, so rows that see
+/// nothing — padding queries — give no NaN).
+pub fn attention_mask(
+    left_pad: &[usize],
+    offset: usize,
+    t: usize,
+    device: &Device,
+) -> Result<Tensor> {
+    let total = offset + t;
+    let mut mask = vec![0f32; left_pad.len() * t * total];
+    for (b, pad) in left_pad.iter().enumerate() {
+        for i in 0..t {
+            for j in 0..total {
+                if j > offset + i || j < *pad {
+                    mask[(b * t + i) * total + j] = -1e9;
+                }
+            }
+        }
+    }
+    Tensor::from_vec(mask, (left_pad.len(), 1, t, total), device)
+}
+
+impl Model {
+    /// A freshly initialised model (normal(0, init_std) matrices, unit norms), deterministic for `seed`.
+    pub fn new(config: &ModelConfig, seed: u64, device: &Device) -> Result<Model> {
+        config.validate().map_err(candle_core::Error::Msg)?;
+        let mut rng = Rng::new(seed);
+        let mut vars = Vec::new();
+        let mut param = |name: String, shape: (usize, usize), ones: bool| -> Result<Tensor> {
+            let count = shape.0 * shape.1;
+            let values: Vec<f32> = if ones {
+                vec![1.0; count]
+            } else {
+                (0..count)
+                    .map(|_| (rng.normal() * config.init_std) as f32)
+                    .collect()
+            };
+            let tensor = Tensor::from_vec(values, shape, device)?;
+            let tensor = if shape.0 == 1 {
+                tensor.squeeze(0)?
+            } else {
+                tensor
+            };
+            let var = Var::from_tensor(&tensor)?;
+            let out = var.as_tensor().clone();
+            vars.push((name, var));
+            Ok(out)
+        };
+        let (h, hd) = (config.hidden, config.head_dim());
+        let embed = param("embed".into(), (config.vocab, h), false)?;
+        let mut blocks = Vec::new();
+        for l in 0..config.layers {
+            blocks.push(Block {
+                attn_norm: param(format!("layers.{l}.attn_norm"), (1, h), true)?,
+                q: param(format!("layers.{l}.q"), (config.heads * hd, h), false)?,
+                k: param(format!("layers.{l}.k"), (config.kv_heads * hd, h), false)?,
+                v: param(format!("layers.{l}.v"), (config.kv_heads * hd, h), false)?,
+                o: param(format!("layers.{l}.o"), (h, config.heads * hd), false)?,
+                mlp_norm: param(format!("layers.{l}.mlp_norm"), (1, h), true)?,
+                gate: param(format!("layers.{l}.gate"), (config.intermediate, h), false)?,
+                up: param(format!("layers.{l}.up"), (config.intermediate, h), false)?,
+                down: param(format!("layers.{l}.down"), (h, config.intermediate), false)?,
+            });
+        }
+        let norm = param("norm".into(), (1, h), true)?;
+        let lm_head = param("lm_head".into(), (config.vocab, h), false)?;
+        // Rotary tables, [max_positions, head_dim] (the two halves repeated).
+        let half = hd / 2;
+        let mut cos = Vec::with_capacity(config.max_positions * hd);
+        let mut sin = Vec::with_capacity(config.max_positions * hd);
+        for p in 0..config.max_positions {
+            for _ in 0..2 {
+                for i in 0..half {
+                    let freq = 1.0 / config.rope_theta.powf(2.0 * i as f64 / hd as f64);
+                    let angle = p as f64 * freq;
+                    cos.push(angle.cos() as f32);
+                    sin.push(angle.sin() as f32);
+                }
+            }
+        }
+        let cos = Tensor::from_vec(cos, (config.max_positions, hd), device)?;
+        let sin = Tensor::from_vec(sin, (config.max_positions, hd), device)?;
+        Ok(Model {
+            config: config.clone(),
+            embed,
+            blocks,
+            norm,
+            lm_head,
+            cos,
+            sin,
+            vars,
+        })
+    }
+
+    /// Every trainable parameter, by name, in a fixed order.
+    pub fn vars(&self) -> &[(String, Var)] {
+        &self.vars
+    }
+
+    pub fn parameter_count(&self) -> usize {
+        self.vars.iter().map(|(_, v)| v.elem_count()).sum()
+    }
+
+    /// A `VarMap` holding this model's parameters (for `save`/`load` as safetensors).
+    pub fn varmap(&self) -> VarMap {
+        let map = VarMap::new();
+        {
+            let mut data = map.data().lock().expect("varmap lock");
+            for (name, var) in &self.vars {
+                data.insert(name.clone(), var.clone());
+            }
+        }
+        map
+    }
+
+    /// A detached copy with the same weights (the frozen reference model).
+    pub fn frozen_copy(&self) -> Result<Model> {
+        let device = self.embed.device().clone();
+        let copy = Model::new(&self.config, 0, &device)?;
+        for ((_, to), (_, from)) in copy.vars.iter().zip(&self.vars) {
+            to.set(&from.as_tensor().copy()?)?;
+        }
+        Ok(copy)
+    }
+
+    /// Hidden states after the final norm, `[batch, t, hidden]`, for `ids: [batch, t]` (u32) at
+    /// positions `offset..offset + t`. With a cache, keys/values are appended to it.
+    pub fn hidden(
+        &self,
+        ids: &Tensor,
+        offset: usize,
+        mask: &Tensor,
+        mut cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        let (b, t) = ids.dims2()?;
+        if offset + t > c.max_positions {
+            candle_core::bail!(
+                "sequence of {} positions exceeds model.max_positions ({})",
+                offset + t,
+                c.max_positions
+            );
+        }
+        let hd = c.head_dim();
+        let cos = self.cos.narrow(0, offset, t)?;
+        let sin = self.sin.narrow(0, offset, t)?;
+        let rope = |x: &Tensor| -> Result<Tensor> {
+            x.broadcast_mul(&cos)? + rotate_half(x)?.broadcast_mul(&sin)?
+        };
+        let mut x = self
+            .embed
+            .index_select(&ids.flatten_all()?, 0)?
+            .reshape((b, t, c.hidden))?;
+        if let Some(cache) = cache.as_deref_mut() {
+            cache.layers.resize(self.blocks.len(), None);
+        }
+        for (l, block) in self.blocks.iter().enumerate() {
+            let h = rms_norm(&x, &block.attn_norm, c.rms_eps)?;
+            let q = linear(&h, &block.q)?
+                .reshape((b, t, c.heads, hd))?
+                .transpose(1, 2)?
+                .contiguous()?;
+            let k = linear(&h, &block.k)?
+                .reshape((b, t, c.kv_heads, hd))?
+                .transpose(1, 2)?
+                .contiguous()?;
+            let v = linear(&h, &block.v)?
+                .reshape((b, t, c.kv_heads, hd))?
+                .transpose(1, 2)?
+                .contiguous()?;
+            let q = rope(&q)?;
+            let mut k = rope(&k)?;
+            let mut v = v;
+            if let Some(cache) = cache.as_deref_mut() {
+                if let Some((pk, pv)) = &cache.layers[l] {
+                    k = Tensor::cat(&[pk, &k], 2)?;
+                    v = Tensor::cat(&[pv, &v], 2)?;
+                }
+                cache.layers[l] = Some((k.detach(), v.detach()));
+            }
+            let rep = c.heads / c.kv_heads;
+            let k = repeat_kv(&k, rep)?;
+            let v = repeat_kv(&v, rep)?;
+            let scores =
+                (q.matmul(&k.t()?.contiguous()?)? / (hd as f64).sqrt())?.broadcast_add(mask)?;
+            let attn = softmax(&scores)?.matmul(&v)?;
+            let attn = attn
+                .transpose(1, 2)?
+                .contiguous()?
+                .reshape((b, t, c.heads * hd))?;
+            x = (x + linear(&attn, &block.o)?)?;
+            let h = rms_norm(&x, &block.mlp_norm, c.rms_eps)?;
+            let gate = linear(&h, &block.gate)?;
+            let silu = (&gate * candle_nn::ops::sigmoid(&gate)?)?;
+            let mlp = linear(&(silu * linear(&h, &block.up)?)?, &block.down)?;
+            x = (x + mlp)?;
+        }
+        rms_norm(&x, &self.norm, c.rms_eps)
+    }
+
+    /// Logits `[.., vocab]` of hidden states `[.., hidden]`.
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        linear(hidden, &self.lm_head)
+    }
+
+    /// Logits of every position, `[batch, t, vocab]` (no cache).
+    pub fn forward(&self, ids: &Tensor, left_pad: &[usize]) -> Result<Tensor> {
+        let (_, t) = ids.dims2()?;
+        let mask = attention_mask(left_pad, 0, t, ids.device())?;
+        self.logits(&self.hidden(ids, 0, &mask, None)?)
+    }
+}
+
+/// The dtype of token ids.
+pub const IDS: DType = DType::U32;

@@ -1,0 +1,163 @@
+//! The compiled recipe as a candle custom op: `logp.apply_op1(RecipeOp)` is the recipe's loss, and its
+//! backward pass hands the recipe's ∂loss/∂logp (from the interpreter or the JIT kernel) to candle, so
+//! `loss.backward()` flows into the policy's parameters.
+
+use std::sync::{Arc, Mutex};
+
+use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
+use rlx_compiler::ir::Graph;
+use rlx_runtime::batch::Batch;
+use rlx_runtime::interp::{evaluate, Context, EvalError, Outcome};
+use rlx_runtime::kernel::{Kernel, Options};
+
+/// How a compiled recipe is evaluated: the f64 reference interpreter or the cranelift kernel.
+pub enum Objective {
+    Interpreter(Graph),
+    Kernel(Box<Kernel>),
+}
+
+impl Objective {
+    /// The interpreter (always available; the oracle).
+    pub fn interpreter(graph: Graph) -> Objective {
+        Objective::Interpreter(graph)
+    }
+
+    /// The JIT kernel; an error names what it does not support (callers may fall back).
+    pub fn kernel(graph: &Graph) -> Result<Objective, String> {
+        Ok(Objective::Kernel(Box::new(Kernel::compile(
+            graph,
+            &Options::default(),
+        )?)))
+    }
+
+    pub fn graph(&self) -> &Graph {
+        match self {
+            Objective::Interpreter(graph) => graph,
+            Objective::Kernel(kernel) => kernel.graph(),
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Objective::Interpreter(_) => "interp",
+            Objective::Kernel(_) => "jit",
+        }
+    }
+
+    pub fn run(&self, batch: &Batch, context: &Context) -> Result<Outcome, EvalError> {
+        match self {
+            Objective::Interpreter(graph) => evaluate(graph, batch, context),
+            Objective::Kernel(kernel) => kernel.run(batch, context),
+        }
+    }
+}
+
+/// One application of the recipe to a batch whose differentiable input `input` (a token- or
+/// response-level f32 input, packed order) comes from the model; every other input is fixed.
+///
+/// The forward pass evaluates the recipe on the tensor's values and returns the scalar loss; the
+/// `Outcome` (rewards, advantages, metrics, gradients) is kept for the caller in `outcome()`.
+pub struct RecipeOp {
+    objective: Arc<Objective>,
+    batch: Batch,
+    input: usize,
+    context: Context,
+    outcome: Arc<Mutex<Option<Outcome>>>,
+}
+
+impl RecipeOp {
+    /// `input` names the recipe input the op's argument fills; it must be differentiable.
+    pub fn new(
+        objective: Arc<Objective>,
+        batch: Batch,
+        input: &str,
+        context: Context,
+    ) -> Result<RecipeOp, String> {
+        let graph = objective.graph();
+        let Some(index) = graph.inputs.iter().position(|i| i.name == input) else {
+            return Err(format!("the recipe has no input `{input}`"));
+        };
+        if !graph.inputs[index].differentiable {
+            return Err(format!(
+                "recipe input `{input}` is not marked `policy`, so the recipe gives no gradient for it"
+            ));
+        }
+        if graph.outputs.loss.is_none() {
+            return Err("the recipe has no `loss` section: there is nothing to train on".into());
+        }
+        Ok(RecipeOp {
+            objective,
+            batch,
+            input: index,
+            context,
+            outcome: Arc::new(Mutex::new(None)),
+        })
+    }
+
+    /// A handle on the outcome of the forward pass (filled once the op has run).
+    pub fn outcome_handle(&self) -> Arc<Mutex<Option<Outcome>>> {
+        self.outcome.clone()
+    }
+
+    /// Apply to `values` (a rank-1 f32 tensor in the input's packed element order): the scalar loss,
+    /// and the outcome of the evaluation.
+    pub fn apply(self, values: &Tensor) -> candle_core::Result<(Tensor, Outcome)> {
+        let handle = self.outcome_handle();
+        let loss = values.contiguous()?.apply_op1(self)?;
+        let outcome = handle
+            .lock()
+            .expect("outcome lock")
+            .clone()
+            .ok_or_else(|| candle_core::Error::Msg("the recipe op did not run".into()))?;
+        Ok((loss, outcome))
+    }
+
+    fn evaluate(&self, values: &[f32]) -> candle_core::Result<Outcome> {
+        let mut batch = self.batch.clone();
+        batch.inputs[self.input] = values.iter().map(|v| *v as f64).collect();
+        self.objective
+            .run(&batch, &self.context)
+            .map_err(|e| candle_core::Error::Msg(format!("recipe: {e}")))
+    }
+}
+
+impl CustomOp1 for RecipeOp {
+    fn name(&self) -> &'static str {
+        "rlx-recipe"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let slice = storage.as_slice::<f32>()?;
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("rlx-recipe: the input must be contiguous")
+        };
+        let outcome = self.evaluate(&slice[start..end])?;
+        let loss = outcome.loss.unwrap_or(0.0) as f32;
+        *self.outcome.lock().expect("outcome lock") = Some(outcome);
+        Ok((CpuStorage::F32(vec![loss]), Shape::from(())))
+    }
+
+    fn bwd(
+        &self,
+        arg: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let cached = self.outcome.lock().expect("outcome lock").clone();
+        let outcome = match cached {
+            Some(outcome) => outcome,
+            None => self.evaluate(&arg.flatten_all()?.to_vec1::<f32>()?)?,
+        };
+        let name = &self.objective.graph().inputs[self.input].name;
+        let Some((_, gradient)) = outcome.gradients.iter().find(|(n, _)| n == name) else {
+            candle_core::bail!("rlx-recipe: the recipe gives no gradient for `{name}`")
+        };
+        let gradient: Vec<f32> = gradient.iter().map(|g| *g as f32).collect();
+        let gradient = Tensor::from_vec(gradient, arg.shape(), arg.device())?;
+        Ok(Some(gradient.broadcast_mul(grad_res)?))
+    }
+}

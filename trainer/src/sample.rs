@@ -1,0 +1,158 @@
+//! Batched generation with a KV cache: temperature, top-p, a stop token, max new tokens, n samples per
+//! prompt. Prompts of different lengths are left-padded and the padding is masked out of attention
+//! (rotary embeddings are relative, so the shift does not change what a row computes).
+
+use candle_core::{Device, Result, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::model::{attention_mask, log_softmax, KvCache, Model};
+use crate::rng::Rng;
+use crate::task::PAD;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplerConfig {
+    /// Samples per prompt (the group size); 0 takes the recipe's `rollout { n }`.
+    pub n: usize,
+    /// 0 means greedy; negative takes the recipe's `rollout { temperature }` (else 1).
+    pub temperature: f64,
+    pub top_p: f64,
+    pub max_new_tokens: usize,
+}
+
+/// One generated completion: its tokens (the stop token included when it was produced) and, for each,
+/// log π(token) under the sampling model at temperature 1 without top-p — the `old_logp` a trainer
+/// recomputes for the same weights.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Completion {
+    pub tokens: Vec<u32>,
+    pub logp: Vec<f32>,
+}
+
+pub struct Settings {
+    pub temperature: f64,
+    pub top_p: f64,
+    pub max_new_tokens: usize,
+    pub stop: Option<u32>,
+}
+
+/// Left padding of each prompt to the longest, and the padded `[rows, len]` ids.
+pub fn left_pad(prompts: &[Vec<u32>]) -> (Vec<usize>, Vec<u32>, usize) {
+    let len = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let mut ids = Vec::with_capacity(prompts.len() * len);
+    let mut pads = Vec::with_capacity(prompts.len());
+    for p in prompts {
+        pads.push(len - p.len());
+        ids.extend(std::iter::repeat_n(PAD, len - p.len()));
+        ids.extend_from_slice(p);
+    }
+    (pads, ids, len)
+}
+
+/// Choose a token from `logits` (one row).
+fn choose(logits: &[f32], settings: &Settings, rng: &mut Rng) -> u32 {
+    if settings.temperature <= 0.0 {
+        return argmax(logits);
+    }
+    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let mut probs: Vec<(u32, f64)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (i as u32, (((l - max) as f64) / settings.temperature).exp()))
+        .collect();
+    let total: f64 = probs.iter().map(|p| p.1).sum();
+    for p in &mut probs {
+        p.1 /= total;
+    }
+    if settings.top_p < 1.0 {
+        probs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut mass = 0.0;
+        let mut keep = 0;
+        for p in &probs {
+            keep += 1;
+            mass += p.1;
+            if mass >= settings.top_p {
+                break;
+            }
+        }
+        probs.truncate(keep);
+    }
+    let total: f64 = probs.iter().map(|p| p.1).sum();
+    let mut u = rng.uniform() * total;
+    for p in &probs {
+        if u < p.1 {
+            return p.0;
+        }
+        u -= p.1;
+    }
+    probs.last().map(|p| p.0).unwrap_or(0)
+}
+
+fn argmax(values: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in values.iter().enumerate() {
+        if *v > values[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Generate `n` completions for each prompt; the result is prompt-major (all samples of prompt 0, then
+/// prompt 1, …), which is the packed order of groups and responses.
+pub fn generate(
+    model: &Model,
+    prompts: &[Vec<u32>],
+    n: usize,
+    settings: &Settings,
+    rng: &mut Rng,
+    device: &Device,
+) -> Result<Vec<Completion>> {
+    let rows: Vec<Vec<u32>> = prompts
+        .iter()
+        .flat_map(|p| std::iter::repeat_n(p.clone(), n))
+        .collect();
+    let batch = rows.len();
+    let (pads, ids, len) = left_pad(&rows);
+    let mut out: Vec<Completion> = (0..batch)
+        .map(|_| Completion {
+            tokens: Vec::new(),
+            logp: Vec::new(),
+        })
+        .collect();
+    if batch == 0 || settings.max_new_tokens == 0 {
+        return Ok(out);
+    }
+    let mut cache = KvCache::default();
+    let mut done = vec![false; batch];
+    let mut input = Tensor::from_vec(ids, (batch, len), device)?;
+    let mut offset = 0;
+    for _ in 0..settings.max_new_tokens {
+        let t = input.dim(1)?;
+        let mask = attention_mask(&pads, offset, t, device)?;
+        let hidden = model.hidden(&input, offset, &mask, Some(&mut cache))?;
+        let last = hidden.narrow(1, t - 1, 1)?.squeeze(1)?;
+        let logits = model.logits(&last)?.detach();
+        let logp = log_softmax(&logits)?.to_vec2::<f32>()?;
+        let logits = logits.to_vec2::<f32>()?;
+        let mut next = vec![PAD; batch];
+        for r in 0..batch {
+            if done[r] {
+                continue;
+            }
+            let token = choose(&logits[r], settings, rng);
+            out[r].tokens.push(token);
+            out[r].logp.push(logp[r][token as usize]);
+            next[r] = token;
+            if Some(token) == settings.stop {
+                done[r] = true;
+            }
+        }
+        offset += t;
+        if done.iter().all(|d| *d) {
+            break;
+        }
+        input = Tensor::from_vec(next, (batch, 1), device)?;
+    }
+    Ok(out)
+}
