@@ -27,13 +27,23 @@ use rlx_runtime::synthetic::{batch as synthetic_batch, Spec};
 
 const TOLERANCE: f64 = 1e-6;
 
+/// Recipes whose stage functions are also run through `torch.compile(fullgraph=True)` (one of each
+/// kind of op: keep filters, pairs, scans, shifts, feature axes), compared with eager execution.
+const COMPILE_CHECKED: &[&str] = &[
+    "recipes/dapo.rlx",
+    "tests/gradients/pairwise.rlx",
+    "tests/gradients/scan.rlx",
+    "tests/gradients/token_ops.rlx",
+    "tests/gradients/features.rlx",
+];
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 /// The first Python that can import `module`: `$RLX_PYTHON` if set, else `python3`, else the one
 /// `scripts/install-torch.sh` sets up (`~/.cache/rlx/torch`). None after saying why on stderr.
-fn python_with(module: &str) -> Option<String> {
+fn python_with(module: &str, install: &str) -> Option<String> {
     let candidates: Vec<String> = match std::env::var("RLX_PYTHON") {
         Ok(python) => vec![python],
         Err(_) => {
@@ -56,8 +66,8 @@ fn python_with(module: &str) -> Option<String> {
         }
     }
     eprintln!(
-        "SKIPPED: no Python here can import {module} (tried {}); the torch export tests need CPU \
-         torch (scripts/install-torch.sh; RLX_PYTHON selects a Python)",
+        "SKIPPED: no Python here can import {module} (tried {}); install it with `{install}` \
+         (RLX_PYTHON selects a Python)",
         candidates.join(", ")
     );
     None
@@ -143,7 +153,7 @@ struct Padded {
     inputs: Vec<Rows>,
 }
 
-fn feature_len(graph: &Graph, shape: &Shape, dim: usize) -> usize {
+fn feature_len(shape: &Shape, dim: usize) -> usize {
     match &shape.feature {
         Some(Feature::Dim) => dim,
         Some(Feature::Rubric { len, .. }) => *len as usize,
@@ -162,7 +172,7 @@ impl Padded {
             .zip(&batch.inputs)
             .map(|(input, values)| {
                 let shape = &input.shape;
-                let width = feature_len(graph, shape, layout.dim);
+                let width = feature_len(shape, layout.dim);
                 match shape.level {
                     Level::Batch => Rows::Batch(values.clone()),
                     Level::Tok => Rows::PerResponse(
@@ -262,6 +272,18 @@ impl Padded {
             })
             .collect();
         Batch { layout, inputs }
+    }
+
+    /// The same batch with response `r`'s tokens removed.
+    fn without_tokens(&self, graph: &Graph, r: usize) -> Padded {
+        let mut padded = self.clone();
+        padded.lengths[r] = 0;
+        for (input, rows) in graph.inputs.iter().zip(&mut padded.inputs) {
+            if let (Level::Tok, Rows::PerResponse(rows)) = (input.shape.level, rows) {
+                rows[r].clear();
+            }
+        }
+        padded
     }
 
     /// The same batch with every input that has a default set to it, except `keep` (what verl's
@@ -421,6 +443,9 @@ struct Case {
     subset: Option<(Padded, Outcome)>,
     /// The same, with defaulted inputs at their defaults (what verl's policy loss sees).
     verl: Option<(Padded, Outcome)>,
+    /// The whole batch with defaulted inputs at their defaults (what verl's advantage estimator
+    /// sees: rewards, the mask and the groups).
+    estimator: Option<Outcome>,
 }
 
 fn specs() -> Vec<(&'static str, Spec)> {
@@ -455,6 +480,15 @@ fn specs() -> Vec<(&'static str, Spec)> {
     ]
 }
 
+/// One batch to compare on: a synthetic spec, param overrides (passed to the module as its config),
+/// and whether response 1 loses its tokens.
+struct Run {
+    label: String,
+    overrides: Vec<(String, f64)>,
+    spec: Spec,
+    empty: bool,
+}
+
 /// A param override for the config test: the first finite `f32` param, nudged.
 fn nudged_param(recipe: &Recipe) -> Option<(String, f64)> {
     recipe
@@ -466,7 +500,7 @@ fn nudged_param(recipe: &Recipe) -> Option<(String, f64)> {
 
 #[test]
 fn exported_modules_match_the_interpreter() {
-    let Some(python) = python_with("torch") else {
+    let Some(python) = python_with("torch", "scripts/install-torch.sh") else {
         return;
     };
     let dir = scratch("modules");
@@ -488,19 +522,37 @@ fn exported_modules_match_the_interpreter() {
                 continue;
             }
         };
-        let mut runs: Vec<(String, Vec<(String, f64)>, Spec)> = specs()
+        let mut runs: Vec<Run> = specs()
             .into_iter()
-            .map(|(label, spec)| (label.to_string(), Vec::new(), spec))
+            .map(|(label, spec)| Run {
+                label: label.to_string(),
+                overrides: Vec::new(),
+                spec,
+                empty: false,
+            })
             .collect();
+        runs.push(Run {
+            label: "default, response 1 empty".into(),
+            overrides: Vec::new(),
+            spec: Spec::default(),
+            empty: true,
+        });
         if let Some(param) = nudged_param(&recipe) {
-            runs.push((
-                format!("default, config {}={}", param.0, param.1),
-                vec![param],
-                Spec::default(),
-            ));
+            runs.push(Run {
+                label: format!("default, config {}={}", param.0, param.1),
+                overrides: vec![param],
+                spec: Spec::default(),
+                empty: false,
+            });
         }
         let mut compared = 0;
-        for (spec_label, overrides, spec) in runs {
+        for Run {
+            label: spec_label,
+            overrides,
+            spec,
+            empty,
+        } in runs
+        {
             let graph = match rlx_compiler::compile_graph(&recipe, &overrides) {
                 Ok(graph) => graph,
                 Err(e) => {
@@ -508,7 +560,12 @@ fn exported_modules_match_the_interpreter() {
                     continue;
                 }
             };
-            let batch = synthetic_batch(&graph, &spec);
+            let mut batch = synthetic_batch(&graph, &spec);
+            if empty {
+                batch = Padded::from_batch(&graph, &batch)
+                    .without_tokens(&graph, 1)
+                    .to_batch(&graph);
+            }
             let outcome = match evaluate(&graph, &batch, &Context::default()) {
                 Ok(outcome) => outcome,
                 Err(e) => {
@@ -536,13 +593,22 @@ fn exported_modules_match_the_interpreter() {
                 .map(|i| i.name.clone())
                 .unwrap_or_default();
             let verl = all_kept(sub.with_defaults(&graph, &[&policy, "old_logp"]));
+            let estimator = evaluate(
+                &graph,
+                &padded.with_defaults(&graph, &[]).to_batch(&graph),
+                &Context::default(),
+            )
+            .ok();
             let subset = all_kept(sub);
             let mut case = json!({
                 "module": module.display().to_string(),
                 "batch": padded.to_json(&graph),
                 "differentiable": graph.inputs.iter().filter(|i| i.differentiable).map(|i| i.name.clone()).collect::<Vec<_>>(),
-                "reward": outcome.reward,
+                "reward": estimator.as_ref().and_then(|o| o.reward.clone()),
             });
+            if compared == 0 && COMPILE_CHECKED.contains(&name.as_str()) {
+                case["compile"] = json!(true);
+            }
             if !overrides.is_empty() {
                 let params: serde_json::Map<String, Json> = overrides
                     .iter()
@@ -569,6 +635,7 @@ fn exported_modules_match_the_interpreter() {
                 outcome,
                 subset,
                 verl,
+                estimator,
             });
             compared += 1;
         }
@@ -762,6 +829,22 @@ fn check_case(
         }
     }
 
+    let compiled = &result["compile"];
+    if !compiled.is_null() {
+        match error_of(compiled) {
+            Some(error) => checker
+                .failures
+                .push(format!("torch.compile(fullgraph=True): {error}")),
+            None => {
+                *seen.entry("torch.compile".into()).or_default() += 1;
+                checker.number(
+                    "torch.compile vs eager (max difference)",
+                    0.0,
+                    compiled["max_difference"].as_f64(),
+                );
+            }
+        }
+    }
     let estimator = &result["advantage_estimator"];
     if !estimator.is_null() {
         match error_of(estimator) {
@@ -770,7 +853,8 @@ fn check_case(
                 .push(format!("advantage_estimator: {error}")),
             None => {
                 *seen.entry("advantage_estimator".into()).or_default() += 1;
-                if let Some(advantage) = &outcome.advantage {
+                let expected = case.estimator.as_ref().and_then(|o| o.advantage.as_ref());
+                if let Some(advantage) = expected {
                     let got: Vec<Json> = estimator["advantage"]
                         .as_array()
                         .cloned()
@@ -828,10 +912,10 @@ fn check_case(
 
 #[test]
 fn verl_registry_serves_the_exported_loss() {
-    let Some(python) = python_with("verl.trainer.ppo.core_algos") else {
-        eprintln!(
-            "SKIPPED: the verl registry test (scripts/install-torch.sh --with-verl installs verl)"
-        );
+    let Some(python) = python_with(
+        "verl.trainer.ppo.core_algos",
+        "scripts/install-torch.sh --with-verl",
+    ) else {
         return;
     };
     let dir = scratch("verl");

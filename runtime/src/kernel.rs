@@ -543,8 +543,11 @@ impl Kernel {
             exports.insert(*node, take(&mut first, *buffer)?);
         }
         drop(first);
-        if kept.iter().all(|k| *k) {
-            // Nothing dropped: the kept batch is the batch.
+        let nothing_dropped =
+            kept.iter().all(|k| *k) && (0..layout.groups()).all(|g| layout.group_size(g) > 0);
+        if nothing_dropped {
+            // The kept batch is the batch (the selection also drops groups without responses, so
+            // this holds only when there are none).
             let mut second = self.run_phase(1, layout, tables, inputs, exports, context)?;
             return self.collect(1, &mut second, kept, reward);
         }

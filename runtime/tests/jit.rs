@@ -292,6 +292,21 @@ const EXTRA: &[(&str, &str)] = &[
          metric top = max(reward over batch)",
     ),
     (
+        "keep_pairs",
+        "input logp : f32[tok] policy
+         input score : f32[resp]
+         input cluster : i32[resp]
+         let diversity = mean(cluster != other.cluster over others)
+         let spread = max(score - other.score over others)
+         reward = score * (0.5 + diversity)
+         keep resp when spread > -0.3
+         keep group when count(reward > 0.2 over resp) >= 1
+         advantage = reward - mean(other.reward over others) + spread
+         loss = -mean(advantage * sum(logp over tok) over batch) + 0.1 * mean(logsumexp(logp over tok, resp) over batch)
+         metric d = mean(diversity over batch)
+         metric s = min(spread over batch)",
+    ),
+    (
         "elementwise",
         "input logp : f32[tok] policy
          input old_logp : f32[tok]
@@ -385,8 +400,13 @@ fn inline_recipes_cover_the_remaining_ops() {
 
 #[test]
 fn filters_drop_responses_and_groups_like_the_interpreter() {
-    let (_, text) = EXTRA[0];
-    let graph = graph_of_source("keep_resp", text);
+    for (name, text) in &EXTRA[..2] {
+        filters_agree(name, text);
+    }
+}
+
+fn filters_agree(name: &str, text: &str) {
+    let graph = graph_of_source(name, text);
     let kernel = Kernel::compile(&graph, &Options::default()).unwrap();
     let mut partial = 0;
     for seed in 1..=12 {
@@ -403,16 +423,22 @@ fn filters_drop_responses_and_groups_like_the_interpreter() {
         match (expected, actual) {
             (Ok(e), Ok(a)) => {
                 let differences = compare(&e, &a, F64_TOLERANCE);
-                assert!(differences.is_empty(), "seed {seed}: {differences:?}");
+                assert!(
+                    differences.is_empty(),
+                    "{name} seed {seed}: {differences:?}"
+                );
                 if e.kept.iter().any(|k| !k) {
                     partial += 1;
                 }
             }
             (Err(e), Err(a)) => assert_eq!(e, a),
-            (e, a) => panic!("seed {seed}: interp {e:?}, jit {a:?}"),
+            (e, a) => panic!("{name} seed {seed}: interp {e:?}, jit {a:?}"),
         }
     }
-    assert!(partial >= 3, "too few batches with dropped responses");
+    assert!(
+        partial >= 3,
+        "{name}: too few batches with dropped responses"
+    );
 }
 
 /// Empty responses (no tokens) and zero-variance groups: the empty reductions and edge cases of the
@@ -463,6 +489,63 @@ fn empty_responses_and_edge_cases_agree() {
             (e, a) => panic!("{}: interp {e:?}, jit {a:?}", path.display()),
         }
     }
+}
+
+/// A batch over `layout` with values for every input of `graph` (as `synthetic::batch` fills them).
+fn batch_for(graph: &Graph, layout: Layout, seed: u64) -> Batch {
+    let geometry = rlx_runtime::geometry::Geometry::new(
+        layout.clone(),
+        graph.rubrics.iter().map(|r| r.criteria.len()).collect(),
+    );
+    let mut rng = synthetic::Rng::new(seed);
+    let inputs = graph
+        .inputs
+        .iter()
+        .map(|input| {
+            (0..geometry.size(&input.shape))
+                .map(|_| match input.elem {
+                    Elem::Bool => f64::from(u8::from(rng.uniform() < 0.5)),
+                    Elem::I32 => rng.int(0, 2) as f64,
+                    Elem::F32 if input.name.contains("logp") => rng.range(-2.5, -0.2),
+                    Elem::F32 => rng.range(0.0, 1.0),
+                })
+                .collect()
+        })
+        .collect();
+    Batch { layout, inputs }
+}
+
+/// Empty groups, empty responses, singleton groups and a group without criteria, for every recipe.
+#[test]
+fn degenerate_layouts_agree() {
+    let layouts = [
+        Layout::from_counts(&[2, 0, 1, 3], &[0, 3, 2, 0, 4, 1], &[2, 0, 1, 3], 3).unwrap(),
+        Layout::from_counts(&[1], &[0], &[1], 2).unwrap(),
+        Layout::from_counts(&[0, 2], &[1, 1], &[0, 2], 1).unwrap(),
+    ];
+    let mut sources: Vec<(String, Graph)> = recipe_files()
+        .iter()
+        .filter_map(|p| graph_of(p).map(|g| (p.display().to_string(), g)))
+        .collect();
+    for (name, text) in EXTRA {
+        sources.push((name.to_string(), graph_of_source(name, text)));
+    }
+    let mut failures = Vec::new();
+    for (name, graph) in &sources {
+        let kernel = Kernel::compile(graph, &Options::default()).unwrap();
+        for (index, layout) in layouts.iter().enumerate() {
+            let batch = batch_for(graph, layout.clone(), index as u64 + 1);
+            agree(
+                &format!("{name} layout {index}"),
+                graph,
+                &kernel,
+                &batch,
+                F64_TOLERANCE,
+                &mut failures,
+            );
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// Every hand-worked scoring case (tests/scores/), through the rollout reader: exact storage, so the

@@ -163,6 +163,30 @@ def run_case(module, case):
 
     attempt(results, "full", full)
 
+    if case.get("compile"):
+
+        def compiled():
+            """Each stage function under torch.compile(fullgraph=True), against eager execution."""
+            batch, _ = build(module, case)
+            L, x = module._prepare(batch, case.get("config"), {}, module._ALL_INPUTS)
+            difference = 0.0
+            stages = [name for name in ("_reward", "_keep", "_advantage", "_loss") if getattr(module, name) is not None]
+            stages += [f"_metric_{name}" for name in module.METRICS]
+            v = {}
+            for name in stages:
+                function = getattr(module, name)
+                if name == "_advantage" and module._keep is not None:
+                    kept = module._kept(L, module._keep(L, x, dict(v)))
+                    L, x, v, _ = module._select(L, x, v, kept, module._PHASE1_SHAPES)
+                torch._dynamo.reset()
+                fast = torch.compile(function, backend="aot_eager", fullgraph=True)(L, x, dict(v))
+                slow = function(L, x, v)
+                if name != "_keep":
+                    difference = max(difference, float((torch.as_tensor(fast) - torch.as_tensor(slow)).abs().max()))
+            return {"max_difference": difference}
+
+        attempt(results, "compile", compiled)
+
     sub = case.get("subset")
     if sub is not None:
         rows = sub["rows"]

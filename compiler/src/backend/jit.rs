@@ -18,10 +18,12 @@
 //! to the response before loading).
 //!
 //! # Numerics
-//! Transcendental functions are calls to registered `extern "C"` shims around the same Rust functions
-//! the interpreter uses (`f64::exp`, `rlx_compiler::ir::{sigmoid, log_sigmoid, softplus, lgamma}`…), so
-//! in f64 an element-wise value is bit-identical to the interpreter's; `min`/`max` follow `f64::min`/
-//! `f64::max` (NaN is ignored), comparisons and `where` follow Rust's operators.
+//! `exp`, the hot function of every ratio and KL term, is inlined (`Gen::exp_f64`: fdlibm's algorithm,
+//! within 1 ulp of libm). The other transcendental functions are calls to registered `extern "C"` shims
+//! around the Rust functions the interpreter uses (`f64::ln`…, `rlx_compiler::ir::{sigmoid,
+//! log_sigmoid, softplus, lgamma}`), so in f64 they give the interpreter's values bit for bit.
+//! `min`/`max` follow `f64::min`/`f64::max` (a NaN operand is ignored), comparisons, `and`/`or`/`not`
+//! and `where` follow Rust's operators (NaN is true as a condition).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;

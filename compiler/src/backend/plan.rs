@@ -966,6 +966,8 @@ fn plan_phase(
         }
     }
 
+    sink_token_reductions(graph, &roles, &kind, &sinks, &mut scheduled);
+
     // Group each stage's producers into passes.
     let stages = scheduled.iter().map(|(s, _)| *s + 1).max().unwrap_or(0);
     let mut passes: Vec<Pass> = Vec::new();
@@ -1162,6 +1164,99 @@ fn plan_phase(
         outputs,
         carried: carried_list,
     })
+}
+
+/// Token passes cost memory bandwidth and transcendental calls, so a token reduction that stage 0 could
+/// compute but nothing needs before a later token pass (a KL metric, a loss numerator read only by the
+/// loss) moves into that later pass, where it shares loads and values (one `exp` for the ratio of the
+/// loss, the gradient and the clip fraction). Batch-level outputs first move to a final stage, since
+/// nothing reads them; then, from the last producer back, each token reduction moves to the latest stage
+/// before its first reader that already has a token pass it fits into.
+fn sink_token_reductions(
+    graph: &Graph,
+    roles: &[Role],
+    kind: &[Kind],
+    sinks: &[Sink],
+    scheduled: &mut [(u32, Scheduled)],
+) {
+    let last = scheduled.iter().map(|(s, _)| *s).max().unwrap_or(0);
+    for (stage, item) in scheduled.iter_mut() {
+        if matches!(item.producer, Producer::Sink(_))
+            && shape_path(&item.domain).first() != Some(&LoopKind::Group)
+        {
+            *stage = last + 1;
+        }
+    }
+    // The buffers each producer reads (through the values it computes in registers).
+    let reads: Vec<Vec<NodeId>> = scheduled
+        .iter()
+        .map(|(_, item)| {
+            let roots: Vec<NodeId> = match &item.producer {
+                Producer::Sink(position) => vec![sinks[*position].node],
+                Producer::Materialize(id) => match kind[id.0 as usize] {
+                    Kind::Reduce(Reduction::Count) => Vec::new(),
+                    _ => graph.node(*id).args.clone(),
+                },
+            };
+            buffers_read(graph, roles, roots)
+        })
+        .collect();
+    let token = |item: &Scheduled| shape_path(&item.domain).contains(&LoopKind::Tok);
+    for index in (0..scheduled.len()).rev() {
+        let (stage, item) = &scheduled[index];
+        let Producer::Materialize(id) = item.producer else {
+            continue;
+        };
+        if !matches!(kind[id.0 as usize], Kind::Reduce(_)) || !token(item) || item.host {
+            continue;
+        }
+        // Outputs aliased to the buffer have no reader: any later stage will do.
+        let latest = scheduled.iter().map(|(s, _)| *s).max().unwrap_or(0);
+        let limit = (0..scheduled.len())
+            .filter(|&other| reads[other].contains(&id))
+            .map(|other| scheduled[other].0.saturating_sub(1))
+            .min()
+            .unwrap_or(latest);
+        let path = shape_path(&item.domain);
+        let target = (stage + 1..=limit).rev().find(|&candidate| {
+            scheduled.iter().enumerate().any(|(other, (s, o))| {
+                other != index
+                    && *s == candidate
+                    && !o.host
+                    && token(o)
+                    && o.reverse.is_none()
+                    && compatible(&shape_path(&o.domain), &path)
+            })
+        });
+        if let Some(target) = target {
+            scheduled[index].0 = target;
+        }
+    }
+    // Number the stages that remain consecutively.
+    let mut used: Vec<u32> = scheduled.iter().map(|(s, _)| *s).collect();
+    used.sort_unstable();
+    used.dedup();
+    for (stage, _) in scheduled.iter_mut() {
+        *stage = used.binary_search(stage).unwrap_or(0) as u32;
+    }
+}
+
+/// Materialised nodes (buffers other than inputs and carried values) read when computing `roots`.
+fn buffers_read(graph: &Graph, roles: &[Role], roots: Vec<NodeId>) -> Vec<NodeId> {
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = roots;
+    let mut found = Vec::new();
+    while let Some(id) = stack.pop() {
+        if !seen.insert(id) {
+            continue;
+        }
+        match roles[id.0 as usize] {
+            Role::Buffer { .. } => found.push(id),
+            Role::Inline => stack.extend(graph.node(id).args.iter().copied()),
+            Role::Input(_) | Role::Carried(_) | Role::Unused => {}
+        }
+    }
+    found
 }
 
 /// Two domains share a pass when one's loop nest is a prefix of the other's, and both are (or neither
@@ -1550,4 +1645,151 @@ fn phase_text(out: &mut String, graph: &Graph, phase: &Phase) {
         line(format!("export %{}", node.0), Some(*b));
     }
     let _ = writeln!(out, "  outputs: {}", lines.join(", "));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn graph(text: &str) -> Graph {
+        let checked = crate::check_source("test.rlx", text);
+        let recipe = checked.recipe.expect("the recipe checks");
+        crate::compile_graph(&recipe, &[]).expect("lowers")
+    }
+
+    fn loops(phase: &Phase) -> Vec<&LoopPass> {
+        phase
+            .passes
+            .iter()
+            .filter_map(|p| match p {
+                Pass::Loop(l) => Some(l),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_group_mean_then_centring_takes_two_response_passes() {
+        let g = graph(
+            "input score : f32[resp]\nreward = score\nadvantage = reward - mean(reward over resp)",
+        );
+        let plan = plan(&g, &Options::default()).unwrap();
+        let passes = loops(&plan.phases[0]);
+        let resp = vec![LoopKind::Group, LoopKind::Resp];
+        assert_eq!(passes.len(), 2, "{}", plan.to_text(&g));
+        assert!(passes.iter().all(|p| p.path == resp));
+        // Pass A accumulates the group sum and count in registers; pass B reads them.
+        assert!(passes[0].actions.iter().any(|a| matches!(
+            a,
+            Action::Reduce { op: Reduction::Sum, target, .. } if target.register
+        )));
+        assert!(passes[1]
+            .entries
+            .iter()
+            .any(|e| e.load && matches!(g.node(e.node).op, Op::ReduceSum)));
+    }
+
+    #[test]
+    fn a_policy_gradient_has_no_token_buffers_but_inputs_and_gradients() {
+        let g = graph(
+            "input logp : f32[tok] policy
+             input old_logp : f32[tok]
+             input score : f32[resp]
+             let ratio = exp(logp - old_logp)
+             reward = score
+             advantage = (reward - mean(reward over resp)) / (std(reward over resp) + 1e-6)
+             loss = mean(max(-advantage * ratio, -advantage * clamp(ratio, 0.8, 1.2)) over tok, batch)
+             metric kl = mean(old_logp - logp over tok, batch)",
+        );
+        let plan = plan(&g, &Options::default()).unwrap();
+        let phase = &plan.phases[0];
+        for (id, buffer) in phase.buffers.iter().enumerate() {
+            if buffer.shape.level == Level::Tok {
+                let gradient = phase
+                    .outputs
+                    .gradients
+                    .iter()
+                    .any(|(_, b)| *b as usize == id);
+                assert!(
+                    matches!(buffer.kind, BufferKind::Input(_)) || gradient,
+                    "token buffer b{id}: {}",
+                    plan.to_text(&g)
+                );
+            }
+        }
+        // The token count (for the mean) before the gradient, everything else in the gradient's pass.
+        assert_eq!(plan.token_passes(), 2, "{}", plan.to_text(&g));
+        let last = loops(phase)
+            .into_iter()
+            .rfind(|l| l.path.contains(&LoopKind::Tok))
+            .unwrap();
+        let exps = last
+            .entries
+            .iter()
+            .filter(|e| matches!(g.node(e.node).op, Op::Exp))
+            .count();
+        assert_eq!(exps, 1, "the ratio is computed once per token");
+    }
+
+    #[test]
+    fn keep_filters_carry_what_dropping_changes() {
+        let g = graph(
+            "input logp : f32[tok] policy
+             input score : f32[resp]
+             reward = score
+             keep group when std(reward over resp) > 0
+             advantage = reward - mean(reward over resp)
+             loss = -mean(advantage * sum(logp over tok) over batch)",
+        );
+        let plan = plan(&g, &Options::default()).unwrap();
+        assert_eq!(plan.phases.len(), 2);
+        let kept = &plan.phases[1];
+        // The group mean (a reduction across responses) is carried; the reward is recomputed.
+        assert!(kept
+            .carried
+            .iter()
+            .all(|(n, _)| g.node(*n).shape.level != Level::Tok));
+        assert!(!kept.carried.is_empty());
+        let exports: Vec<NodeId> = plan.phases[0].outputs.exports.iter().map(|e| e.0).collect();
+        let carried: Vec<NodeId> = kept.carried.iter().map(|e| e.0).collect();
+        assert_eq!(exports, carried);
+    }
+
+    #[test]
+    fn pairs_and_feature_axes_plan_and_compile() {
+        let g = graph(
+            "input logp : f32[tok] policy
+             input points : f32[group, crit]
+             input met : f32[resp, crit]
+             input emb : f32[resp, dim]
+             let seq = mean(logp over tok)
+             let hb = sum(points * met over crit)
+             let near = min(1 - cos(emb * (1 + seq), other.emb) over others)
+             reward = hb
+             advantage = reward - mean(reward over resp)
+             loss = -mean(advantage * seq + near over batch)",
+        );
+        for accumulate in [Precision::F64, Precision::F32] {
+            let options = Options {
+                accumulate,
+                storage: Precision::F32,
+            };
+            let plan = plan(&g, &options).unwrap();
+            let paths: Vec<Vec<LoopKind>> = plan
+                .phases
+                .iter()
+                .flat_map(loops)
+                .map(|l| l.path.clone())
+                .collect();
+            assert!(paths.iter().any(|p| p.contains(&LoopKind::Pair)));
+            assert!(paths
+                .iter()
+                .any(|p| p.contains(&LoopKind::Feature(Feature::Crit))));
+            let kernel = crate::backend::jit::compile(&g, &plan, true).unwrap();
+            let compiled = kernel.functions.iter().flatten().flatten().count();
+            assert_eq!(compiled, paths.len());
+            // The CLIF and the machine code of every function.
+            assert_eq!(kernel.clif.len(), 2 * compiled);
+        }
+    }
 }

@@ -880,13 +880,22 @@ def _register_with_verl():
         from verl.trainer.ppo import core_algos
     except Exception:  # verl present but not importable here: nothing to register
         return False
-    if POLICY_LOSS_WHY is None:
-        core_algos.register_policy_loss(NAME)(policy_loss)
-    if _ADVANTAGE_GIVEN_REWARD is not None:
-        registry = core_algos.ADV_ESTIMATOR_REGISTRY
-        previous = registry.get(NAME)
-        if previous is not None and getattr(previous, "__module__", None) == __name__:
-            registry[NAME] = advantage_estimator  # this module, imported again
+    policy_loss.rlx_source = advantage_estimator.rlx_source = (SOURCE, SOURCE_SHA256)
+    entries = (
+        ("POLICY_LOSS_REGISTRY", policy_loss, core_algos.register_policy_loss, POLICY_LOSS_WHY is None),
+        ("ADV_ESTIMATOR_REGISTRY", advantage_estimator, core_algos.register_adv_est, _ADVANTAGE_GIVEN_REWARD is not None),
+    )
+    for registry_name, function, register, wanted in entries:
+        registry = getattr(core_algos, registry_name, {})
+        if not wanted:
+            continue
+        previous = getattr(registry.get(NAME), "rlx_source", None)
+        if previous is not None:  # an rlx module by this name was imported before: the last one wins
+            if previous != function.rlx_source:
+                import warnings
+
+                warnings.warn(f"{NAME}: replacing the verl registration of {previous[0]} by {SOURCE}")
+            registry[NAME] = function
         else:
-            core_algos.register_adv_est(NAME)(advantage_estimator)
+            register(NAME)(function)
     return True

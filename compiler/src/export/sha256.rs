@@ -81,7 +81,7 @@ mod tests {
         );
         assert_eq!(
             hex_digest(b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
-            "248d6a61d20638b8e5c026e93650c07bf1cdb419be87fc7c87f26bcb69b97aff"
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"
         );
     }
 }
