@@ -121,41 +121,6 @@ fn mangle(name: &str) -> String {
     }
 }
 
-/// Whether the op passes a gradient to its operands (as in `ir::autodiff`).
-fn passes_gradient(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Copy
-            | Op::Neg
-            | Op::Add
-            | Op::Sub
-            | Op::Mul
-            | Op::Div
-            | Op::Pow
-            | Op::Min
-            | Op::Max
-            | Op::Select
-            | Op::Exp
-            | Op::Log
-            | Op::Log1p
-            | Op::Sqrt
-            | Op::Sigmoid
-            | Op::LogSigmoid
-            | Op::Tanh
-            | Op::Softplus
-            | Op::Abs
-            | Op::ReduceSum
-            | Op::ReduceMax
-            | Op::ReduceMin
-            | Op::Index(_)
-            | Op::Unindex(_)
-            | Op::Other
-            | Op::SumByOther
-            | Op::Cos
-            | Op::Sin
-    )
-}
-
 /// What a stage function returns.
 enum Ret {
     Node(NodeId),
@@ -192,7 +157,7 @@ impl<'a> Emitter<'a> {
         for (index, node) in graph.nodes.iter().enumerate() {
             active[index] = match &node.op {
                 Op::Input(i) => graph.inputs[*i as usize].differentiable,
-                op if passes_gradient(op) => node.args.iter().any(|a| active[a.0 as usize]),
+                op if Op::passes_gradient(op) => node.args.iter().any(|a| active[a.0 as usize]),
                 Op::Scan { .. } | Op::Shift { .. } => active[node.args[0].0 as usize],
                 _ => false,
             };

@@ -25,7 +25,7 @@ pub fn differentiate(graph: Graph) -> Graph {
         let node = &builder.graph.nodes[index];
         active[index] = match &node.op {
             Op::Input(i) => builder.graph.inputs[*i as usize].differentiable,
-            op if passes_gradient(op) => node.args.iter().any(|a| active[a.0 as usize]),
+            op if Op::passes_gradient(op) => node.args.iter().any(|a| active[a.0 as usize]),
             Op::Scan { .. } | Op::Shift { .. } => active[node.args[0].0 as usize],
             _ => false,
         };
@@ -83,40 +83,6 @@ pub fn differentiate(graph: Graph) -> Graph {
     }
     builder.graph.outputs.gradients = gradients;
     builder.graph
-}
-
-fn passes_gradient(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Copy
-            | Op::Neg
-            | Op::Add
-            | Op::Sub
-            | Op::Mul
-            | Op::Div
-            | Op::Pow
-            | Op::Min
-            | Op::Max
-            | Op::Select
-            | Op::Exp
-            | Op::Log
-            | Op::Log1p
-            | Op::Sqrt
-            | Op::Sigmoid
-            | Op::LogSigmoid
-            | Op::Tanh
-            | Op::Softplus
-            | Op::Abs
-            | Op::ReduceSum
-            | Op::ReduceMax
-            | Op::ReduceMin
-            | Op::Index(_)
-            | Op::Unindex(_)
-            | Op::Other
-            | Op::SumByOther
-            | Op::Cos
-            | Op::Sin
-    )
 }
 
 /// Reduce a contribution to the shape of the value it belongs to (the adjoint of broadcasting).

@@ -233,6 +233,41 @@ impl Op {
         )
     }
 
+    /// Whether the op passes a gradient to its operands (autodiff and the torch exporter agree on it).
+    pub fn passes_gradient(&self) -> bool {
+        matches!(
+            self,
+            Op::Copy
+                | Op::Neg
+                | Op::Add
+                | Op::Sub
+                | Op::Mul
+                | Op::Div
+                | Op::Pow
+                | Op::Min
+                | Op::Max
+                | Op::Select
+                | Op::Exp
+                | Op::Log
+                | Op::Log1p
+                | Op::Sqrt
+                | Op::Sigmoid
+                | Op::LogSigmoid
+                | Op::Tanh
+                | Op::Softplus
+                | Op::Abs
+                | Op::ReduceSum
+                | Op::ReduceMax
+                | Op::ReduceMin
+                | Op::Index(_)
+                | Op::Unindex(_)
+                | Op::Other
+                | Op::SumByOther
+                | Op::Cos
+                | Op::Sin
+        )
+    }
+
     pub fn name(&self) -> String {
         match self {
             Op::Const(v) => format!("const {v}"),
