@@ -1,7 +1,9 @@
 //! A small Llama-style causal LM built only from differentiable candle primitives (candle's fused
 //! `rms_norm`, `softmax_last_dim` and `rope` have no backward pass): RMS norm as x / sqrt(mean(x²) + ε) · w,
 //! softmax with a detached max, rotary embeddings as x·cos + rotate_half(x)·sin, grouped-query attention,
-//! SwiGLU MLP, untied LM head. Weights are initialised from a seeded RNG, so a model is deterministic.
+//! SwiGLU MLP. A fresh model ([`Model::new`]) has an untied LM head and weights from a seeded RNG, so it is
+//! deterministic; a pretrained one ([`Model::from_weights`], e.g. SmolLM2 from its GGUF in `gguf.rs`) may tie
+//! the LM head to the embedding, as SmolLM2 does.
 
 use candle_core::{DType, Device, Result, Tensor, Var, D};
 use candle_nn::VarMap;
@@ -79,10 +81,75 @@ pub struct Model {
     embed: Tensor,
     blocks: Vec<Block>,
     norm: Tensor,
+    /// The LM head; with tied embeddings the same tensor (and `Var`) as `embed`.
     lm_head: Tensor,
+    tied: bool,
     cos: Tensor,
     sin: Tensor,
     vars: Vec<(String, Var)>,
+}
+
+/// The parameter names of a model with `layers` layers, in the order of [`Model::vars`]: `embed`, then per
+/// layer `layers.{l}.{attn_norm,q,k,v,o,mlp_norm,gate,up,down}`, then `norm`, then `lm_head` unless tied.
+pub fn parameter_names(layers: usize, tied: bool) -> Vec<String> {
+    let mut names = vec!["embed".to_string()];
+    for l in 0..layers {
+        for part in [
+            "attn_norm",
+            "q",
+            "k",
+            "v",
+            "o",
+            "mlp_norm",
+            "gate",
+            "up",
+            "down",
+        ] {
+            names.push(format!("layers.{l}.{part}"));
+        }
+    }
+    names.push("norm".into());
+    if !tied {
+        names.push("lm_head".into());
+    }
+    names
+}
+
+/// The expected shape of parameter `name` (a name from [`parameter_names`]).
+fn parameter_shape(config: &ModelConfig, name: &str) -> Vec<usize> {
+    let (h, hd) = (config.hidden, config.head_dim());
+    let part = name.rsplit('.').next().unwrap_or(name);
+    match part {
+        "embed" | "lm_head" => vec![config.vocab, h],
+        "attn_norm" | "mlp_norm" | "norm" => vec![h],
+        "q" => vec![config.heads * hd, h],
+        "k" | "v" => vec![config.kv_heads * hd, h],
+        "o" => vec![h, config.heads * hd],
+        "gate" | "up" => vec![config.intermediate, h],
+        "down" => vec![h, config.intermediate],
+        _ => vec![],
+    }
+}
+
+/// Rotary tables `[max_positions, head_dim]` (the two halves repeated), non-interleaved (HF layout).
+fn rope_tables(config: &ModelConfig, device: &Device) -> Result<(Tensor, Tensor)> {
+    let hd = config.head_dim();
+    let half = hd / 2;
+    let mut cos = Vec::with_capacity(config.max_positions * hd);
+    let mut sin = Vec::with_capacity(config.max_positions * hd);
+    for p in 0..config.max_positions {
+        for _ in 0..2 {
+            for i in 0..half {
+                let freq = 1.0 / config.rope_theta.powf(2.0 * i as f64 / hd as f64);
+                let angle = p as f64 * freq;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+    }
+    let cos = Tensor::from_vec(cos, (config.max_positions, hd), device)?;
+    let sin = Tensor::from_vec(sin, (config.max_positions, hd), device)?;
+    Ok((cos, sin))
 }
 
 /// `x @ wᵀ` for `x: [.., in]`, `w: [out, in]`.
@@ -195,32 +262,92 @@ impl Model {
         }
         let norm = param("norm".into(), (1, h), true)?;
         let lm_head = param("lm_head".into(), (config.vocab, h), false)?;
-        // Rotary tables, [max_positions, head_dim] (the two halves repeated).
-        let half = hd / 2;
-        let mut cos = Vec::with_capacity(config.max_positions * hd);
-        let mut sin = Vec::with_capacity(config.max_positions * hd);
-        for p in 0..config.max_positions {
-            for _ in 0..2 {
-                for i in 0..half {
-                    let freq = 1.0 / config.rope_theta.powf(2.0 * i as f64 / hd as f64);
-                    let angle = p as f64 * freq;
-                    cos.push(angle.cos() as f32);
-                    sin.push(angle.sin() as f32);
-                }
-            }
-        }
-        let cos = Tensor::from_vec(cos, (config.max_positions, hd), device)?;
-        let sin = Tensor::from_vec(sin, (config.max_positions, hd), device)?;
+        let (cos, sin) = rope_tables(config, device)?;
         Ok(Model {
             config: config.clone(),
             embed,
             blocks,
             norm,
             lm_head,
+            tied: false,
             cos,
             sin,
             vars,
         })
+    }
+
+    /// A model with the given weights (e.g. a pretrained checkpoint), every one a trainable `Var`.
+    /// `weights` must hold exactly the names of [`parameter_names`]`(config.layers, tied)` with their shapes
+    /// (`embed`/`lm_head` `[vocab, hidden]`, q/o `[heads·head_dim, hidden]` / transposed, k/v
+    /// `[kv_heads·head_dim, hidden]`, gate/up `[intermediate, hidden]`, down transposed, norms `[hidden]`),
+    /// in HF layout (non-interleaved rotary halves). With `tied`, the LM head is the embedding matrix.
+    pub fn from_weights(
+        config: &ModelConfig,
+        weights: Vec<(String, Tensor)>,
+        tied: bool,
+        device: &Device,
+    ) -> Result<Model> {
+        config.validate().map_err(candle_core::Error::Msg)?;
+        let mut by_name: std::collections::HashMap<String, Tensor> = weights.into_iter().collect();
+        let names = parameter_names(config.layers, tied);
+        let mut vars = Vec::with_capacity(names.len());
+        let mut tensors = std::collections::HashMap::new();
+        for name in &names {
+            let tensor = by_name.remove(name).ok_or_else(|| {
+                candle_core::Error::Msg(format!("model weights: missing parameter `{name}`"))
+            })?;
+            let want = parameter_shape(config, name);
+            if tensor.dims() != want.as_slice() {
+                candle_core::bail!(
+                    "model weights: parameter `{name}` has shape {:?}, the config needs {:?}",
+                    tensor.dims(),
+                    want
+                );
+            }
+            let tensor = tensor
+                .to_device(device)?
+                .to_dtype(DType::F32)?
+                .contiguous()?;
+            let var = Var::from_tensor(&tensor)?;
+            tensors.insert(name.clone(), var.as_tensor().clone());
+            vars.push((name.clone(), var));
+        }
+        if let Some(extra) = by_name.keys().min() {
+            candle_core::bail!("model weights: unexpected parameter `{extra}`");
+        }
+        let get = |name: &str| tensors[name].clone();
+        let blocks = (0..config.layers)
+            .map(|l| Block {
+                attn_norm: get(&format!("layers.{l}.attn_norm")),
+                q: get(&format!("layers.{l}.q")),
+                k: get(&format!("layers.{l}.k")),
+                v: get(&format!("layers.{l}.v")),
+                o: get(&format!("layers.{l}.o")),
+                mlp_norm: get(&format!("layers.{l}.mlp_norm")),
+                gate: get(&format!("layers.{l}.gate")),
+                up: get(&format!("layers.{l}.up")),
+                down: get(&format!("layers.{l}.down")),
+            })
+            .collect();
+        let embed = get("embed");
+        let lm_head = if tied { embed.clone() } else { get("lm_head") };
+        let (cos, sin) = rope_tables(config, device)?;
+        Ok(Model {
+            config: config.clone(),
+            embed,
+            blocks,
+            norm: get("norm"),
+            lm_head,
+            tied,
+            cos,
+            sin,
+            vars,
+        })
+    }
+
+    /// Whether the LM head is the embedding matrix.
+    pub fn tied(&self) -> bool {
+        self.tied
     }
 
     /// Every trainable parameter, by name, in a fixed order.
@@ -247,11 +374,12 @@ impl Model {
     /// A detached copy with the same weights (the frozen reference model).
     pub fn frozen_copy(&self) -> Result<Model> {
         let device = self.embed.device().clone();
-        let copy = Model::new(&self.config, 0, &device)?;
-        for ((_, to), (_, from)) in copy.vars.iter().zip(&self.vars) {
-            to.set(&from.as_tensor().copy()?)?;
-        }
-        Ok(copy)
+        let weights = self
+            .vars
+            .iter()
+            .map(|(name, var)| Ok((name.clone(), var.as_tensor().detach().copy()?)))
+            .collect::<Result<Vec<_>>>()?;
+        Model::from_weights(&self.config, weights, self.tied, &device)
     }
 
     /// Hidden states after the final norm, `[batch, t, hidden]`, for `ids: [batch, t]` (u32) at
@@ -332,6 +460,23 @@ impl Model {
     /// Logits `[.., vocab]` of hidden states `[.., hidden]`.
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
         linear(hidden, &self.lm_head)
+    }
+
+    /// log π(ids[:, j] | ids[:, ..j]) for the positions `j` in `start..t`, `[batch, t - start]`
+    /// (differentiable). Only those positions go through the LM head and the log-softmax, which saves most of
+    /// the 49,152-wide work for a real vocabulary when the prompt is long. `start` ≥ 1.
+    pub fn token_logp(&self, ids: &Tensor, left_pad: &[usize], start: usize) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        if start == 0 || start > t {
+            candle_core::bail!("token_logp: start {start} must be in 1..={t}");
+        }
+        let mask = attention_mask(left_pad, 0, t, ids.device())?;
+        let hidden = self.hidden(ids, 0, &mask, None)?;
+        let n = t - start;
+        let logits = self.logits(&hidden.narrow(1, start - 1, n)?)?;
+        let logp = log_softmax(&logits)?;
+        let targets = ids.narrow(1, start, n)?.contiguous()?.unsqueeze(2)?;
+        logp.gather(&targets, 2)?.reshape((b, n))
     }
 
     /// Logits of every position, `[batch, t, vocab]` (no cache).

@@ -1,0 +1,106 @@
+//! A yes/no judge: P(yes) of a model for a question, read from its next-token distribution.
+//!
+//! The rule. Each question is put in the chat template as one user turn, `{question}\nAnswer with yes or
+//! no.`, followed by the assistant generation prompt (`<|im_start|>assistant\n`). From the logits `l` of
+//! the next token, with Y = the ids of the single tokens `Yes`, `yes`, ` Yes`, ` yes` and N = those of `No`,
+//! `no`, ` No`, ` no` (the ones the vocabulary has as single tokens; at least one of each is required):
+//!
+//! `P(yes) = Σ_{i∈Y} exp(l_i) / Σ_{i∈Y∪N} exp(l_i)`
+//!
+//! i.e. the softmax restricted to the yes/no tokens, so it does not depend on how much mass the model puts
+//! elsewhere. Questions are evaluated in left-padded batches (padding masked out of attention).
+
+use candle_core::{Device, Result, Tensor};
+
+use crate::model::{attention_mask, Model};
+use crate::sample::left_pad;
+use crate::tokenizer::{ChatTokenizer, Message};
+
+/// Questions per forward pass.
+pub const BATCH: usize = 16;
+
+/// The instruction appended to each question.
+pub const INSTRUCTION: &str = "Answer with yes or no.";
+
+/// The token ids counted as "yes" and as "no".
+#[derive(Clone, Debug, PartialEq)]
+pub struct YesNo {
+    pub yes: Vec<u32>,
+    pub no: Vec<u32>,
+}
+
+impl YesNo {
+    pub fn new(tokenizer: &ChatTokenizer) -> Result<YesNo> {
+        let ids = |words: [&str; 4]| -> Vec<u32> {
+            let mut ids: Vec<u32> = words
+                .iter()
+                .filter_map(|w| tokenizer.single_token(w).ok())
+                .collect();
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        };
+        let yes = ids(["Yes", "yes", " Yes", " yes"]);
+        let no = ids(["No", "no", " No", " no"]);
+        if yes.is_empty() || no.is_empty() {
+            candle_core::bail!(
+                "the judge needs `yes` and `no` as single tokens; this vocabulary has yes {yes:?}, no {no:?}"
+            );
+        }
+        Ok(YesNo { yes, no })
+    }
+
+    /// P(yes) from one row of next-token logits (see the module documentation).
+    pub fn p_yes(&self, logits: &[f32]) -> f64 {
+        let pick =
+            |ids: &[u32]| -> Vec<f64> { ids.iter().map(|i| logits[*i as usize] as f64).collect() };
+        let (y, n) = (pick(&self.yes), pick(&self.no));
+        let max = y
+            .iter()
+            .chain(&n)
+            .cloned()
+            .fold(f64::NEG_INFINITY, f64::max);
+        let sum = |v: &[f64]| v.iter().map(|l| (l - max).exp()).sum::<f64>();
+        let (sy, sn) = (sum(&y), sum(&n));
+        sy / (sy + sn)
+    }
+}
+
+/// The chat prompt the judge asks.
+pub fn judge_prompt(question: &str) -> String {
+    ChatTokenizer::chat_prompt(
+        &[Message::new("user", &format!("{question}\n{INSTRUCTION}"))],
+        true,
+    )
+}
+
+/// P(yes) for each question, in order. Errors (not NaN) for a logit that is not finite.
+pub fn p_yes(
+    model: &Model,
+    tokenizer: &ChatTokenizer,
+    questions: &[String],
+    device: &Device,
+) -> Result<Vec<f64>> {
+    let yes_no = YesNo::new(tokenizer)?;
+    let mut out = Vec::with_capacity(questions.len());
+    for chunk in questions.chunks(BATCH) {
+        let prompts: Vec<Vec<u32>> = chunk
+            .iter()
+            .map(|q| tokenizer.encode(&judge_prompt(q)))
+            .collect::<Result<_>>()?;
+        let (pads, ids, len) = left_pad(&prompts);
+        let ids = Tensor::from_vec(ids, (prompts.len(), len), device)?;
+        let mask = attention_mask(&pads, 0, len, device)?;
+        let hidden = model.hidden(&ids, 0, &mask, None)?;
+        let last = hidden.narrow(1, len - 1, 1)?.squeeze(1)?;
+        let logits = model.logits(&last)?.to_vec2::<f32>()?;
+        for (row, question) in logits.iter().zip(chunk) {
+            let p = yes_no.p_yes(row);
+            if !p.is_finite() {
+                candle_core::bail!("judge: non-finite yes/no logits for question {question:?}");
+            }
+            out.push(p);
+        }
+    }
+    Ok(out)
+}
