@@ -1,0 +1,419 @@
+//! The CUDA backend's driver: a recipe's kernels as CUDA C (`rlx_compiler::backend::cuda`), run on a
+//! [`Device`] — an NVIDIA GPU through cudarc behind the `cuda` feature (`CudaDevice`), or the host-C
+//! build of the same source that the tests use on machines without a GPU (tests/cuda.rs).
+//!
+//! Validation, the two-phase `keep` semantics and the outputs are `Kernel`'s own code (the JIT's driver,
+//! `crate::kernel`): nothing runs on a batch it rejects. This module only runs one phase's passes on
+//! the device: it uploads the layout tables, the inputs (or reuses a batch already on the device,
+//! `DeviceKernel::upload`) and the initial buffers, launches the loop and `combine` kernels in plan
+//! order (a block per group, `block_size` threads for token passes, one thread otherwise), computes
+//! `distinct_ngrams` on the host, and downloads the phase's buffers. docs/gpu.md has the details.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use rlx_compiler::backend::cuda::{self, CudaSource, Launch, MAX_BLOCK};
+use rlx_compiler::backend::plan::{BufferKind, Pass};
+use rlx_compiler::ir::NodeId;
+
+use crate::batch::{Batch, Layout};
+use crate::interp::{Context, EvalError, Outcome};
+use crate::kernel::{
+    distinct_ngrams, Column, Kernel, PackedBatch, PackedOutcome, PhaseRunner, Tables,
+};
+
+#[cfg(feature = "cuda")]
+mod nvidia;
+#[cfg(feature = "cuda")]
+pub use nvidia::CudaDevice;
+
+/// Where the kernels run: memory, copies and launches. Buffers are untyped bytes; kernels take the
+/// address of a table of buffer addresses (`rlx_compiler::backend::jit::slot`).
+pub trait Device {
+    type Buffer;
+    /// Compile and load the kernels (called once by `DeviceKernel::new`).
+    fn load(&mut self, source: &CudaSource) -> Result<(), String>;
+    /// A new buffer holding `bytes` (at least 8 bytes are allocated, so empty buffers have an address).
+    fn upload(&self, bytes: &[u8]) -> Result<Self::Buffer, String>;
+    /// Overwrite the start of a buffer.
+    fn write(&self, buffer: &mut Self::Buffer, bytes: &[u8]) -> Result<(), String>;
+    /// Copy the start of a buffer into `out` (waits for the kernels launched before).
+    fn download(&self, buffer: &Self::Buffer, out: &mut [u8]) -> Result<(), String>;
+    /// The buffer's address as the kernels see it.
+    fn address(&self, buffer: &Self::Buffer) -> u64;
+    /// Launch kernel `name` on `grid` blocks of `block` threads with arguments (table address,
+    /// g_begin, g_end).
+    fn launch(
+        &self,
+        name: &str,
+        grid: u32,
+        block: u32,
+        table: &Self::Buffer,
+        g_begin: u64,
+        g_end: u64,
+    ) -> Result<(), String>;
+    /// Wait for every launched kernel.
+    fn synchronize(&self) -> Result<(), String>;
+    /// Threads per block of the token passes (a power of two at most `MAX_BLOCK`).
+    fn block_size(&self) -> u32;
+}
+
+/// A batch's inputs already on the device (`DeviceKernel::upload`): runs on it copy no inputs.
+pub struct DeviceBatch<D: Device> {
+    pub batch: PackedBatch,
+    buffers: Vec<D::Buffer>,
+}
+
+/// A recipe's kernel on a device.
+pub struct DeviceKernel<D: Device> {
+    kernel: Kernel,
+    source: CudaSource,
+    device: D,
+    /// Time spent between the first and the last launch of the latest run's phases (after a
+    /// synchronize on each side): the kernels alone, without copies.
+    kernel_time: std::sync::Mutex<Duration>,
+}
+
+impl<D: Device> std::fmt::Debug for DeviceKernel<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceKernel")
+            .field("kernel", &self.kernel)
+            .finish()
+    }
+}
+
+/// The CUDA C of a compiled kernel's plan.
+pub fn source(kernel: &Kernel) -> Result<CudaSource, String> {
+    cuda::generate(kernel.graph(), kernel.plan())
+}
+
+impl<D: Device> DeviceKernel<D> {
+    /// Generate `kernel`'s CUDA C and load it on `device`. An error names what the CUDA generator or
+    /// the device cannot do.
+    pub fn new(kernel: Kernel, mut device: D) -> Result<DeviceKernel<D>, String> {
+        let block = device.block_size();
+        if block == 0 || block > MAX_BLOCK || !block.is_power_of_two() {
+            return Err(format!(
+                "a block of {block} threads: the CUDA kernels need a power of two up to {MAX_BLOCK}"
+            ));
+        }
+        let source = source(&kernel)?;
+        device.load(&source)?;
+        Ok(DeviceKernel {
+            kernel,
+            source,
+            device,
+            kernel_time: std::sync::Mutex::new(Duration::ZERO),
+        })
+    }
+
+    pub fn kernel(&self) -> &Kernel {
+        &self.kernel
+    }
+
+    pub fn source(&self) -> &CudaSource {
+        &self.source
+    }
+
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    /// The kernels' time in the latest run (synchronised launches, no copies).
+    pub fn kernel_time(&self) -> Duration {
+        *self.kernel_time.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Evaluate every output on `batch`, like `interp::evaluate`.
+    pub fn run(&self, batch: &Batch, context: &Context) -> Result<Outcome, EvalError> {
+        let packed = self.kernel.pack(batch)?;
+        Ok(self.run_packed(&packed, context)?.into_outcome())
+    }
+
+    /// Evaluate every output on a packed batch (validated first; its inputs are copied to the device).
+    pub fn run_packed(
+        &self,
+        batch: &PackedBatch,
+        context: &Context,
+    ) -> Result<PackedOutcome, EvalError> {
+        *self.kernel_time.lock().unwrap_or_else(|e| e.into_inner()) = Duration::ZERO;
+        let runner = Runner {
+            kernel: self,
+            resident: None,
+        };
+        self.kernel.run_packed_with(batch, context, &runner)
+    }
+
+    /// Validate a packed batch and copy its inputs to the device once.
+    pub fn upload(&self, batch: PackedBatch) -> Result<DeviceBatch<D>, EvalError> {
+        self.kernel.validate(&batch)?;
+        let buffers = batch
+            .inputs
+            .iter()
+            .map(|column| self.device.upload(&column_bytes(column)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(device_error)?;
+        Ok(DeviceBatch { batch, buffers })
+    }
+
+    /// Evaluate every output on a batch already on the device (a filtered `keep` phase still copies
+    /// its sliced inputs).
+    pub fn run_resident(
+        &self,
+        batch: &DeviceBatch<D>,
+        context: &Context,
+    ) -> Result<PackedOutcome, EvalError> {
+        *self.kernel_time.lock().unwrap_or_else(|e| e.into_inner()) = Duration::ZERO;
+        let runner = Runner {
+            kernel: self,
+            resident: Some(batch),
+        };
+        self.kernel.run_packed_with(&batch.batch, context, &runner)
+    }
+}
+
+fn device_error(message: String) -> EvalError {
+    EvalError(format!("CUDA device: {message}"))
+}
+
+/// A column's bytes in the device's (little-endian, IEEE) layout.
+fn column_bytes(column: &Column) -> Vec<u8> {
+    match column {
+        Column::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Column::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+fn u64_bytes(values: impl IntoIterator<Item = u64>) -> Vec<u8> {
+    values.into_iter().flat_map(u64::to_le_bytes).collect()
+}
+
+fn column_from_bytes(column: &mut Column, bytes: &[u8]) {
+    match column {
+        Column::F32(v) => {
+            for (x, chunk) in v.iter_mut().zip(bytes.chunks_exact(4)) {
+                *x = f32::from_le_bytes(chunk.try_into().expect("4 bytes"));
+            }
+        }
+        Column::F64(v) => {
+            for (x, chunk) in v.iter_mut().zip(bytes.chunks_exact(8)) {
+                *x = f64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+            }
+        }
+    }
+}
+
+fn byte_len(column: &Column) -> usize {
+    match column {
+        Column::F32(v) => v.len() * 4,
+        Column::F64(v) => v.len() * 8,
+    }
+}
+
+struct Runner<'a, D: Device> {
+    kernel: &'a DeviceKernel<D>,
+    resident: Option<&'a DeviceBatch<D>>,
+}
+
+impl<D: Device> Runner<'_, D> {
+    /// The resident device copy of input `i` when `column` is that batch's own column.
+    fn resident_input(&self, i: usize, column: &Column) -> Option<&D::Buffer> {
+        let resident = self.resident?;
+        let own = resident.batch.inputs.get(i)?;
+        std::ptr::eq(own, column)
+            .then(|| resident.buffers.get(i))
+            .flatten()
+    }
+}
+
+impl<D: Device> PhaseRunner for Runner<'_, D> {
+    fn run_phase(
+        &self,
+        kernel: &Kernel,
+        phase_index: usize,
+        layout: &Layout,
+        tables: &Tables,
+        inputs: &[&Column],
+        carried: HashMap<NodeId, Column>,
+        context: &Context,
+    ) -> Result<Vec<Option<Column>>, EvalError> {
+        let device = &self.kernel.device;
+        let fail = device_error;
+        let phase = &kernel.plan().phases[phase_index];
+        let launches = self
+            .kernel
+            .source
+            .launches
+            .get(phase_index)
+            .ok_or_else(|| EvalError("internal: no CUDA kernels for a phase".into()))?;
+        let mut owned = kernel.phase_buffers(phase_index, tables, carried)?;
+        let as_u64 = |v: &[usize]| u64_bytes(v.iter().map(|&x| x as u64));
+        let fixed = [
+            as_u64(&layout.group_offsets),
+            as_u64(&layout.token_offsets),
+            as_u64(&layout.crit_offsets),
+            as_u64(&tables.resp_crit_base),
+            as_u64(&tables.pair_offsets),
+            as_u64(&tables.pair_crit_base),
+            [context.step, context.progress]
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+            u64_bytes([tables.dim as u64]),
+        ];
+        let fixed: Vec<D::Buffer> = fixed
+            .iter()
+            .map(|bytes| device.upload(bytes))
+            .collect::<Result<_, _>>()
+            .map_err(fail)?;
+        // Buffers by id: `Some` for those this phase owns (uploaded now), else a resident input.
+        let mut uploaded: Vec<Option<D::Buffer>> = Vec::with_capacity(phase.buffers.len());
+        let mut addresses: Vec<u64> = fixed.iter().map(|b| device.address(b)).collect();
+        for (buffer, column) in phase.buffers.iter().zip(&owned) {
+            let (own, address) = match (buffer.kind, column) {
+                (BufferKind::Input(i), _) => {
+                    let i = i as usize;
+                    let column = inputs
+                        .get(i)
+                        .ok_or_else(|| EvalError("internal: an input is missing".into()))?;
+                    match self.resident_input(i, column) {
+                        Some(resident) => (None, device.address(resident)),
+                        None => {
+                            let b = device.upload(&column_bytes(column)).map_err(fail)?;
+                            let address = device.address(&b);
+                            (Some(b), address)
+                        }
+                    }
+                }
+                (_, Some(column)) => {
+                    let b = device.upload(&column_bytes(column)).map_err(fail)?;
+                    let address = device.address(&b);
+                    (Some(b), address)
+                }
+                (_, None) => return Err(EvalError("internal: a buffer was released".into())),
+            };
+            uploaded.push(own);
+            addresses.push(address);
+        }
+        let table = device.upload(&u64_bytes(addresses)).map_err(fail)?;
+        let groups = u32::try_from(tables.groups)
+            .map_err(|_| EvalError(format!("{} groups: too many for one launch", tables.groups)))?;
+        device.synchronize().map_err(fail)?;
+        let start = Instant::now();
+        for (pass_index, pass) in phase.passes.iter().enumerate() {
+            match (pass, launches.get(pass_index).cloned().flatten()) {
+                (
+                    Pass::Loop(_) | Pass::Combine { .. },
+                    Some(Launch {
+                        name,
+                        per_group,
+                        threads,
+                    }),
+                ) => {
+                    let grid = if per_group { groups } else { 1 };
+                    if grid == 0 {
+                        continue;
+                    }
+                    let block = if threads { device.block_size() } else { 1 };
+                    device
+                        .launch(&name, grid, block, &table, 0, u64::from(groups))
+                        .map_err(|e| fail(format!("kernel {name}: {e}")))?;
+                }
+                (
+                    Pass::Ngrams {
+                        n, source, target, ..
+                    },
+                    None,
+                ) => {
+                    // On the host: it needs a set.
+                    let source_column = match phase.buffers[*source as usize].kind {
+                        BufferKind::Input(i) => inputs[i as usize].to_f64(),
+                        _ => {
+                            let mut column = owned[*source as usize]
+                                .clone()
+                                .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
+                            let device_buffer = uploaded[*source as usize]
+                                .as_ref()
+                                .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
+                            let mut bytes = vec![0u8; byte_len(&column)];
+                            device.download(device_buffer, &mut bytes).map_err(fail)?;
+                            column_from_bytes(&mut column, &bytes);
+                            column.to_f64()
+                        }
+                    };
+                    let n = *n as usize;
+                    let values: Vec<f64> = (0..layout.responses())
+                        .map(|r| {
+                            let tokens = &source_column
+                                [layout.token_offsets[r]..layout.token_offsets[r + 1]];
+                            distinct_ngrams(tokens, n)
+                        })
+                        .collect();
+                    let target_index = *target as usize;
+                    let column = owned[target_index]
+                        .as_mut()
+                        .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
+                    *column = match column {
+                        Column::F32(_) => Column::F32(values.iter().map(|v| *v as f32).collect()),
+                        Column::F64(_) => Column::F64(values),
+                    };
+                    let bytes = column_bytes(column);
+                    let device_buffer = uploaded[target_index]
+                        .as_mut()
+                        .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
+                    device.write(device_buffer, &bytes).map_err(fail)?;
+                }
+                _ => {
+                    return Err(EvalError(format!(
+                        "internal: pass {pass_index} of phase {phase_index} has no CUDA kernel"
+                    )))
+                }
+            }
+        }
+        device.synchronize().map_err(fail)?;
+        *self
+            .kernel
+            .kernel_time
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) += start.elapsed();
+        for (column, buffer) in owned.iter_mut().zip(&uploaded) {
+            if let (Some(column), Some(buffer)) = (column.as_mut(), buffer) {
+                let mut bytes = vec![0u8; byte_len(column)];
+                device.download(buffer, &mut bytes).map_err(fail)?;
+                column_from_bytes(column, &bytes);
+            }
+        }
+        Ok(owned)
+    }
+}
+
+/// Evaluate `graph` on `batch` on GPU `ordinal` (`rlx score --device cuda:N`), with `options`' storage
+/// and accumulation. An error, never a fallback, when the recipe has no CUDA form or there is no GPU.
+#[cfg(feature = "cuda")]
+pub fn evaluate_on_gpu(
+    graph: &rlx_compiler::ir::Graph,
+    batch: &Batch,
+    context: &Context,
+    ordinal: usize,
+    options: &crate::kernel::Options,
+) -> Result<Outcome, String> {
+    let kernel = Kernel::compile(graph, options).map_err(|e| format!("no kernel plan: {e}"))?;
+    let device = CudaDevice::new(ordinal)?;
+    let kernel = DeviceKernel::new(kernel, device)?;
+    kernel.run(batch, context).map_err(|e| e.to_string())
+}
+
+/// Without the `cuda` feature there is no GPU backend: a clear error.
+#[cfg(not(feature = "cuda"))]
+pub fn evaluate_on_gpu(
+    _graph: &rlx_compiler::ir::Graph,
+    _batch: &Batch,
+    _context: &Context,
+    ordinal: usize,
+    _options: &crate::kernel::Options,
+) -> Result<Outcome, String> {
+    Err(format!(
+        "--device cuda:{ordinal}: this rlx was built without the `cuda` feature; rebuild it with \
+         `cargo build --release --features cuda` (docs/gpu.md)"
+    ))
+}
