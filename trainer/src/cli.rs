@@ -1,13 +1,14 @@
 //! What `rlx run` does with its arguments: the config (embedded default or `--config FILE`), `--set`
 //! split between config keys (`section.key`, or a top-level key) and recipe params, `--steps`/`--seed`/
-//! `--out`, all validated before anything trains.
+//! `--out`, `--resume`, all validated before anything trains.
 
 use std::path::PathBuf;
 
 use rlx_compiler::hir::Recipe;
 
+use crate::checkpoint;
 use crate::config::{config_keys, Config, DEFAULT_CONFIG};
-use crate::train::{plan, Plan};
+use crate::train::{plan, Plan, RunOptions};
 
 /// The command line of `rlx run`, parsed by the binary.
 #[derive(Clone, Debug, Default)]
@@ -18,6 +19,8 @@ pub struct RunArgs {
     pub steps: Option<usize>,
     pub seed: Option<u64>,
     pub out: Option<PathBuf>,
+    /// Continue from a checkpoint (a run directory or its `checkpoint/`).
+    pub resume: Option<PathBuf>,
 }
 
 /// A run ready to start.
@@ -25,6 +28,7 @@ pub struct Prepared {
     pub config: Config,
     pub plan: Plan,
     pub out: PathBuf,
+    pub options: RunOptions,
 }
 
 fn parse_number(name: &str, value: &str) -> Result<f64, String> {
@@ -62,19 +66,44 @@ pub fn prepare(recipe: &Recipe, args: &RunArgs) -> Result<Prepared, String> {
             ));
         }
     }
+    let loaded = match &args.resume {
+        None => None,
+        Some(dir) => {
+            let conflict = if args.config_text.is_some() {
+                Some("--config".to_string())
+            } else if args.seed.is_some() {
+                Some("--seed".to_string())
+            } else {
+                config_sets.first().map(|(k, _)| format!("--set {k}"))
+            };
+            if let Some(flag) = conflict {
+                return Err(format!(
+                    "--resume continues with the checkpoint's config; {flag} cannot change it (only --steps and the recipe's params, which must match, may be given)"
+                ));
+            }
+            Some(checkpoint::load(dir)?)
+        }
+    };
     if let Some(steps) = args.steps {
         config_sets.push(("steps".into(), steps.to_string()));
     }
     if let Some(seed) = args.seed {
         config_sets.push(("seed".into(), seed.to_string()));
     }
-    let text = args.config_text.as_deref().unwrap_or(DEFAULT_CONFIG);
+    let text = match &loaded {
+        Some(loaded) => loaded.config_text.as_str(),
+        None => args.config_text.as_deref().unwrap_or(DEFAULT_CONFIG),
+    };
     let config = Config::parse(text, &config_sets)?;
     let plan = plan(recipe, &param_sets, &config)?;
-    let out = match &args.out {
-        Some(out) => out.clone(),
-        None if !config.out.is_empty() => PathBuf::from(&config.out),
-        None => {
+    let resumed_out = loaded
+        .as_ref()
+        .and_then(|l| l.dir.parent().map(|p| p.to_path_buf()));
+    let out = match (&args.out, resumed_out) {
+        (Some(out), _) => out.clone(),
+        (None, Some(run_dir)) => run_dir,
+        (None, None) if !config.out.is_empty() => PathBuf::from(&config.out),
+        (None, None) => {
             let time = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -82,5 +111,14 @@ pub fn prepare(recipe: &Recipe, args: &RunArgs) -> Result<Prepared, String> {
             PathBuf::from(format!("runs/{}-{time}", args.recipe_name))
         }
     };
-    Ok(Prepared { config, plan, out })
+    let options = RunOptions {
+        resume: loaded.map(|l| l.dir),
+        stop_after: None,
+    };
+    Ok(Prepared {
+        config,
+        plan,
+        out,
+        options,
+    })
 }

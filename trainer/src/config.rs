@@ -19,8 +19,12 @@ pub struct TrainConfig {
     pub grad_clip: f64,
     /// Optimisation epochs per batch of samples (PPO-style; `old_logp` stays fixed).
     pub epochs: usize,
+    /// Responses per backward pass (0 = the whole batch); the gradient does not depend on it.
+    pub micro_batch: usize,
     /// Greedy accuracy on the held-out questions every this many steps (0 = only first and last).
     pub eval_every: usize,
+    /// Write a checkpoint every this many steps (0 = only at the end).
+    pub checkpoint_every: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -55,6 +59,7 @@ impl Config {
     pub fn parse(text: &str, sets: &[(String, String)]) -> Result<Config, String> {
         let mut value: toml::Table =
             toml::from_str(text).map_err(|e| format!("config: {}", e.message()))?;
+        check_keys(&value)?;
         for (key, raw) in sets {
             set_key(&mut value, key, raw)?;
         }
@@ -66,15 +71,37 @@ impl Config {
     }
 
     pub fn validate(&self) -> Result<(), String> {
+        fn positive(name: &str, value: f64) -> Result<(), String> {
+            if value.is_finite() && value > 0.0 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "config: {name} = {value} must be a positive number"
+                ))
+            }
+        }
+        fn non_negative(name: &str, value: f64) -> Result<(), String> {
+            if value.is_finite() && value >= 0.0 {
+                Ok(())
+            } else {
+                Err(format!("config: {name} = {value} must be ≥ 0"))
+            }
+        }
         if !matches!(self.backend.as_str(), "interp" | "jit") {
             return Err(format!(
                 "config: backend = {:?}: use \"interp\" or \"jit\"",
                 self.backend
             ));
         }
+        if self.steps == 0 {
+            return Err("config: steps must be at least 1".into());
+        }
         if self.train.prompts_per_step == 0 || self.train.epochs == 0 {
             return Err("config: train.prompts_per_step and train.epochs must be positive".into());
         }
+        positive("train.lr", self.train.lr)?;
+        non_negative("train.weight_decay", self.train.weight_decay)?;
+        non_negative("train.grad_clip", self.train.grad_clip)?;
         if self.sampler.max_new_tokens == 0 {
             return Err("config: sampler.max_new_tokens must be positive".into());
         }
@@ -84,8 +111,52 @@ impl Config {
                 self.sampler.top_p
             ));
         }
-        if self.sft.steps > 0 && self.sft.batch == 0 {
-            return Err("config: sft.batch must be positive".into());
+        if !self.sampler.temperature.is_finite() {
+            return Err(format!(
+                "config: sampler.temperature = {} must be a number (< 0 = the recipe's)",
+                self.sampler.temperature
+            ));
+        }
+        if self.sft.steps > 0 {
+            if self.sft.batch == 0 {
+                return Err("config: sft.batch must be positive".into());
+            }
+            positive("sft.lr", self.sft.lr)?;
+        }
+        if self.task.eval_questions == 0 {
+            return Err("config: task.eval_questions must be positive".into());
+        }
+        let mut model = self.model.clone();
+        if model.vocab == 0 {
+            model.vocab = crate::task::Tokenizer.vocab_size();
+        }
+        model.validate().map_err(|e| format!("config: {e}"))?;
+        positive("model.init_std", self.model.init_std)?;
+        positive("model.rms_eps", self.model.rms_eps)?;
+        positive("model.rope_theta", self.model.rope_theta)?;
+        if self.model.vocab != 0 && self.model.vocab < crate::task::Tokenizer.vocab_size() {
+            return Err(format!(
+                "config: model.vocab = {} is smaller than the task's tokenizer ({} tokens; 0 = its size)",
+                self.model.vocab,
+                crate::task::Tokenizer.vocab_size()
+            ));
+        }
+        let task =
+            crate::task::Arithmetic::new(self.task.clone()).map_err(|e| format!("config: {e}"))?;
+        let prompt = crate::task::Task::max_prompt_tokens(&task);
+        let warm = task.max_answer_chars() + 1;
+        let needed = prompt + self.sampler.max_new_tokens.max(warm);
+        if needed > self.model.max_positions {
+            return Err(format!(
+                "config: model.max_positions = {} is too small: prompts of up to {prompt} tokens plus max(sampler.max_new_tokens = {}, the longest answer and its end token = {warm}) need {needed}",
+                self.model.max_positions, self.sampler.max_new_tokens
+            ));
+        }
+        if self.sampler.max_new_tokens < warm {
+            return Err(format!(
+                "config: sampler.max_new_tokens = {} cannot hold the longest answer and its end token ({warm} tokens for task.max_operand = {} with {:?})",
+                self.sampler.max_new_tokens, self.task.max_operand, self.task.ops
+            ));
         }
         Ok(())
     }
@@ -104,6 +175,53 @@ pub fn config_keys() -> Vec<String> {
         }
     }
     keys
+}
+
+/// Every key of the default must be there with the default's type (an integer where a float is expected
+/// is fine), and no other key: checked here so that each message names the key.
+fn check_keys(table: &toml::Table) -> Result<(), String> {
+    let default: toml::Table = toml::from_str(DEFAULT_CONFIG).expect("default config parses");
+    fn walk(prefix: &str, have: &toml::Table, want: &toml::Table) -> Result<(), String> {
+        for (key, value) in have {
+            let path = format!("{prefix}{key}");
+            let Some(expected) = want.get(key) else {
+                return Err(format!(
+                    "config: unknown key `{path}` (keys: {})",
+                    config_keys().join(", ")
+                ));
+            };
+            match (expected, value) {
+                (toml::Value::Table(want), toml::Value::Table(have)) => {
+                    walk(&format!("{path}."), have, want)?
+                }
+                (toml::Value::Float(_), toml::Value::Integer(_)) => {}
+                (expected, value)
+                    if std::mem::discriminant(expected) != std::mem::discriminant(value) =>
+                {
+                    return Err(format!(
+                        "config: `{path}` = {value} is a {}, expected a {} like the default {expected}",
+                        value.type_str(),
+                        expected.type_str()
+                    ));
+                }
+                _ => {}
+            }
+        }
+        for (key, expected) in want {
+            if !have.contains_key(key) {
+                let what = if expected.is_table() {
+                    "section"
+                } else {
+                    "key"
+                };
+                return Err(format!(
+                    "config: missing {what} `{prefix}{key}` (every key is required; the default is in configs/default.toml)"
+                ));
+            }
+        }
+        Ok(())
+    }
+    walk("", table, &default)
 }
 
 fn set_key(table: &mut toml::Table, key: &str, raw: &str) -> Result<(), String> {

@@ -1,24 +1,44 @@
-//! A small seeded RNG (SplitMix64 from `rlx_runtime::synthetic`) with the draws the trainer needs.
+//! A small seeded RNG (SplitMix64, the same sequence as `rlx_runtime::synthetic::Rng`) with the draws the
+//! trainer needs, and its state for checkpoints.
 
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rng {
-    inner: rlx_runtime::synthetic::Rng,
+    state: u64,
 }
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
         Rng {
-            inner: rlx_runtime::synthetic::Rng::new(seed),
+            state: seed ^ 0x9E37_79B9_7F4A_7C15,
         }
+    }
+
+    /// The generator at a state saved with [`Rng::state`].
+    pub fn from_state(state: u64) -> Rng {
+        Rng { state }
+    }
+
+    /// The whole state (restoring it with [`Rng::from_state`] continues the same sequence).
+    pub fn state(&self) -> u64 {
+        self.state
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
     }
 
     /// Uniform in [0, 1).
     pub fn uniform(&mut self) -> f64 {
-        self.inner.uniform()
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 
     /// Uniform integer in [low, high].
     pub fn int(&mut self, low: usize, high: usize) -> usize {
-        self.inner.int(low, high)
+        low + (self.next_u64() % (high - low + 1) as u64) as usize
     }
 
     /// Standard normal (Box–Muller).
@@ -30,6 +50,24 @@ impl Rng {
 
     /// An independent stream for a sub-task (deterministic in the parent's state).
     pub fn fork(&mut self) -> Rng {
-        Rng::new(self.inner.next_u64())
+        Rng::new(self.next_u64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Rng;
+
+    #[test]
+    fn the_sequence_is_the_runtimes_splitmix64_and_a_saved_state_continues_it() {
+        let mut ours = Rng::new(42);
+        let mut theirs = rlx_runtime::synthetic::Rng::new(42);
+        for _ in 0..100 {
+            assert_eq!(ours.next_u64(), theirs.next_u64());
+        }
+        let mut resumed = Rng::from_state(ours.state());
+        for _ in 0..100 {
+            assert_eq!(ours.next_u64(), resumed.next_u64());
+        }
     }
 }

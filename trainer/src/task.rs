@@ -1,5 +1,8 @@
-//! The built-in task: generated arithmetic questions (`17+25=`) answered by a number and an end token,
-//! a character-level tokenizer, and the verifiable `score` signal (1 when the answer matches exactly).
+//! What the training loop needs from a task ([`Task`]: prompts for a step, recipe inputs filled from
+//! completions by name, held-out prompts and correctness for evaluation, optional supervised examples),
+//! and the built-in task: generated arithmetic questions (`17+25=`) answered by a number and an end
+//! token, a character-level tokenizer, and the verifiable `score` signal (1 when the answer matches
+//! exactly).
 
 use serde::{Deserialize, Serialize};
 
@@ -43,6 +46,59 @@ impl Tokenizer {
     }
 }
 
+/// One prompt: its token ids, its text, and the reference answer when the task has one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prompt {
+    pub ids: Vec<u32>,
+    pub text: String,
+    pub answer: Option<String>,
+}
+
+/// Supervised examples: (prompt ids, target ids ending with the stop token).
+pub type Examples = Vec<(Vec<u32>, Vec<u32>)>;
+
+/// A source of prompts and signals for the training loop. Completions are prompt-major: completion `r`
+/// answers `prompts[r / n]`.
+pub trait Task {
+    /// A short name for messages and metrics.
+    fn name(&self) -> String;
+
+    /// The token that ends a completion.
+    fn stop_token(&self) -> Option<u32>;
+
+    /// The names of the response-level (`f32[resp]`) recipe inputs this task fills.
+    fn signals(&self) -> Vec<String>;
+
+    /// `count` prompts for one step, drawn from `rng` (the only randomness a task may use).
+    fn prompts(&self, rng: &mut Rng, count: usize) -> Result<Vec<Prompt>, String>;
+
+    /// The values of the signal `name` (one of [`Task::signals`]) for each completion.
+    fn signal(
+        &self,
+        name: &str,
+        prompts: &[Prompt],
+        completions: &[Vec<u32>],
+        n: usize,
+    ) -> Result<Vec<f64>, String>;
+
+    /// 1 when `completion` is a correct answer to `prompt`, else 0; `None` when the task is not
+    /// verifiable (then no accuracy is reported).
+    fn correct(&self, prompt: &Prompt, completion: &[u32]) -> Option<f64>;
+
+    /// The fixed held-out prompts for greedy evaluation (they must not depend on training).
+    fn eval_prompts(&self, seed: u64) -> Result<Vec<Prompt>, String>;
+
+    /// `count` supervised examples (prompt ids, target ids ending with the stop token) for the warm
+    /// start, or `None` when the task has none.
+    fn supervised(&self, rng: &mut Rng, count: usize) -> Result<Option<Examples>, String>;
+
+    /// The longest prompt, in tokens, this task can produce (checked against the model's positions).
+    fn max_prompt_tokens(&self) -> usize;
+
+    /// Text of generated ids (for messages).
+    fn decode(&self, ids: &[u32]) -> String;
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TaskConfig {
@@ -72,7 +128,45 @@ impl Arithmetic {
                 config.ops
             ));
         }
+        if config.max_operand > 1_000_000 {
+            return Err(format!(
+                "task.max_operand = {} is too large (at most 1000000)",
+                config.max_operand
+            ));
+        }
         Ok(Arithmetic { config })
+    }
+
+    fn prompt(question: &Question) -> Result<Prompt, String> {
+        Ok(Prompt {
+            ids: Tokenizer.encode(&question.prompt)?,
+            text: question.prompt.clone(),
+            answer: Some(question.answer.clone()),
+        })
+    }
+
+    fn question_of(prompt: &Prompt) -> Question {
+        Question {
+            prompt: prompt.text.clone(),
+            answer: prompt.answer.clone().unwrap_or_default(),
+        }
+    }
+
+    /// The longest answer, in characters.
+    pub fn max_answer_chars(&self) -> usize {
+        let m = self.config.max_operand as i64;
+        let mut longest = 0;
+        for op in self.config.ops.chars() {
+            let extremes: [i64; 2] = match op {
+                '+' => [m + m, 0],
+                '-' => [-m, m],
+                _ => [m * m, 0],
+            };
+            for e in extremes {
+                longest = longest.max(e.to_string().len());
+            }
+        }
+        longest
     }
 
     pub fn question(&self, rng: &mut Rng) -> Question {
@@ -107,5 +201,121 @@ impl Arithmetic {
         } else {
             0.0
         }
+    }
+}
+
+impl Task for Arithmetic {
+    fn name(&self) -> String {
+        format!(
+            "arithmetic (0..={} with {})",
+            self.config.max_operand, self.config.ops
+        )
+    }
+
+    fn stop_token(&self) -> Option<u32> {
+        Some(EOS)
+    }
+
+    fn signals(&self) -> Vec<String> {
+        vec!["score".into()]
+    }
+
+    fn prompts(&self, rng: &mut Rng, count: usize) -> Result<Vec<Prompt>, String> {
+        (0..count)
+            .map(|_| Arithmetic::prompt(&self.question(rng)))
+            .collect()
+    }
+
+    fn signal(
+        &self,
+        name: &str,
+        prompts: &[Prompt],
+        completions: &[Vec<u32>],
+        n: usize,
+    ) -> Result<Vec<f64>, String> {
+        if name != "score" {
+            return Err(format!(
+                "the arithmetic task has no signal `{name}` (it fills `score`)"
+            ));
+        }
+        if completions.len() != prompts.len() * n {
+            return Err(format!(
+                "{} completions for {} prompts × {n} samples",
+                completions.len(),
+                prompts.len()
+            ));
+        }
+        Ok(completions
+            .iter()
+            .enumerate()
+            .map(|(r, c)| self.score(&Arithmetic::question_of(&prompts[r / n]), c))
+            .collect())
+    }
+
+    fn correct(&self, prompt: &Prompt, completion: &[u32]) -> Option<f64> {
+        Some(self.score(&Arithmetic::question_of(prompt), completion))
+    }
+
+    fn eval_prompts(&self, seed: u64) -> Result<Vec<Prompt>, String> {
+        self.eval_set(seed).iter().map(Arithmetic::prompt).collect()
+    }
+
+    fn supervised(&self, rng: &mut Rng, count: usize) -> Result<Option<Examples>, String> {
+        let mut examples = Vec::with_capacity(count);
+        for _ in 0..count {
+            let question = self.question(rng);
+            let mut target = Tokenizer.encode(&question.answer)?;
+            target.push(EOS);
+            examples.push((Tokenizer.encode(&question.prompt)?, target));
+        }
+        Ok(Some(examples))
+    }
+
+    fn max_prompt_tokens(&self) -> usize {
+        // Two operands, the operator and `=`.
+        2 * self.config.max_operand.to_string().len() + 2
+    }
+
+    fn decode(&self, ids: &[u32]) -> String {
+        Tokenizer.decode(ids)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_arithmetic_task_fills_score_and_knows_its_lengths() {
+        let task = Arithmetic::new(TaskConfig {
+            max_operand: 99,
+            ops: "+-*".into(),
+            eval_questions: 3,
+        })
+        .unwrap();
+        assert_eq!(task.max_prompt_tokens(), 6);
+        assert_eq!(task.max_answer_chars(), 4); // 99*99 = 9801, -99
+        let mut rng = Rng::new(5);
+        let prompts = task.prompts(&mut rng, 2).unwrap();
+        let right = |p: &Prompt| {
+            let mut ids = Tokenizer.encode(p.answer.as_deref().unwrap()).unwrap();
+            ids.push(EOS);
+            ids
+        };
+        let completions = vec![right(&prompts[0]), vec![EOS], right(&prompts[1]), vec![2]];
+        assert_eq!(
+            task.signal("score", &prompts, &completions, 2).unwrap(),
+            vec![1.0, 0.0, 1.0, 0.0]
+        );
+        assert_eq!(
+            task.signal("judge", &prompts, &completions, 2).unwrap_err(),
+            "the arithmetic task has no signal `judge` (it fills `score`)"
+        );
+        assert_eq!(
+            task.signal("score", &prompts, &completions, 3).unwrap_err(),
+            "4 completions for 2 prompts × 3 samples"
+        );
+        assert_eq!(task.eval_prompts(0).unwrap().len(), 3);
+        assert_eq!(task.eval_prompts(0).unwrap(), task.eval_prompts(0).unwrap());
     }
 }

@@ -1,28 +1,34 @@
-//! The training loop behind `rlx run`: prompts → samples → score → compiled recipe (through the custom
-//! op) → backward → gradient clipping → AdamW, with a supervised warm start, per-step metrics as JSONL,
-//! deterministic for a seed.
+//! The training loop behind `rlx run`: prompts → samples → signals → compiled recipe (loss and
+//! ∂loss/∂logp) → backward through the policy, micro-batch by micro-batch → gradient clipping → AdamW,
+//! after a supervised warm start; NaN/inf checks, checkpoints and `--resume`, per-step metrics as JSONL,
+//! a PNG of the curves. Deterministic for a seed.
+//!
+//! The task is behind [`Task`]: the loop asks it for prompts, for the recipe inputs it fills (by name),
+//! and for correctness on held-out prompts; the arithmetic task is the built-in one.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor};
-use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use serde_json::{json, Map, Value};
 
 use rlx_compiler::hir::{ExprKind, Recipe, RolloutValue};
 use rlx_compiler::ir::{Graph, Level};
 use rlx_runtime::batch::{Batch, Layout};
-use rlx_runtime::interp::Context;
+use rlx_runtime::interp::{Context, Outcome};
 
+use crate::checkpoint::{self, State};
 use crate::config::Config;
 use crate::model::{attention_mask, log_softmax, Model};
 use crate::op::{Objective, RecipeOp};
+use crate::optim::{AdamW, AdamWParams, Grads};
+use crate::plot::{self, Panel};
+use crate::progress::{Event, StepReport};
 use crate::rng::Rng;
 use crate::sample::{generate, left_pad, Completion, Settings};
-use crate::task::{Arithmetic, Question, Tokenizer, EOS, PAD};
+use crate::task::{Arithmetic, Prompt, Task, Tokenizer, PAD};
 
 type Error = String;
 
@@ -31,7 +37,7 @@ fn err(e: candle_core::Error) -> Error {
 }
 
 /// Which recipe input the trainer fills with what.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 enum Fill {
     /// log π_θ of each generated token (the policy input; differentiable).
     Logp,
@@ -39,28 +45,40 @@ enum Fill {
     OldLogp,
     /// log π_ref of each token under the frozen warm-started model.
     RefLogp,
-    /// The task's verifiable score per response.
-    Score,
+    /// A response-level signal of the task, by name (`score` for the arithmetic task).
+    Signal(String),
     /// The number of tokens of each response.
     Length,
     /// The input's declared default.
     Default(f64),
 }
 
-const FILLED: &str =
-    "logp (f32[tok] policy), old_logp (f32[tok]), ref_logp (f32[tok]), score (f32[resp]), length (f32[resp])";
+fn filled_list(signals: &[String]) -> String {
+    let mut list = vec![
+        "logp (f32[tok] policy)".to_string(),
+        "old_logp (f32[tok])".into(),
+        "ref_logp (f32[tok])".into(),
+    ];
+    list.extend(signals.iter().map(|s| format!("{s} (f32[resp])")));
+    list.push("length (f32[resp])".into());
+    list.join(", ")
+}
 
 /// Decide how to fill every input of `graph`; an error names an input the trainer cannot fill.
-fn plan_inputs(graph: &Graph) -> Result<Vec<Fill>, Error> {
+fn plan_inputs(graph: &Graph, signals: &[String]) -> Result<Vec<Fill>, Error> {
     let mut fills = Vec::new();
+    let filled = filled_list(signals);
     for input in &graph.inputs {
         let level = input.shape.level;
         let plain = input.shape.feature.is_none();
-        let fill = match (input.name.as_str(), level) {
+        let name = input.name.as_str();
+        let fill = match (name, level) {
             ("logp", Level::Tok) if plain && input.differentiable => Some(Fill::Logp),
             ("old_logp", Level::Tok) if plain => Some(Fill::OldLogp),
             ("ref_logp", Level::Tok) if plain => Some(Fill::RefLogp),
-            ("score", Level::Resp) if plain => Some(Fill::Score),
+            (_, Level::Resp) if plain && signals.iter().any(|s| s == name) => {
+                Some(Fill::Signal(name.to_string()))
+            }
             ("length", Level::Resp) if plain => Some(Fill::Length),
             _ => None,
         };
@@ -69,7 +87,7 @@ fn plan_inputs(graph: &Graph) -> Result<Vec<Fill>, Error> {
             (None, Some(default)) if !input.differentiable => Fill::Default(default),
             _ => {
                 return Err(format!(
-                    "recipe input `{}` ({}{}{}) cannot be filled by the trainer: it fills {FILLED}, and inputs with a default",
+                    "recipe input `{}` ({}{}{}) cannot be filled by the trainer: it fills {filled}, and inputs with a default",
                     input.name,
                     format!("{:?}", input.elem).to_lowercase(),
                     input.shape,
@@ -81,7 +99,7 @@ fn plan_inputs(graph: &Graph) -> Result<Vec<Fill>, Error> {
     }
     if !fills.contains(&Fill::Logp) {
         return Err(format!(
-            "the recipe has no input `logp : f32[tok] policy` for the trainer to differentiate (it fills {FILLED})"
+            "the recipe has no input `logp : f32[tok] policy` for the trainer to differentiate (it fills {filled})"
         ));
     }
     Ok(fills)
@@ -142,103 +160,75 @@ pub fn completion_logp(
     chosen.index_select(&packed, 0)
 }
 
-/// Clip the global gradient norm of `model`'s parameters to `max_norm` (0 = no clipping); returns the
-/// norm before clipping.
-pub fn clip_gradients(
-    model: &Model,
-    grads: &mut GradStore,
-    max_norm: f64,
-) -> candle_core::Result<f64> {
-    let mut total = 0.0f64;
-    for (_, var) in model.vars() {
-        if let Some(g) = grads.get(var.as_tensor()) {
-            total += g.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-        }
-    }
-    let norm = total.sqrt();
-    if max_norm > 0.0 && norm > max_norm {
-        let scale = max_norm / (norm + 1e-6);
-        for (_, var) in model.vars() {
-            if let Some(g) = grads.get(var.as_tensor()) {
-                let scaled = (g * scale)?;
-                grads.insert(var.as_tensor(), scaled);
-            }
-        }
-    }
-    Ok(norm)
-}
-
-fn encode_all(questions: &[Question]) -> Result<Vec<Vec<u32>>, Error> {
-    questions
-        .iter()
-        .map(|q| Tokenizer.encode(&q.prompt))
-        .collect()
-}
-
-/// Greedy accuracy of `model` on `questions`.
+/// Greedy accuracy of `model` on `prompts` (`None` when the task is not verifiable).
 pub fn accuracy(
     model: &Model,
-    task: &Arithmetic,
-    questions: &[Question],
+    task: &dyn Task,
+    prompts: &[Prompt],
     max_new_tokens: usize,
     device: &Device,
-) -> Result<f64, Error> {
-    if questions.is_empty() {
-        return Ok(0.0);
+) -> Result<Option<f64>, Error> {
+    if prompts.is_empty() {
+        return Ok(None);
     }
-    let prompts = encode_all(questions)?;
     let settings = Settings {
         temperature: 0.0,
         top_p: 1.0,
         max_new_tokens,
-        stop: Some(EOS),
+        stop: task.stop_token(),
     };
     let mut rng = Rng::new(0);
     let mut correct = 0.0;
-    for (chunk_q, chunk_p) in questions.chunks(256).zip(prompts.chunks(256)) {
-        let completions = generate(model, chunk_p, 1, &settings, &mut rng, device).map_err(err)?;
-        for (q, c) in chunk_q.iter().zip(&completions) {
-            correct += task.score(q, &c.tokens);
+    for chunk in prompts.chunks(256) {
+        let ids: Vec<Vec<u32>> = chunk.iter().map(|p| p.ids.clone()).collect();
+        let completions = generate(model, &ids, 1, &settings, &mut rng, device).map_err(err)?;
+        for (p, c) in chunk.iter().zip(&completions) {
+            match task.correct(p, &c.tokens) {
+                Some(v) => correct += v,
+                None => return Ok(None),
+            }
         }
     }
-    Ok(correct / questions.len() as f64)
+    Ok(Some(correct / prompts.len() as f64))
 }
 
-/// The supervised warm start: cross-entropy on `answer<eos>` after each prompt. Returns the last loss.
+/// The supervised warm start: cross-entropy on the task's targets (AdamW at `sft.lr`, no weight decay,
+/// the RL gradient clipping). Returns the last loss, or `None` when the task has no supervised examples.
 pub fn supervised(
     model: &Model,
-    task: &Arithmetic,
+    task: &dyn Task,
     config: &Config,
     rng: &mut Rng,
     device: &Device,
-) -> Result<f64, Error> {
+) -> Result<Option<f64>, Error> {
     let mut opt = AdamW::new(
-        model.vars().iter().map(|(_, v)| v.clone()).collect(),
-        ParamsAdamW {
+        model.vars(),
+        AdamWParams {
             lr: config.sft.lr,
             weight_decay: 0.0,
             ..Default::default()
         },
-    )
-    .map_err(err)?;
-    let mut last = f64::NAN;
-    for _ in 0..config.sft.steps {
-        let questions: Vec<Question> = (0..config.sft.batch).map(|_| task.question(rng)).collect();
-        let prompts = encode_all(&questions)?;
-        let targets: Vec<Vec<u32>> = questions
-            .iter()
-            .map(|q| {
-                let mut t = Tokenizer.encode(&q.answer)?;
-                t.push(EOS);
-                Ok(t)
-            })
-            .collect::<Result<_, Error>>()?;
+    );
+    let mut last = None;
+    for step in 0..config.sft.steps {
+        let Some(examples) = task.supervised(rng, config.sft.batch)? else {
+            return Ok(None);
+        };
+        let (prompts, targets): (Vec<Vec<u32>>, Vec<Vec<u32>>) = examples.into_iter().unzip();
         let logp = completion_logp(model, &prompts, &targets, device).map_err(err)?;
         let loss = logp.mean_all().map_err(err)?.neg().map_err(err)?;
-        let mut grads = loss.backward().map_err(err)?;
-        clip_gradients(model, &mut grads, config.train.grad_clip).map_err(err)?;
+        let value = loss.to_scalar::<f32>().map_err(err)? as f64;
+        if !value.is_finite() {
+            return Err(format!(
+                "warm start step {step}: the supervised loss is {value}; lower sft.lr ({})",
+                config.sft.lr
+            ));
+        }
+        let store = loss.backward().map_err(err)?;
+        let mut grads = Grads::from_store(model.vars(), &store).map_err(err)?;
+        grads.clip(config.train.grad_clip);
         opt.step(&grads).map_err(err)?;
-        last = loss.to_scalar::<f32>().map_err(err)? as f64;
+        last = Some(value);
     }
     Ok(last)
 }
@@ -249,10 +239,13 @@ pub struct Summary {
     pub out: PathBuf,
     pub accuracy_before: f64,
     pub accuracy_after: f64,
+    /// Mean reward of every step (those before a resume included).
     pub rewards: Vec<f64>,
     pub wall_s: f64,
     pub sample_tokens_per_s: f64,
     pub train_tokens_per_s: f64,
+    /// Steps completed (less than `steps` when stopped early with `RunOptions::stop_after`).
+    pub steps_done: usize,
 }
 
 /// Everything a run needs, checked: the graph, how its inputs are filled, the sampler settings.
@@ -263,13 +256,19 @@ pub struct Plan {
     pub temperature: f64,
 }
 
+/// The task the config describes (the built-in arithmetic task).
+pub fn task_from_config(config: &Config) -> Result<Box<dyn Task>, Error> {
+    Ok(Box::new(Arithmetic::new(config.task.clone())?))
+}
+
 /// Compile the recipe with its param overrides and check that the trainer can feed it.
 pub fn plan(recipe: &Recipe, overrides: &[(String, f64)], config: &Config) -> Result<Plan, Error> {
     let graph = rlx_compiler::compile_graph(recipe, overrides)?;
     if graph.outputs.loss.is_none() {
         return Err("the recipe has no `loss` section: there is nothing to train".into());
     }
-    let fills = plan_inputs(&graph)?;
+    let task = task_from_config(config)?;
+    let fills = plan_inputs(&graph, &task.signals())?;
     let group_size = if config.sampler.n > 0 {
         config.sampler.n
     } else {
@@ -288,100 +287,353 @@ pub fn plan(recipe: &Recipe, overrides: &[(String, f64)], config: &Config) -> Re
     })
 }
 
+/// How a run starts and stops beyond its config.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// Continue from this checkpoint (a run directory or its `checkpoint/`).
+    pub resume: Option<PathBuf>,
+    /// Stop once this many steps are done, as if killed there (no final checkpoint, plot or summary);
+    /// for tests of `resume`.
+    pub stop_after: Option<usize>,
+}
+
+/// The loss of the recipe on the whole batch and the gradient of every parameter, backpropagated
+/// `micro_batch` responses at a time (0 = all at once).
+///
+/// The recipe is always evaluated once on the whole batch — its normalisations (token means, group
+/// statistics) are over the whole batch — giving the loss and ∂loss/∂logp. With one micro-batch the
+/// loss is the recipe's custom op and `backward` runs through it. With several, the loop first computes
+/// the current logp of every micro-batch (forward only), evaluates the recipe on the whole batch, then
+/// for each micro-batch backpropagates Σ logp·(∂loss/∂logp) with those fixed gradients and sums the
+/// parameter gradients: exactly the whole-batch gradient, whatever the micro-batch size.
+#[allow(clippy::too_many_arguments)]
+pub fn loss_and_gradients(
+    policy: &Model,
+    objective: &Arc<Objective>,
+    batch: &Batch,
+    logp_input: &str,
+    context: Context,
+    rows: &[Vec<u32>],
+    tokens: &[Vec<u32>],
+    micro_batch: usize,
+    device: &Device,
+) -> Result<(Outcome, Grads), Error> {
+    let responses = rows.len();
+    let size = if micro_batch == 0 || micro_batch >= responses {
+        responses
+    } else {
+        micro_batch
+    };
+    if size == responses {
+        let logp = completion_logp(policy, rows, tokens, device).map_err(err)?;
+        let op = RecipeOp::new(objective.clone(), batch.clone(), logp_input, context)?;
+        let (loss, outcome) = op.apply(&logp).map_err(err)?;
+        check_outcome(&outcome, logp_input)?;
+        let store = loss.backward().map_err(err)?;
+        let grads = Grads::from_store(policy.vars(), &store).map_err(err)?;
+        return Ok((outcome, grads));
+    }
+    let index = objective
+        .graph()
+        .inputs
+        .iter()
+        .position(|i| i.name == logp_input)
+        .ok_or_else(|| format!("the recipe has no input `{logp_input}`"))?;
+    let mut values = Vec::with_capacity(batch.layout.tokens());
+    for (r, t) in rows.chunks(size).zip(tokens.chunks(size)) {
+        let logp = completion_logp(policy, r, t, device).map_err(err)?;
+        values.extend(
+            logp.to_vec1::<f32>()
+                .map_err(err)?
+                .into_iter()
+                .map(f64::from),
+        );
+    }
+    let mut whole = batch.clone();
+    whole.inputs[index] = values;
+    let outcome = objective
+        .run(&whole, &context)
+        .map_err(|e| format!("recipe: {e}"))?;
+    check_outcome(&outcome, logp_input)?;
+    let gradient: Vec<f32> = outcome
+        .gradients
+        .iter()
+        .find(|(n, _)| n == logp_input)
+        .map(|(_, g)| g.iter().map(|v| *v as f32).collect())
+        .ok_or_else(|| format!("the recipe gives no gradient for `{logp_input}`"))?;
+    let mut grads = Grads::default();
+    let mut offset = 0;
+    for (r, t) in rows.chunks(size).zip(tokens.chunks(size)) {
+        let logp = completion_logp(policy, r, t, device).map_err(err)?;
+        let count = logp.elem_count();
+        let g =
+            Tensor::from_slice(&gradient[offset..offset + count], count, device).map_err(err)?;
+        offset += count;
+        let surrogate = (logp * g).and_then(|x| x.sum_all()).map_err(err)?;
+        let store = surrogate.backward().map_err(err)?;
+        grads.accumulate(policy.vars(), &store).map_err(err)?;
+    }
+    Ok((outcome, grads))
+}
+
+/// The loss and ∂loss/∂logp must be finite; an error says which is not.
+fn check_outcome(outcome: &Outcome, logp_input: &str) -> Result<(), Error> {
+    if let Some(loss) = outcome.loss {
+        if !loss.is_finite() {
+            return Err(format!("the loss is {loss}"));
+        }
+    }
+    if let Some((_, g)) = outcome.gradients.iter().find(|(n, _)| n == logp_input) {
+        if let Some((k, v)) = g.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            return Err(format!("∂loss/∂{logp_input} is {v} at token {k}"));
+        }
+    }
+    Ok(())
+}
+
+fn mean(values: &[f64]) -> f64 {
+    if values.is_empty() {
+        0.0
+    } else {
+        values.iter().sum::<f64>() / values.len() as f64
+    }
+}
+
+/// Keys of a metrics line that measure time (they differ between otherwise identical runs).
+pub const TIMING_KEYS: [&str; 3] = ["sample_tokens_per_s", "train_tokens_per_s", "step_time_s"];
+
 /// Run the whole job: warm start, then `config.steps` RL steps; metrics go to `out/metrics.jsonl`.
 pub fn run(
     plan: Plan,
     config: &Config,
     out: &Path,
-    mut progress: impl FnMut(&str),
+    progress: impl FnMut(&Event),
+) -> Result<Summary, Error> {
+    run_with(plan, config, out, &RunOptions::default(), progress)
+}
+
+/// [`run`] with a resume point and an early stop.
+pub fn run_with(
+    plan: Plan,
+    config: &Config,
+    out: &Path,
+    options: &RunOptions,
+    mut progress: impl FnMut(&Event),
 ) -> Result<Summary, Error> {
     let start = Instant::now();
     let device = Device::Cpu;
+    let write_err =
+        |path: &Path, e: std::io::Error| format!("cannot write {}: {e}", path.display());
     std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let resolved = toml::to_string(config).map_err(|e| e.to_string())?;
-    std::fs::write(out.join("config.toml"), resolved)
-        .map_err(|e| format!("cannot write {}: {e}", out.join("config.toml").display()))?;
-    let metrics_path = out.join("metrics.jsonl");
-    let mut metrics_file = std::fs::File::create(&metrics_path)
-        .map_err(|e| format!("cannot write {}: {e}", metrics_path.display()))?;
+    let config_path = out.join("config.toml");
+    std::fs::write(&config_path, &resolved).map_err(|e| write_err(&config_path, e))?;
 
     let objective = Arc::new(match config.backend.as_str() {
         "jit" => Objective::kernel(&plan.graph)?,
         _ => Objective::interpreter(plan.graph.clone()),
     });
-    let task = Arithmetic::new(config.task.clone())?;
+    let task = task_from_config(config)?;
     let mut model_config = config.model.clone();
     if model_config.vocab == 0 {
         model_config.vocab = Tokenizer.vocab_size();
     }
-    let mut rng = Rng::new(config.seed);
-    let policy = Model::new(&model_config, config.seed, &device).map_err(err)?;
-    let eval = task.eval_set(config.seed);
     let max_new = config.sampler.max_new_tokens;
+    let policy = Model::new(&model_config, config.seed, &device).map_err(err)?;
+    let eval = task.eval_prompts(config.seed)?;
+    let uses_reference = plan.fills.contains(&Fill::RefLogp);
+    let params = plan.graph.params.clone();
 
-    let sft_start = Instant::now();
-    let sft_loss = supervised(&policy, &task, config, &mut rng.fork(), &device)?;
-    let accuracy_before = accuracy(&policy, &task, &eval, max_new, &device)?;
-    progress(&format!(
-        "warm start: {} steps in {:.1}s, loss {sft_loss:.4}; {} parameters; greedy accuracy {:.3}",
-        config.sft.steps,
-        sft_start.elapsed().as_secs_f64(),
-        policy.parameter_count(),
-        accuracy_before
-    ));
-    let reference = if plan.fills.contains(&Fill::RefLogp) {
-        Some(policy.frozen_copy().map_err(err)?)
-    } else {
-        None
-    };
+    // Fresh start (warm start, reference copy, new optimizer, seeded streams) or a checkpoint.
+    let mut rng = Rng::new(config.seed);
+    let mut sft_rng = rng.fork();
+    let mut sample_rng = rng.fork();
+    let mut prompt_rng = rng.fork();
     let mut opt = AdamW::new(
-        policy.vars().iter().map(|(_, v)| v.clone()).collect(),
-        ParamsAdamW {
+        policy.vars(),
+        AdamWParams {
             lr: config.train.lr,
             weight_decay: config.train.weight_decay,
             ..Default::default()
         },
-    )
-    .map_err(err)?;
+    );
+    let mut history: Vec<Map<String, Value>> = Vec::new();
+    let mut rewards = Vec::new();
+    let (first_step, accuracy_before, reference) = match &options.resume {
+        Some(dir) => {
+            let loaded = checkpoint::load(dir)?;
+            let state = &loaded.state;
+            if state.params != params {
+                return Err(format!(
+                    "--resume {}: the recipe's params {params:?} differ from the checkpoint's {:?} (pass the same --set NAME=VALUE)",
+                    dir.display(),
+                    state.params
+                ));
+            }
+            if state.step > config.steps {
+                return Err(format!(
+                    "--resume {}: the checkpoint is at step {}, past steps = {}",
+                    dir.display(),
+                    state.step,
+                    config.steps
+                ));
+            }
+            checkpoint::restore_weights(&policy, &loaded.dir, "model.safetensors")?;
+            let reference = if state.has_reference {
+                let reference = policy.frozen_copy().map_err(err)?;
+                checkpoint::restore_weights(&reference, &loaded.dir, "reference.safetensors")?;
+                Some(reference)
+            } else if uses_reference {
+                return Err(format!(
+                    "--resume {}: the checkpoint has no reference model but the recipe reads ref_logp",
+                    dir.display()
+                ));
+            } else {
+                None
+            };
+            let moments = checkpoint::read_tensors(&loaded.dir, "optimizer.safetensors")?;
+            opt.load_state(&moments, state.optimizer_step)
+                .map_err(|e| format!("checkpoint {}: {e}", loaded.dir.display()))?;
+            sample_rng = Rng::from_state(state.sample_rng);
+            prompt_rng = Rng::from_state(state.prompt_rng);
+            rewards = state.rewards.clone();
+            for (k, line) in loaded.metrics_text.lines().enumerate() {
+                match serde_json::from_str::<Value>(line) {
+                    Ok(Value::Object(map)) => history.push(map),
+                    _ => {
+                        return Err(format!(
+                            "checkpoint {}: metrics.jsonl line {} is not a JSON object",
+                            loaded.dir.display(),
+                            k + 1
+                        ))
+                    }
+                }
+            }
+            progress(&Event::Info(format!(
+                "resumed from {} at step {}/{}",
+                loaded.dir.display(),
+                state.step,
+                config.steps
+            )));
+            (state.step, state.accuracy_before, reference)
+        }
+        None => {
+            let sft_start = Instant::now();
+            let sft_loss = supervised(&policy, task.as_ref(), config, &mut sft_rng, &device)?;
+            let before = accuracy(&policy, task.as_ref(), &eval, max_new, &device)?;
+            progress(&Event::Info(format!(
+                "{}; {} parameters; warm start: {} steps in {:.1}s{}; greedy accuracy {}",
+                task.name(),
+                policy.parameter_count(),
+                config.sft.steps,
+                sft_start.elapsed().as_secs_f64(),
+                sft_loss
+                    .map(|l| format!(", loss {l:.4}"))
+                    .unwrap_or_default(),
+                before.map_or("n/a".into(), |a| format!("{a:.3}"))
+            )));
+            let reference = if uses_reference {
+                Some(policy.frozen_copy().map_err(err)?)
+            } else {
+                None
+            };
+            (0, before, reference)
+        }
+    };
+
+    let metrics_path = out.join("metrics.jsonl");
+    let mut metrics_text: String = history
+        .iter()
+        .map(|line| format!("{}\n", Value::Object(line.clone())))
+        .collect();
+    std::fs::write(&metrics_path, &metrics_text).map_err(|e| write_err(&metrics_path, e))?;
+    let mut metrics_file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&metrics_path)
+        .map_err(|e| write_err(&metrics_path, e))?;
+
     let settings = Settings {
         temperature: plan.temperature,
         top_p: config.sampler.top_p,
         max_new_tokens: max_new,
-        stop: Some(EOS),
+        stop: task.stop_token(),
     };
     let n = plan.group_size;
     let (mut sample_tokens, mut sample_time) = (0usize, 0f64);
     let (mut train_tokens, mut train_time) = (0usize, 0f64);
-    let mut rewards = Vec::new();
     let mut accuracy_after = accuracy_before;
-    let mut sample_rng = rng.fork();
-    let mut prompt_rng = rng.fork();
+    let mut last_checkpoint: Option<usize> = options.resume.as_ref().map(|_| first_step);
+    let mut step_times = Vec::new();
+    let signals = task.signals();
 
-    for step in 0..config.steps {
+    let save = |step: usize,
+                metrics_text: &str,
+                rewards: &[f64],
+                opt: &AdamW,
+                prompt_rng: &Rng,
+                sample_rng: &Rng|
+     -> Result<PathBuf, Error> {
+        let state = State {
+            format: checkpoint::FORMAT,
+            step,
+            optimizer_step: opt.step,
+            prompt_rng: prompt_rng.state(),
+            sample_rng: sample_rng.state(),
+            accuracy_before,
+            rewards: rewards.to_vec(),
+            params: params.clone(),
+            has_reference: reference.is_some(),
+        };
+        checkpoint::save(
+            out,
+            &state,
+            &resolved,
+            metrics_text,
+            &policy,
+            reference.as_ref(),
+            opt,
+        )
+    };
+    let no_checkpoint = |out: &Path, last: Option<usize>| match last {
+        Some(step) => format!(
+            "the last good checkpoint (after step {step}) is in {}",
+            out.join("checkpoint").display()
+        ),
+        None => "no checkpoint was written yet".to_string(),
+    };
+
+    let mut step = first_step;
+    while step < config.steps {
+        if options.stop_after == Some(step) {
+            break;
+        }
         let step_start = Instant::now();
-        let questions: Vec<Question> = (0..config.train.prompts_per_step)
-            .map(|_| task.question(&mut prompt_rng))
-            .collect();
-        let prompts = encode_all(&questions)?;
+        let prompts = task.prompts(&mut prompt_rng, config.train.prompts_per_step)?;
+        let ids: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
         let t0 = Instant::now();
         let completions: Vec<Completion> =
-            generate(&policy, &prompts, n, &settings, &mut sample_rng, &device).map_err(err)?;
+            generate(&policy, &ids, n, &settings, &mut sample_rng, &device).map_err(err)?;
         let generated: usize = completions.iter().map(|c| c.tokens.len()).sum();
-        sample_time += t0.elapsed().as_secs_f64();
+        let sample_s = t0.elapsed().as_secs_f64();
+        sample_time += sample_s;
         sample_tokens += generated;
 
-        let rows: Vec<Vec<u32>> = prompts
+        let rows: Vec<Vec<u32>> = ids
             .iter()
             .flat_map(|p| std::iter::repeat_n(p.clone(), n))
             .collect();
         let tokens: Vec<Vec<u32>> = completions.iter().map(|c| c.tokens.clone()).collect();
-        let scores: Vec<f64> = completions
+        let mut signal_values: Vec<(String, Vec<f64>)> = Vec::new();
+        for name in &signals {
+            signal_values.push((name.clone(), task.signal(name, &prompts, &tokens, n)?));
+        }
+        let correct: Option<Vec<f64>> = completions
             .iter()
             .enumerate()
-            .map(|(r, c)| task.score(&questions[r / n], &c.tokens))
+            .map(|(r, c)| task.correct(&prompts[r / n], &c.tokens))
             .collect();
         let lengths: Vec<usize> = tokens.iter().map(Vec::len).collect();
-        let layout = Layout::from_counts(&vec![n; questions.len()], &lengths, &[], 0)
+        let layout = Layout::from_counts(&vec![n; prompts.len()], &lengths, &[], 0)
             .map_err(|e| e.to_string())?;
         let ref_logp: Option<Vec<f64>> = match &reference {
             Some(reference) => Some(
@@ -406,7 +658,11 @@ pub fn run(
             .map(|(fill, input)| match fill {
                 Fill::Logp | Fill::OldLogp => old_logp.clone(),
                 Fill::RefLogp => ref_logp.clone().unwrap_or_default(),
-                Fill::Score => scores.clone(),
+                Fill::Signal(name) => signal_values
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, v)| v.clone())
+                    .unwrap_or_default(),
                 Fill::Length => lengths.iter().map(|l| *l as f64).collect(),
                 Fill::Default(v) => {
                     let size = match input.shape.level {
@@ -429,29 +685,95 @@ pub fn run(
         let t1 = Instant::now();
         let mut first = None;
         let mut grad_norm = 0.0;
-        for _ in 0..config.train.epochs {
-            let logp = completion_logp(&policy, &rows, &tokens, &device).map_err(err)?;
-            let op = RecipeOp::new(objective.clone(), batch.clone(), "logp", context)?;
-            let (loss, outcome) = op.apply(&logp).map_err(err)?;
-            let mut grads = loss.backward().map_err(err)?;
-            grad_norm = clip_gradients(&policy, &mut grads, config.train.grad_clip).map_err(err)?;
+        for epoch in 0..config.train.epochs {
+            let fail = |what: String| {
+                format!(
+                    "step {step} (epoch {epoch}): {what}; the run stopped before the update; {}",
+                    no_checkpoint(out, last_checkpoint)
+                )
+            };
+            let (outcome, mut grads) = loss_and_gradients(
+                &policy,
+                &objective,
+                &batch,
+                "logp",
+                context,
+                &rows,
+                &tokens,
+                config.train.micro_batch,
+                &device,
+            )
+            .map_err(fail)?;
+            if let Some((name, value)) = grads.first_non_finite(policy.vars()) {
+                return Err(fail(format!(
+                    "the gradient of parameter `{name}` has {value}"
+                )));
+            }
+            grad_norm = grads.clip(config.train.grad_clip);
             opt.step(&grads).map_err(err)?;
+            if let Some((name, _)) = policy.vars().iter().find(|(_, v)| {
+                let largest = v
+                    .as_tensor()
+                    .abs()
+                    .and_then(|t| t.max_all())
+                    .and_then(|t| t.to_scalar::<f32>());
+                !matches!(largest, Ok(m) if m.is_finite())
+            }) {
+                return Err(fail(format!(
+                    "parameter `{name}` became non-finite after the update"
+                )));
+            }
             first.get_or_insert(outcome);
         }
-        train_time += t1.elapsed().as_secs_f64();
+        let train_s = t1.elapsed().as_secs_f64();
+        train_time += train_s;
         train_tokens += total_tokens * config.train.epochs;
         let outcome = first.expect("at least one epoch");
 
-        let reward_mean = outcome.reward.as_ref().map_or(mean(&scores), |r| mean(r));
+        let score_mean = signal_values.first().map(|(_, v)| mean(v));
+        let reward_mean = outcome
+            .reward
+            .as_ref()
+            .map(|r| mean(r))
+            .or(score_mean)
+            .unwrap_or(0.0);
         rewards.push(reward_mean);
         let mut line = Map::new();
         line.insert("step".into(), json!(step));
         line.insert("reward/mean".into(), json!(reward_mean));
-        line.insert("accuracy".into(), json!(mean(&scores)));
+        if let Some(correct) = &correct {
+            line.insert("accuracy".into(), json!(mean(correct)));
+        }
         line.insert("loss".into(), json!(outcome.loss));
         for (name, value) in &outcome.metrics {
             line.insert(format!("recipe/{name}"), json!(value));
         }
+        for (name, values) in &signal_values {
+            line.insert(format!("signal/{name}/mean"), json!(mean(values)));
+        }
+        // k3 estimate of KL(π_old ‖ π_ref) on the sampled tokens.
+        let kl = ref_logp.as_ref().map(|reference| {
+            let k3: Vec<f64> = old_logp
+                .iter()
+                .zip(reference)
+                .map(|(l, r)| (r - l).exp() - (r - l) - 1.0)
+                .collect();
+            mean(&k3)
+        });
+        if let Some(kl) = kl {
+            line.insert("kl".into(), json!(kl));
+        }
+        // Distinct completions per group, as a fraction of the group size.
+        let distinct: Vec<f64> = tokens
+            .chunks(n)
+            .map(|group| {
+                let mut seen: Vec<&Vec<u32>> = group.iter().collect();
+                seen.sort();
+                seen.dedup();
+                seen.len() as f64 / n as f64
+            })
+            .collect();
+        line.insert("diversity/distinct".into(), json!(mean(&distinct)));
         line.insert(
             "response_length/mean".into(),
             json!(total_tokens as f64 / lengths.len() as f64),
@@ -459,55 +781,95 @@ pub fn run(
         line.insert("grad_norm".into(), json!(grad_norm));
         line.insert(
             "sample_tokens_per_s".into(),
-            json!(generated as f64 / t0.elapsed().as_secs_f64().max(1e-9)),
+            json!(generated as f64 / sample_s.max(1e-9)),
         );
         line.insert(
             "train_tokens_per_s".into(),
-            json!(
-                (total_tokens * config.train.epochs) as f64 / t1.elapsed().as_secs_f64().max(1e-9)
-            ),
+            json!((total_tokens * config.train.epochs) as f64 / train_s.max(1e-9)),
         );
         let last = step + 1 == config.steps;
         let every = config.train.eval_every;
+        let mut eval_accuracy = None;
         if last || (every > 0 && (step + 1) % every == 0) {
-            accuracy_after = accuracy(&policy, &task, &eval, max_new, &device)?;
-            line.insert("eval/accuracy".into(), json!(accuracy_after));
+            eval_accuracy = accuracy(&policy, task.as_ref(), &eval, max_new, &device)?;
+            if let Some(a) = eval_accuracy {
+                accuracy_after = Some(a);
+                line.insert("eval/accuracy".into(), json!(a));
+            }
         }
-        line.insert(
-            "step_time_s".into(),
-            json!(step_start.elapsed().as_secs_f64()),
-        );
-        writeln!(metrics_file, "{}", Value::Object(line.clone()))
-            .map_err(|e| format!("cannot write {}: {e}", metrics_path.display()))?;
-        let kl = outcome
-            .metrics
-            .iter()
-            .find(|(n, _)| n == "kl")
-            .map(|(_, v)| format!(" kl {v:.4}"))
-            .unwrap_or_default();
-        let eval_text = line
-            .get("eval/accuracy")
-            .map(|v| format!(" eval accuracy {:.3}", v.as_f64().unwrap_or(0.0)))
-            .unwrap_or_default();
-        progress(&format!(
-            "step {}/{} reward {reward_mean:.3}{kl}{eval_text} ({:.2}s)",
-            step + 1,
-            config.steps,
-            step_start.elapsed().as_secs_f64()
-        ));
+        let step_s = step_start.elapsed().as_secs_f64();
+        line.insert("step_time_s".into(), json!(step_s));
+        let text = format!("{}\n", Value::Object(line.clone()));
+        metrics_file
+            .write_all(text.as_bytes())
+            .map_err(|e| write_err(&metrics_path, e))?;
+        metrics_text.push_str(&text);
+        history.push(line);
+        step_times.push(step_s);
+        step += 1;
+
+        let every = config.train.checkpoint_every;
+        if last || (every > 0 && step % every == 0) {
+            save(
+                step,
+                &metrics_text,
+                &rewards,
+                &opt,
+                &prompt_rng,
+                &sample_rng,
+            )?;
+            last_checkpoint = Some(step);
+        }
+        progress(&Event::Step(StepReport {
+            step,
+            steps: config.steps,
+            reward: reward_mean,
+            kl: kl.or_else(|| {
+                outcome
+                    .metrics
+                    .iter()
+                    .find(|(n, _)| n == "kl")
+                    .map(|(_, v)| *v)
+            }),
+            eval_accuracy,
+            step_s,
+            eta_s: mean(&step_times) * (config.steps - step) as f64,
+        }));
     }
+
+    if step < config.steps {
+        // Stopped by `stop_after`, as if killed: no plot, no summary, the checkpoint stays as it was.
+        return Ok(Summary {
+            out: out.to_path_buf(),
+            accuracy_before: accuracy_before.unwrap_or(f64::NAN),
+            accuracy_after: accuracy_after.unwrap_or(f64::NAN),
+            rewards,
+            wall_s: start.elapsed().as_secs_f64(),
+            sample_tokens_per_s: sample_tokens as f64 / sample_time.max(1e-9),
+            train_tokens_per_s: train_tokens as f64 / train_time.max(1e-9),
+            steps_done: step,
+        });
+    }
+    let plot_path = out.join("metrics.png");
+    plot::write_png(
+        &plot_path,
+        &format!("rlx run: {} steps, seed {}", step, config.seed),
+        &panels(&history, accuracy_before),
+    )?;
     let summary = Summary {
         out: out.to_path_buf(),
-        accuracy_before,
-        accuracy_after,
+        accuracy_before: accuracy_before.unwrap_or(f64::NAN),
+        accuracy_after: accuracy_after.unwrap_or(f64::NAN),
         rewards,
         wall_s: start.elapsed().as_secs_f64(),
         sample_tokens_per_s: sample_tokens as f64 / sample_time.max(1e-9),
         train_tokens_per_s: train_tokens as f64 / train_time.max(1e-9),
+        steps_done: step,
     };
     let document = json!({
-        "accuracy_before": summary.accuracy_before,
-        "accuracy_after": summary.accuracy_after,
+        "steps_done": step,
+        "accuracy_before": accuracy_before,
+        "accuracy_after": accuracy_after,
         "wall_s": summary.wall_s,
         "sample_tokens_per_s": summary.sample_tokens_per_s,
         "train_tokens_per_s": summary.train_tokens_per_s,
@@ -515,15 +877,57 @@ pub fn run(
         "group_size": n,
         "temperature": plan.temperature,
     });
-    std::fs::write(out.join("summary.json"), format!("{document:#}\n"))
-        .map_err(|e| format!("cannot write {}: {e}", out.join("summary.json").display()))?;
+    let summary_path = out.join("summary.json");
+    std::fs::write(&summary_path, format!("{document:#}\n"))
+        .map_err(|e| write_err(&summary_path, e))?;
     Ok(summary)
 }
 
-fn mean(values: &[f64]) -> f64 {
-    if values.is_empty() {
-        0.0
+/// The panels of the curves PNG: reward, accuracy (per step and held-out), KL, loss. Step k's values
+/// are plotted at x = k + 1 (steps done).
+fn panels(history: &[Map<String, Value>], accuracy_before: Option<f64>) -> Vec<Panel> {
+    let series = |key: &str| -> Vec<(f64, f64)> {
+        history
+            .iter()
+            .filter_map(|line| {
+                let step = line.get("step")?.as_f64()?;
+                Some((step + 1.0, line.get(key)?.as_f64()?))
+            })
+            .collect()
+    };
+    let kl_key = if history.iter().any(|l| l.contains_key("kl")) {
+        "kl"
     } else {
-        values.iter().sum::<f64>() / values.len() as f64
-    }
+        "recipe/kl"
+    };
+    vec![
+        Panel {
+            title: "reward/mean".into(),
+            series: vec![("reward/mean".into(), plot::COLORS[0], series("reward/mean"))],
+        },
+        Panel {
+            title: "accuracy".into(),
+            series: vec![
+                ("samples".into(), plot::COLORS[0], series("accuracy")),
+                (
+                    "held-out greedy".into(),
+                    plot::COLORS[1],
+                    // The accuracy after the warm start is the curve's first point (step 0).
+                    accuracy_before
+                        .map(|a| (0.0, a))
+                        .into_iter()
+                        .chain(series("eval/accuracy"))
+                        .collect(),
+                ),
+            ],
+        },
+        Panel {
+            title: "KL to the reference (k3)".into(),
+            series: vec![("kl".into(), plot::COLORS[2], series(kl_key))],
+        },
+        Panel {
+            title: "loss".into(),
+            series: vec![("loss".into(), plot::COLORS[3], series("loss"))],
+        },
+    ]
 }

@@ -1,0 +1,239 @@
+//! Config, command-line and data errors of `rlx run`: each bad case and its message.
+
+use std::path::Path;
+
+use rlx_trainer::cli::{prepare, RunArgs};
+use rlx_trainer::config::DEFAULT_CONFIG;
+use rlx_trainer::Config;
+
+fn recipe(path: &str) -> rlx_compiler::hir::Recipe {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let checked = rlx_compiler::check_path(&root.join(path)).expect("recipe readable");
+    checked.recipe.expect("recipe checks")
+}
+
+fn args(sets: &[&str]) -> RunArgs {
+    RunArgs {
+        recipe_name: "grpo".into(),
+        sets: sets.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+fn prepare_error(sets: &[&str]) -> String {
+    match prepare(&recipe("recipes/grpo.rlx"), &args(sets)) {
+        Ok(_) => panic!("expected an error for {sets:?}"),
+        Err(message) => message,
+    }
+}
+
+/// The default config with `old` replaced by `new` (which must be there).
+fn edited(old: &str, new: &str) -> String {
+    assert!(DEFAULT_CONFIG.contains(old), "{old}");
+    DEFAULT_CONFIG.replacen(old, new, 1)
+}
+
+fn parse_error(text: &str) -> String {
+    Config::parse(text, &[]).expect_err("expected an error")
+}
+
+#[test]
+fn the_default_parses_and_every_key_is_listed() {
+    let config = Config::default_config();
+    assert_eq!(config.train.micro_batch, 0);
+    let keys = rlx_trainer::config::config_keys();
+    for key in [
+        "seed",
+        "steps",
+        "train.lr",
+        "train.micro_batch",
+        "train.checkpoint_every",
+        "sft.steps",
+    ] {
+        assert!(keys.iter().any(|k| k == key), "{key}");
+    }
+}
+
+#[test]
+fn unknown_keys() {
+    let message = parse_error(&edited("lr = ", "learning_rate = 1\nlr = "));
+    assert!(
+        message.starts_with("config: unknown key `train.learning_rate` (keys: "),
+        "{message}"
+    );
+    let message = parse_error(&format!("bogus = 2\n{DEFAULT_CONFIG}"));
+    assert!(
+        message.starts_with("config: unknown key `bogus` (keys: "),
+        "{message}"
+    );
+    let message = parse_error(&format!("{DEFAULT_CONFIG}\n[extra]\nx = 1\n"));
+    assert!(
+        message.starts_with("config: unknown key `extra` (keys: "),
+        "{message}"
+    );
+    let message = prepare_error(&["train.learning_rate=0.1"]);
+    assert!(
+        message
+            .starts_with("unknown config key `train.learning_rate` (keys: backend, model.heads,"),
+        "{message}"
+    );
+}
+
+#[test]
+fn wrong_types() {
+    assert_eq!(
+        parse_error(&edited("lr = 1e-4", "lr = \"fast\"")),
+        "config: `train.lr` = \"fast\" is a string, expected a float like the default 0.0001"
+    );
+    assert_eq!(
+        parse_error(&edited("steps = 300", "steps = 6.5")),
+        "config: `steps` = 6.5 is a float, expected a integer like the default 300"
+    );
+    assert_eq!(
+        parse_error(&format!("task = 3\n{}", edited("[task]", "[tusk]"))),
+        "config: `task` = 3 is a integer, expected a table like the default { eval_questions = 500, max_operand = 49, ops = \"+\" }"
+    );
+    assert_eq!(
+        prepare_error(&["train.lr=fast"]),
+        "config key `train.lr`: \"fast\" is not a float like the default 0.0001"
+    );
+    // A negative number where an unsigned one is expected.
+    let message = parse_error(&edited("steps = 300", "steps = -1"));
+    assert!(message.starts_with("config: "), "{message}");
+    assert!(message.contains("-1"), "{message}");
+}
+
+#[test]
+fn out_of_range_values() {
+    let cases: [(&str, &str, &str); 9] = [
+        (
+            "lr = 1e-4",
+            "lr = -1e-4",
+            "config: train.lr = -0.0001 must be a positive number",
+        ),
+        (
+            "steps = 300",
+            "steps = 0",
+            "config: steps must be at least 1",
+        ),
+        (
+            "top_p = 1.0",
+            "top_p = 1.5",
+            "config: sampler.top_p = 1.5 must be in (0, 1]",
+        ),
+        (
+            "grad_clip = 1.0",
+            "grad_clip = -1.0",
+            "config: train.grad_clip = -1 must be ≥ 0",
+        ),
+        (
+            "epochs = 1",
+            "epochs = 0",
+            "config: train.prompts_per_step and train.epochs must be positive",
+        ),
+        (
+            "backend = \"interp\"",
+            "backend = \"gpu\"",
+            "config: backend = \"gpu\": use \"interp\" or \"jit\"",
+        ),
+        (
+            "heads = 4",
+            "heads = 3",
+            "config: model.hidden (64) must be a multiple of model.heads (3)",
+        ),
+        (
+            "ops = \"+\"",
+            "ops = \"/\"",
+            "config: task.ops = \"/\": use one or more of `+`, `-`, `*`",
+        ),
+        (
+            "eval_questions = 500",
+            "eval_questions = 0",
+            "config: task.eval_questions must be positive",
+        ),
+    ];
+    for (old, new, expected) in cases {
+        assert_eq!(parse_error(&edited(old, new)), expected, "{new}");
+    }
+    // Sizes that do not fit the task.
+    assert_eq!(
+        parse_error(&edited("max_positions = 32", "max_positions = 8")),
+        "config: model.max_positions = 8 is too small: prompts of up to 6 tokens plus max(sampler.max_new_tokens = 5, the longest answer and its end token = 3) need 11"
+    );
+    assert_eq!(
+        parse_error(&edited("max_new_tokens = 5", "max_new_tokens = 2")),
+        "config: sampler.max_new_tokens = 2 cannot hold the longest answer and its end token (3 tokens for task.max_operand = 49 with \"+\")"
+    );
+    assert_eq!(
+        parse_error(&edited("vocab = 0 ", "vocab = 5 ")),
+        "config: model.vocab = 5 is smaller than the task's tokenizer (17 tokens; 0 = its size)"
+    );
+}
+
+#[test]
+fn missing_keys_and_bad_toml() {
+    let without_lr = edited("lr = 1e-4\n", "");
+    assert_eq!(
+        parse_error(&without_lr),
+        "config: missing key `train.lr` (every key is required; the default is in configs/default.toml)"
+    );
+    let without_sft = &DEFAULT_CONFIG[..DEFAULT_CONFIG.find("[sft]").unwrap()];
+    assert_eq!(
+        parse_error(without_sft),
+        "config: missing section `sft` (every key is required; the default is in configs/default.toml)"
+    );
+    let message = parse_error("seed = \n");
+    assert!(message.starts_with("config: "), "{message}");
+    assert!(
+        message.contains("string values must be quoted") || message.contains("expected"),
+        "{message}"
+    );
+}
+
+#[test]
+fn bad_set_arguments() {
+    assert_eq!(
+        prepare_error(&["beta"]),
+        "--set expects NAME=VALUE, got `beta`"
+    );
+    assert_eq!(
+        prepare_error(&["betta=0.1"]),
+        "--set betta: unknown param `betta` (did you mean `beta`?); config keys are written `section.key` (e.g. `train.lr`)"
+    );
+    assert_eq!(
+        prepare_error(&["beta=lots"]),
+        "--set beta: `lots` is not a number, `true` or `false`"
+    );
+    assert_eq!(
+        prepare_error(&["backend=gpu"]),
+        "config: backend = \"gpu\": use \"interp\" or \"jit\""
+    );
+    assert_eq!(
+        prepare_error(&["train.lr=0"]),
+        "config: train.lr = 0 must be a positive number"
+    );
+    assert_eq!(
+        prepare_error(&["train=1"]),
+        "--set train: unknown param `train` (params: eps_low, eps_high, clip_c, beta); config keys are written `section.key` (e.g. `train.lr`)"
+    );
+}
+
+#[test]
+fn recipe_inputs_the_trainer_cannot_fill() {
+    let grpo =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes/grpo.rlx"))
+            .unwrap();
+    let text = grpo
+        .replace("input score    : f32[resp]", "input judge    : f32[resp]")
+        .replace("reward    = score", "reward    = judge");
+    let checked = rlx_compiler::check_source("judge.rlx", &text);
+    let hir = checked.recipe.expect("the recipe checks");
+    let message = match prepare(&hir, &args(&[])) {
+        Ok(_) => panic!("expected an error"),
+        Err(message) => message,
+    };
+    assert_eq!(
+        message,
+        "recipe input `judge` (f32[resp]) cannot be filled by the trainer: it fills logp (f32[tok] policy), old_logp (f32[tok]), ref_logp (f32[tok]), score (f32[resp]), length (f32[resp]), and inputs with a default"
+    );
+}

@@ -1,0 +1,202 @@
+//! Checkpoints and `--resume`: a run stopped after k steps (as if killed) and resumed from its last
+//! checkpoint writes the same metrics, for the following steps, as an uninterrupted run.
+
+use std::path::{Path, PathBuf};
+
+use rlx_trainer::cli::{prepare, RunArgs};
+use rlx_trainer::train::{run_with, RunOptions, TIMING_KEYS};
+
+fn recipe() -> rlx_compiler::hir::Recipe {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let checked = rlx_compiler::check_path(&root.join("recipes/grpo.rlx")).expect("readable");
+    checked.recipe.expect("recipe checks")
+}
+
+fn out_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rlx-resume-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+// Small, but with everything that carries state across steps: AdamW moments, the prompt and sampler
+// RNGs, the reference model (grpo's KL term), several epochs and micro-batches.
+const SETS: [&str; 10] = [
+    "steps=7",
+    "sft.steps=20",
+    "sft.batch=16",
+    "train.prompts_per_step=4",
+    "task.eval_questions=20",
+    "train.eval_every=3",
+    "train.epochs=2",
+    "train.micro_batch=12",
+    "train.checkpoint_every=2",
+    "train.lr=1e-3",
+];
+
+fn args(out: &Path, resume: Option<PathBuf>) -> RunArgs {
+    RunArgs {
+        recipe_name: "grpo".into(),
+        sets: if resume.is_some() {
+            Vec::new()
+        } else {
+            SETS.iter().map(|s| s.to_string()).collect()
+        },
+        out: if resume.is_some() {
+            None
+        } else {
+            Some(out.to_path_buf())
+        },
+        resume,
+        ..Default::default()
+    }
+}
+
+fn lines(out: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            for key in TIMING_KEYS {
+                v.as_object_mut().unwrap().remove(key);
+            }
+            v
+        })
+        .collect()
+}
+
+#[test]
+fn a_killed_run_resumed_from_its_checkpoint_matches_an_uninterrupted_run() {
+    let hir = recipe();
+    let whole = out_dir("whole");
+    let prepared = prepare(&hir, &args(&whole, None)).unwrap();
+    let uninterrupted = run_with(
+        prepared.plan,
+        &prepared.config,
+        &prepared.out,
+        &prepared.options,
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(uninterrupted.steps_done, 7);
+
+    // Killed after 5 steps: the last checkpoint is after step 4; metrics.jsonl has 5 lines.
+    let killed = out_dir("killed");
+    let prepared = prepare(&hir, &args(&killed, None)).unwrap();
+    let options = RunOptions {
+        resume: None,
+        stop_after: Some(5),
+    };
+    let stopped = run_with(
+        prepared.plan,
+        &prepared.config,
+        &prepared.out,
+        &options,
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(stopped.steps_done, 5);
+    assert_eq!(lines(&killed).len(), 5);
+    assert!(!killed.join("metrics.png").exists());
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(killed.join("checkpoint/state.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(state["step"], 4);
+
+    // Resume (the run directory; the output defaults to it).
+    let mut events = Vec::new();
+    let prepared = prepare(&hir, &args(&killed, Some(killed.clone()))).unwrap();
+    assert_eq!(prepared.out, killed);
+    let resumed = run_with(
+        prepared.plan,
+        &prepared.config,
+        &prepared.out,
+        &prepared.options,
+        |e| events.push(e.to_string()),
+    )
+    .unwrap();
+    assert!(events[0].starts_with("resumed from "), "{events:?}");
+    assert!(events[0].ends_with("at step 4/7"), "{events:?}");
+    assert_eq!(resumed.steps_done, 7);
+    assert_eq!(resumed.rewards, uninterrupted.rewards);
+    assert_eq!(resumed.accuracy_after, uninterrupted.accuracy_after);
+    assert_eq!(lines(&killed), lines(&whole));
+    assert!(killed.join("metrics.png").is_file());
+    for out in [whole, killed] {
+        let _ = std::fs::remove_dir_all(out);
+    }
+}
+
+#[test]
+fn resume_errors_are_explained() {
+    let hir = recipe();
+    let nowhere = out_dir("nowhere");
+    let message = prepare(&hir, &args(&nowhere, Some(nowhere.clone())))
+        .err()
+        .unwrap();
+    assert_eq!(
+        message,
+        format!(
+            "--resume {}: no checkpoint there (expected {}; `rlx run` writes one every train.checkpoint_every steps and at the end)",
+            nowhere.display(),
+            nowhere.join("checkpoint/state.json").display()
+        )
+    );
+
+    // A checkpoint to misuse: a 1-step run.
+    let run = out_dir("one");
+    let mut one = args(&run, None);
+    one.sets = vec![
+        "steps=1".into(),
+        "sft.steps=2".into(),
+        "task.eval_questions=4".into(),
+        "train.prompts_per_step=2".into(),
+    ];
+    let prepared = prepare(&hir, &one).unwrap();
+    rlx_trainer::train::run(prepared.plan, &prepared.config, &prepared.out, |_| {}).unwrap();
+
+    let mut with_set = args(&run, Some(run.clone()));
+    with_set.sets = vec!["train.lr=1".into()];
+    assert_eq!(
+        prepare(&hir, &with_set).err().unwrap(),
+        "--resume continues with the checkpoint's config; --set train.lr cannot change it (only --steps and the recipe's params, which must match, may be given)"
+    );
+    let mut with_config = args(&run, Some(run.clone()));
+    with_config.config_text = Some(rlx_trainer::config::DEFAULT_CONFIG.into());
+    assert!(prepare(&hir, &with_config)
+        .err()
+        .unwrap()
+        .contains("--config cannot change it"));
+
+    // Other recipe params than the checkpoint's.
+    let mut other_param = args(&run, Some(run.clone()));
+    other_param.sets = vec!["beta=0.5".into()];
+    other_param.steps = Some(2);
+    let prepared = prepare(&hir, &other_param).unwrap();
+    let message = run_with(
+        prepared.plan,
+        &prepared.config,
+        &prepared.out,
+        &prepared.options,
+        |_| {},
+    )
+    .err()
+    .unwrap();
+    assert!(
+        message.contains("differ from the checkpoint's") && message.contains("(\"beta\", 0.5)"),
+        "{message}"
+    );
+
+    // A damaged checkpoint.
+    std::fs::write(run.join("checkpoint/state.json"), "{\"format\": 9}").unwrap();
+    let message = prepare(&hir, &args(&run, Some(run.clone()))).err().unwrap();
+    assert!(
+        message.starts_with(&format!(
+            "checkpoint: {}: missing field",
+            run.join("checkpoint/state.json").display()
+        )),
+        "{message}"
+    );
+    let _ = std::fs::remove_dir_all(&run);
+}
