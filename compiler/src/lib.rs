@@ -1,6 +1,7 @@
 //! The rlx compiler: `parse` → `resolve` → `check` (→ `lower` → `autodiff` → `fuse` → `codegen`).
 //! Errors are data (`Diagnostic`); rendering happens only in the command-line tools.
 
+pub mod artifact;
 pub mod backend;
 pub mod check;
 pub mod diagnostic;

@@ -124,5 +124,42 @@ fn kernels(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, kernels);
+/// Compilation of `recipes/dapo.rlx` from its source, whole and by stage: check (parse, resolve, type),
+/// lower + autodiff, plan, and plan + cranelift (`Kernel::compile`).
+fn compile(c: &mut Criterion) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes/dapo.rlx");
+    if !path.exists() {
+        return;
+    }
+    let options = Options::default();
+    let checked = || {
+        rlx_compiler::check_path(&path)
+            .expect("readable")
+            .recipe
+            .expect("checks clean")
+    };
+    let recipe = checked();
+    let graph = rlx_compiler::compile_graph(&recipe, &[]).expect("compiles");
+    let mut group = c.benchmark_group("compile dapo.rlx");
+    group.sample_size(20);
+    group.bench_function("check", |b| b.iter(|| black_box(checked())));
+    group.bench_function("lower + autodiff", |b| {
+        b.iter(|| black_box(rlx_compiler::compile_graph(&recipe, &[]).expect("compiles")))
+    });
+    group.bench_function("plan", |b| {
+        b.iter(|| black_box(rlx_compiler::backend::plan::plan(&graph, &options).expect("plans")))
+    });
+    group.bench_function("plan + jit", |b| {
+        b.iter(|| black_box(Kernel::compile(&graph, &options).expect("compiles")))
+    });
+    group.bench_function("source to kernel", |b| {
+        b.iter(|| {
+            let graph = rlx_compiler::compile_graph(&checked(), &[]).expect("compiles");
+            black_box(Kernel::compile(&graph, &options).expect("compiles"))
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, kernels, compile);
 criterion_main!(benches);

@@ -178,8 +178,8 @@ impl std::fmt::Debug for Kernel {
 }
 
 /// The layout's sizes and the per-group offset tables the generated code reads.
-struct Tables {
-    groups: usize,
+pub(crate) struct Tables {
+    pub(crate) groups: usize,
     responses: usize,
     tokens: usize,
     pairs: usize,
@@ -187,11 +187,11 @@ struct Tables {
     resp_crits: usize,
     pair_crits: usize,
     tok_crits: usize,
-    dim: usize,
+    pub(crate) dim: usize,
     rubric_lens: Vec<usize>,
-    resp_crit_base: Vec<usize>,
-    pair_offsets: Vec<usize>,
-    pair_crit_base: Vec<usize>,
+    pub(crate) resp_crit_base: Vec<usize>,
+    pub(crate) pair_offsets: Vec<usize>,
+    pub(crate) pair_crit_base: Vec<usize>,
 }
 
 fn too_large() -> EvalError {
@@ -247,7 +247,7 @@ impl Tables {
     }
 
     /// Elements of a shape (as `Geometry::size`).
-    fn size(&self, shape: &Shape) -> Result<usize, EvalError> {
+    pub(crate) fn size(&self, shape: &Shape) -> Result<usize, EvalError> {
         let base = match shape.level {
             Level::Batch => 1,
             Level::Group => self.groups,
@@ -269,6 +269,41 @@ impl Tables {
                 .checked_mul(self.rubric_lens.get(*index as usize).copied().unwrap_or(0))
                 .ok_or_else(too_large),
         }
+    }
+}
+
+/// Runs one phase's passes (the JIT's native functions here; the CUDA kernels in `crate::cuda`), on
+/// buffers from `Kernel::phase_buffers`. Validation, `keep` filters and the outputs stay in `Kernel`,
+/// shared by every backend.
+pub(crate) trait PhaseRunner {
+    #[allow(clippy::too_many_arguments)]
+    fn run_phase(
+        &self,
+        kernel: &Kernel,
+        phase_index: usize,
+        layout: &Layout,
+        tables: &Tables,
+        inputs: &[&Column],
+        carried: HashMap<NodeId, Column>,
+        context: &Context,
+    ) -> Result<Vec<Option<Column>>, EvalError>;
+}
+
+/// The JIT's runner.
+struct Native;
+
+impl PhaseRunner for Native {
+    fn run_phase(
+        &self,
+        kernel: &Kernel,
+        phase_index: usize,
+        layout: &Layout,
+        tables: &Tables,
+        inputs: &[&Column],
+        carried: HashMap<NodeId, Column>,
+        context: &Context,
+    ) -> Result<Vec<Option<Column>>, EvalError> {
+        kernel.run_phase(phase_index, layout, tables, inputs, carried, context)
     }
 }
 
@@ -486,6 +521,16 @@ impl Kernel {
         batch: &PackedBatch,
         context: &Context,
     ) -> Result<PackedOutcome, EvalError> {
+        self.run_packed_with(batch, context, &Native)
+    }
+
+    /// `run_packed` with another backend's phase runner: the batch is validated before anything runs.
+    pub(crate) fn run_packed_with(
+        &self,
+        batch: &PackedBatch,
+        context: &Context,
+        runner: &dyn PhaseRunner,
+    ) -> Result<PackedOutcome, EvalError> {
         self.validate(batch)?;
         let layout = &batch.layout;
         let tables = self.tables(layout)?;
@@ -493,10 +538,10 @@ impl Kernel {
         let inputs: Vec<&Column> = batch.inputs.iter().collect();
         let outcome = if self.plan.phases.len() == 1 {
             let mut buffers =
-                self.run_phase(0, layout, &tables, &inputs, HashMap::new(), context)?;
+                runner.run_phase(self, 0, layout, &tables, &inputs, HashMap::new(), context)?;
             self.collect(0, &mut buffers, vec![true; responses], None)?
         } else {
-            self.run_filtered(batch, &tables, &inputs, context)?
+            self.run_filtered(batch, &tables, &inputs, context, runner)?
         };
         check_finite(outcome)
     }
@@ -507,10 +552,12 @@ impl Kernel {
         tables: &Tables,
         inputs: &[&Column],
         context: &Context,
+        runner: &dyn PhaseRunner,
     ) -> Result<PackedOutcome, EvalError> {
         let layout = &batch.layout;
         let responses = layout.responses();
-        let mut first = self.run_phase(0, layout, tables, inputs, HashMap::new(), context)?;
+        let mut first =
+            runner.run_phase(self, 0, layout, tables, inputs, HashMap::new(), context)?;
         let outputs = &self.plan.phases[0].outputs;
         let mut group_kept = vec![true; layout.groups()];
         let mut response_kept = vec![true; responses];
@@ -548,7 +595,7 @@ impl Kernel {
         if nothing_dropped {
             // The kept batch is the batch (the selection also drops groups without responses, so
             // this holds only when there are none).
-            let mut second = self.run_phase(1, layout, tables, inputs, exports, context)?;
+            let mut second = runner.run_phase(self, 1, layout, tables, inputs, exports, context)?;
             return self.collect(1, &mut second, kept, reward);
         }
         let selection = Selection::new(layout, &kept);
@@ -578,8 +625,15 @@ impl Kernel {
         let sub_layout = selection.layout.clone();
         let sub_tables = self.tables(&sub_layout)?;
         let sub_refs: Vec<&Column> = sub_inputs.iter().collect();
-        let mut second =
-            self.run_phase(1, &sub_layout, &sub_tables, &sub_refs, carried, context)?;
+        let mut second = runner.run_phase(
+            self,
+            1,
+            &sub_layout,
+            &sub_tables,
+            &sub_refs,
+            carried,
+            context,
+        )?;
         let mut outcome = self.collect(1, &mut second, kept, reward)?;
         // Back to the whole batch: dropped responses get advantage 0 and gradient 0.
         if let Some(advantage) = &mut outcome.advantage {
@@ -667,15 +721,13 @@ impl Kernel {
         })
     }
 
-    /// Run one phase's passes; returns its buffers (`None` for inputs and carried values).
-    fn run_phase(
+    /// A phase's buffers before its first pass: `None` for inputs, the carried values, the others
+    /// filled with their initial value.
+    pub(crate) fn phase_buffers(
         &self,
         phase_index: usize,
-        layout: &Layout,
         tables: &Tables,
-        inputs: &[&Column],
         mut carried: HashMap<NodeId, Column>,
-        context: &Context,
     ) -> Result<Vec<Option<Column>>, EvalError> {
         let phase = &self.plan.phases[phase_index];
         let mut owned: Vec<Option<Column>> = Vec::with_capacity(phase.buffers.len());
@@ -708,6 +760,21 @@ impl Kernel {
                 }
             });
         }
+        Ok(owned)
+    }
+
+    /// Run one phase's passes; returns its buffers (`None` for inputs and carried values).
+    fn run_phase(
+        &self,
+        phase_index: usize,
+        layout: &Layout,
+        tables: &Tables,
+        inputs: &[&Column],
+        carried: HashMap<NodeId, Column>,
+        context: &Context,
+    ) -> Result<Vec<Option<Column>>, EvalError> {
+        let phase = &self.plan.phases[phase_index];
+        let mut owned = self.phase_buffers(phase_index, tables, carried)?;
         let scalars = [context.step, context.progress];
         let sizes = [tables.dim];
         for (pass_index, pass) in phase.passes.iter().enumerate() {
@@ -828,7 +895,7 @@ impl Kernel {
 }
 
 /// The interpreter's `distinct_ngrams` of one response.
-fn distinct_ngrams(tokens: &[f64], n: usize) -> f64 {
+pub(crate) fn distinct_ngrams(tokens: &[f64], n: usize) -> f64 {
     if tokens.len() < n {
         return 1.0;
     }

@@ -1,6 +1,8 @@
 //! rlx runtime: the packed batch layout, reading rollout files, kernel execution.
 
 pub mod batch;
+pub mod bench;
+pub mod cuda;
 pub mod geometry;
 pub mod interp;
 pub mod kernel;

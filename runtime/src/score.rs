@@ -19,6 +19,9 @@ pub enum Backend {
     /// kernel form.
     #[default]
     Jit,
+    /// The same kernels as CUDA C on GPU N (`crate::cuda`, feature `cuda`), f64 storage and
+    /// accumulation; an error, not a fallback, when the recipe has no CUDA form.
+    Cuda(usize),
 }
 
 /// The result document and the warnings met on the way.
@@ -54,17 +57,30 @@ pub fn score_with_backend(
     backend: Backend,
 ) -> Result<Scored, String> {
     let graph = rlx_compiler::compile_graph(recipe, overrides)?;
+    score_graph(&graph, recipe, rollouts, with_gradients, backend)
+}
+
+/// `score_with_backend` on a compiled graph: `declarations` is the recipe its rollouts are read
+/// against (the checked recipe, or a `.rlxc` artifact's `Artifact::declarations`).
+pub fn score_graph(
+    graph: &rlx_compiler::ir::Graph,
+    declarations: &Recipe,
+    rollouts: &str,
+    with_gradients: bool,
+    backend: Backend,
+) -> Result<Scored, String> {
+    let recipe = declarations;
     let read = read_rollouts(rollouts, recipe).map_err(|e| e.to_string())?;
     let context = Context::default();
     let mut fallback = None;
     let kernel = match backend {
-        Backend::Interp => None,
+        Backend::Interp | Backend::Cuda(_) => None,
         Backend::Jit => {
             let options = Options {
                 accumulate: Precision::F64,
                 storage: Precision::F64,
             };
-            match Kernel::compile(&graph, &options) {
+            match Kernel::compile(graph, &options) {
                 Ok(kernel) => Some(kernel),
                 Err(error) => {
                     fallback = Some(format!(
@@ -75,11 +91,19 @@ pub fn score_with_backend(
             }
         }
     };
-    let outcome = match &kernel {
-        Some(kernel) => kernel.run(&read.batch, &context),
-        None => evaluate(&graph, &read.batch, &context),
-    }
-    .map_err(|e| e.to_string())?;
+    let outcome = match (&kernel, backend) {
+        (_, Backend::Cuda(ordinal)) => {
+            let options = Options {
+                accumulate: Precision::F64,
+                storage: Precision::F64,
+            };
+            crate::cuda::evaluate_on_gpu(graph, &read.batch, &context, ordinal, &options)?
+        }
+        (Some(kernel), _) => kernel
+            .run(&read.batch, &context)
+            .map_err(|e| e.to_string())?,
+        (None, _) => evaluate(graph, &read.batch, &context).map_err(|e| e.to_string())?,
+    };
     let layout = &read.batch.layout;
     let responses = layout.responses();
     let groups = layout.response_groups();

@@ -24,7 +24,7 @@ enum Command {
     /// every other key is a recipe input (see docs/formats.md). Exit status: 0 on success, 1 when the
     /// recipe or the rollouts have an error (nothing is written to --out then), 2 on a usage error.
     Score {
-        /// The recipe (.rlx).
+        /// The recipe (.rlx), or its compiled artifact (.rlxc, from `rlxc compile RECIPE -o FILE.rlxc`).
         recipe: PathBuf,
         /// The rollouts (JSON lines).
         #[arg(long)]
@@ -42,6 +42,10 @@ enum Command {
         /// not support) or `interp` (the reference interpreter).
         #[arg(long, value_enum, default_value_t = BackendArg::Jit)]
         backend: BackendArg,
+        /// `cpu`, or `cuda` / `cuda:N` to run the compiled kernels on GPU N (needs an rlx built with
+        /// `--features cuda`; docs/gpu.md).
+        #[arg(long, default_value = "cpu", value_parser = parse_device)]
+        device: Device,
     },
     /// Train a policy with a recipe: sample, score, apply the compiled recipe, backpropagate, step.
     ///
@@ -63,10 +67,73 @@ enum Command {
         /// Seed for weights, prompts and sampling.
         #[arg(long)]
         seed: Option<u64>,
-        /// Output directory (default runs/<recipe>-<unix time>).
+        /// Output directory (default runs/<recipe>-<unix time>; with --resume, the checkpoint's run).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Continue a run from its checkpoint (DIR or DIR/checkpoint), exactly where it stopped.
+        #[arg(long, value_name = "DIR")]
+        resume: Option<PathBuf>,
     },
+    /// Measure a recipe on a synthetic packed batch: per backend, one JSON line with the kernel time
+    /// (median of --runs), tokens/s, peak memory above the batch, and the memory-bandwidth bound
+    /// (docs/kernels.md).
+    Bench {
+        /// The recipe (.rlx) or its compiled artifact (.rlxc).
+        recipe: PathBuf,
+        /// Groups (prompts) in the batch.
+        #[arg(long, default_value_t = 64)]
+        groups: usize,
+        /// Responses per group.
+        #[arg(long, default_value_t = 8)]
+        n: usize,
+        /// Tokens per response.
+        #[arg(long, default_value_t = 1024)]
+        tokens: usize,
+        /// Threads for the JIT (default: all cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Timed runs per backend, after one warm-up run.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// `interp`, `jit` or `all`.
+        #[arg(long, value_enum, default_value_t = BenchBackend::All)]
+        backend: BenchBackend,
+        /// Accumulate in f32 instead of f64 (JIT).
+        #[arg(long)]
+        f32_accumulate: bool,
+        /// Override a param: `--set beta=0.01` (repeatable).
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        set: Vec<String>,
+    },
+}
+
+/// Counts live bytes, for `rlx bench`'s peak memory (the system allocator underneath).
+#[global_allocator]
+static ALLOCATOR: rlx_runtime::bench::CountingAllocator = rlx_runtime::bench::CountingAllocator;
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BenchBackend {
+    Interp,
+    Jit,
+    All,
+}
+
+/// Where `rlx score` runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Device {
+    Cpu,
+    Cuda(usize),
+}
+
+fn parse_device(text: &str) -> Result<Device, String> {
+    match text {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Ok(Device::Cuda(0)),
+        _ => match text.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(ordinal)) => Ok(Device::Cuda(ordinal)),
+            _ => Err(format!("`{text}`: expected cpu, cuda or cuda:N")),
+        },
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -85,10 +152,16 @@ fn main() -> ExitCode {
             grad,
             out,
             backend,
+            device,
         } => {
-            let backend = match backend {
-                BackendArg::Interp => rlx_runtime::score::Backend::Interp,
-                BackendArg::Jit => rlx_runtime::score::Backend::Jit,
+            let backend = match (backend, device) {
+                (BackendArg::Interp, Device::Cpu) => rlx_runtime::score::Backend::Interp,
+                (BackendArg::Jit, Device::Cpu) => rlx_runtime::score::Backend::Jit,
+                (BackendArg::Jit, Device::Cuda(n)) => rlx_runtime::score::Backend::Cuda(n),
+                (BackendArg::Interp, Device::Cuda(_)) => {
+                    eprintln!("error: --backend interp runs on the CPU; drop --device cuda");
+                    return ExitCode::from(2);
+                }
             };
             score(&recipe, &rollouts, &set, grad, out.as_deref(), backend)
         }
@@ -99,7 +172,88 @@ fn main() -> ExitCode {
             steps,
             seed,
             out,
-        } => run(&recipe, config.as_deref(), set, steps, seed, out),
+            resume,
+        } => run(&recipe, config.as_deref(), set, steps, seed, out, resume),
+        Command::Bench {
+            recipe,
+            groups,
+            n,
+            tokens,
+            threads,
+            runs,
+            backend,
+            f32_accumulate,
+            set,
+        } => {
+            let settings = rlx_runtime::bench::Settings {
+                groups,
+                n,
+                tokens,
+                threads: threads.unwrap_or(0),
+                runs,
+                backend: match backend {
+                    BenchBackend::Interp => rlx_runtime::bench::Which::Interp,
+                    BenchBackend::Jit => rlx_runtime::bench::Which::Jit,
+                    BenchBackend::All => rlx_runtime::bench::Which::All,
+                },
+                options: rlx_runtime::kernel::Options {
+                    accumulate: if f32_accumulate {
+                        rlx_runtime::kernel::Precision::F32
+                    } else {
+                        rlx_runtime::kernel::Precision::F64
+                    },
+                    ..Default::default()
+                },
+                seed: 1,
+            };
+            bench(&recipe, &set, &settings)
+        }
+    }
+}
+
+/// `rlx bench`: one JSON line per backend on stdout.
+fn bench(recipe: &Path, set: &[String], settings: &rlx_runtime::bench::Settings) -> ExitCode {
+    let overrides: Vec<(String, f64)> = match set.iter().map(|s| rlx::parse_override(s)).collect() {
+        Ok(overrides) => overrides,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    let graph = if rlx_compiler::artifact::is_artifact_path(recipe) {
+        match rlx_compiler::artifact::load(recipe)
+            .and_then(|artifact| Ok(artifact.graph_with(&overrides)?.clone()))
+        {
+            Ok(graph) => graph,
+            Err(error) => {
+                eprintln!("error: {error}");
+                return ExitCode::from(1);
+            }
+        }
+    } else {
+        let Some(hir) = checked_recipe(recipe) else {
+            return ExitCode::from(1);
+        };
+        match rlx_compiler::compile_graph(&hir, &overrides) {
+            Ok(graph) => graph,
+            Err(message) => {
+                eprintln!("error: {}: {message}", recipe.display());
+                return ExitCode::from(1);
+            }
+        }
+    };
+    let name = recipe.display().to_string();
+    match rlx_runtime::bench::run(&graph, &name, settings) {
+        Ok(lines) => {
+            for line in lines {
+                println!("{line}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("error: {}: {message}", recipe.display());
+            ExitCode::from(1)
+        }
     }
 }
 
@@ -134,6 +288,7 @@ fn run(
     steps: Option<usize>,
     seed: Option<u64>,
     out: Option<PathBuf>,
+    resume: Option<PathBuf>,
 ) -> ExitCode {
     let Some(hir) = checked_recipe(recipe) else {
         return ExitCode::from(1);
@@ -158,6 +313,7 @@ fn run(
         steps,
         seed,
         out,
+        resume,
     };
     let prepared = match rlx_trainer::cli::prepare(&hir, &args) {
         Ok(prepared) => prepared,
@@ -167,9 +323,16 @@ fn run(
         }
     };
     eprintln!("rlx run: writing {}", prepared.out.display());
-    match rlx_trainer::train::run(prepared.plan, &prepared.config, &prepared.out, |line| {
-        eprintln!("{line}")
-    }) {
+    let mut progress = rlx_trainer::progress::Progress::stderr();
+    let result = rlx_trainer::train::run_with(
+        prepared.plan,
+        &prepared.config,
+        &prepared.out,
+        &prepared.options,
+        |event| progress.show(event),
+    );
+    progress.finish();
+    match result {
         Ok(summary) => {
             eprintln!(
                 "done in {:.1}s: greedy accuracy {:.3} -> {:.3}; sampling {:.0} tokens/s, training {:.0} tokens/s; metrics in {}",
@@ -204,6 +367,9 @@ fn score(
             return ExitCode::from(2);
         }
     };
+    if rlx_compiler::artifact::is_artifact_path(recipe) {
+        return score_artifact(recipe, rollouts, &overrides, grad, out, backend);
+    }
     let checked = match rlx_compiler::check_path(recipe) {
         Ok(checked) => checked,
         Err(error) => {
@@ -241,6 +407,52 @@ fn score(
                 return ExitCode::from(1);
             }
         };
+    write_scored(recipe, rollouts, &scored, out)
+}
+
+/// `rlx score` of a compiled artifact (`rlxc compile RECIPE -o FILE.rlxc`, docs/formats.md).
+fn score_artifact(
+    artifact: &Path,
+    rollouts: &Path,
+    overrides: &[(String, f64)],
+    grad: bool,
+    out: Option<&Path>,
+    backend: rlx_runtime::score::Backend,
+) -> ExitCode {
+    let loaded = rlx_compiler::artifact::load(artifact).and_then(|loaded| {
+        let graph = loaded.graph_with(overrides)?.clone();
+        Ok((graph, loaded.declarations()?))
+    });
+    let (graph, declarations) = match loaded {
+        Ok(loaded) => loaded,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    let text = match std::fs::read_to_string(rollouts) {
+        Ok(text) => text,
+        Err(error) => {
+            eprintln!("error: cannot read {}: {error}", rollouts.display());
+            return ExitCode::from(1);
+        }
+    };
+    match rlx_runtime::score::score_graph(&graph, &declarations, &text, grad, backend) {
+        Ok(scored) => write_scored(artifact, rollouts, &scored, out),
+        Err(message) => {
+            eprintln!("error: {}: {message}", rollouts.display());
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Print `rlx score`'s warnings and write its document.
+fn write_scored(
+    recipe: &Path,
+    rollouts: &Path,
+    scored: &rlx_runtime::score::Scored,
+    out: Option<&Path>,
+) -> ExitCode {
     if let Some(fallback) = &scored.fallback {
         eprintln!("warning: {}: {fallback}", recipe.display());
     }

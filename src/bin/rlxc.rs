@@ -48,14 +48,17 @@ enum Command {
         file: PathBuf,
         /// The representation to print: `ast` (parsed, JSON), `hir` (checked and typed, JSON), `ir`
         /// (the dataflow graph with the loss gradient, readable text), `ir-json`, `plan` (the fused
-        /// kernel passes, readable text), `plan-json` or `torch` (a PyTorch module for verl and TRL,
-        /// docs/scale.md).
+        /// kernel passes, readable text), `plan-json`, `torch` (a PyTorch module for verl and TRL,
+        /// docs/scale.md) or `cuda` (the fused kernels as CUDA C, docs/gpu.md). Without --emit,
+        /// `-o FILE.rlxc` writes the compiled artifact (the checked IR, its kernel plan and metadata;
+        /// docs/formats.md), which `rlx score` accepts in place of the recipe.
         #[arg(long, value_enum)]
-        emit: Emit,
+        emit: Option<Emit>,
         /// Override a param before lowering: `--set beta=0.01` (repeatable).
         #[arg(long = "set", value_name = "NAME=VALUE")]
         set: Vec<String>,
-        /// Write the output to FILE instead of standard output (with `--emit torch`).
+        /// Write the output to FILE instead of standard output (with `--emit torch`), or, without
+        /// --emit, the artifact FILE.rlxc.
         #[arg(short = 'o', long = "out", value_name = "FILE")]
         out: Option<PathBuf>,
     },
@@ -76,6 +79,8 @@ enum Emit {
     Plan,
     PlanJson,
     Torch,
+    /// The fused kernels as CUDA C (docs/gpu.md).
+    Cuda,
 }
 
 fn main() -> ExitCode {
@@ -89,18 +94,31 @@ fn main() -> ExitCode {
         }
         Command::Compile {
             file,
-            emit: Emit::Torch,
+            emit: Some(Emit::Torch),
             set,
             out,
         } => torch(&file, &set, out.as_deref()),
         Command::Compile {
-            out: Some(_), emit, ..
-        } if emit != Emit::Torch => {
-            eprintln!("error: `-o` is supported with `--emit torch`; redirect standard output");
+            file,
+            emit: None,
+            set,
+            out: Some(out),
+        } => artifact(&file, &set, &out),
+        Command::Compile { emit: None, .. } => {
+            eprintln!(
+                "error: give `--emit FORM`, or `-o FILE.rlxc` to write the compiled artifact"
+            );
+            ExitCode::from(2)
+        }
+        Command::Compile { out: Some(_), .. } => {
+            eprintln!("error: `-o` is supported with `--emit torch` and for the artifact (no --emit); redirect standard output");
             ExitCode::from(2)
         }
         Command::Compile {
-            file, emit, set, ..
+            file,
+            emit: Some(emit),
+            set,
+            ..
         } => compile(&file, emit, &set),
     }
 }
@@ -230,7 +248,7 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
                 }
             }
         }
-        Emit::Hir | Emit::Ir | Emit::IrJson | Emit::Plan | Emit::PlanJson => {
+        Emit::Hir | Emit::Ir | Emit::IrJson | Emit::Plan | Emit::PlanJson | Emit::Cuda => {
             match rlx_compiler::check_path(path) {
                 Err(error) => {
                     eprintln!("error: cannot read {}: {error}", path.display());
@@ -259,6 +277,25 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
                             print!("{}", rlx_compiler::ir::print::to_text(&graph));
                             ExitCode::SUCCESS
                         }
+                        Ok(graph) if emit == Emit::Cuda => {
+                            let options = rlx_compiler::backend::Options::default();
+                            let source = rlx_compiler::backend::plan::plan(&graph, &options)
+                                .map_err(|e| format!("no kernel plan: {e}"))
+                                .and_then(|plan| {
+                                    rlx_compiler::backend::cuda::generate(&graph, &plan)
+                                        .map_err(|e| format!("no CUDA kernel: {e}"))
+                                });
+                            match source {
+                                Ok(source) => {
+                                    print!("{}", source.source);
+                                    ExitCode::SUCCESS
+                                }
+                                Err(message) => {
+                                    eprintln!("error: {message}");
+                                    ExitCode::from(1)
+                                }
+                            }
+                        }
                         Ok(graph) if matches!(emit, Emit::Plan | Emit::PlanJson) => {
                             let options = rlx_compiler::backend::Options::default();
                             match rlx_compiler::backend::plan::plan(&graph, &options) {
@@ -277,6 +314,56 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
                     }
                 }
             }
+        }
+    }
+}
+
+/// `-o FILE.rlxc` without `--emit`: the compiled artifact (docs/formats.md).
+fn artifact(path: &std::path::Path, set: &[String], out: &std::path::Path) -> ExitCode {
+    use rlx_compiler::artifact::{Artifact, EXTENSION};
+    let overrides: Vec<(String, f64)> = match set.iter().map(|s| rlx::parse_override(s)).collect() {
+        Ok(overrides) => overrides,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    if out.extension().is_none_or(|e| e != EXTENSION) {
+        eprintln!(
+            "error: {}: an artifact's name must end in `.{EXTENSION}` (for another form, give --emit)",
+            out.display()
+        );
+        return ExitCode::from(2);
+    }
+    let checked = match rlx_compiler::check_path(path) {
+        Ok(checked) => checked,
+        Err(error) => {
+            eprintln!("error: cannot read {}: {error}", path.display());
+            return ExitCode::from(2);
+        }
+    };
+    if !checked.diagnostics.is_empty() {
+        let name = path.display().to_string();
+        eprint!(
+            "{}",
+            render_human(&name, &checked.diagnostics, &checked.sources, color())
+        );
+    }
+    if checked.recipe.is_none() {
+        return ExitCode::from(1);
+    }
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "recipe".into());
+    let options = rlx_compiler::backend::Options::default();
+    let written = Artifact::build(&checked, &stem, &overrides, &options)
+        .and_then(|artifact| artifact.save(out));
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {}: {error}", path.display());
+            ExitCode::from(1)
         }
     }
 }

@@ -1,13 +1,22 @@
 //! The rlx trainer (`rlx run`): a small Llama-style policy in candle, a batched sampler with a KV cache,
 //! the built-in arithmetic task, the compiled recipe as a candle custom op, and the training loop.
 
+pub mod assets;
+pub mod checkpoint;
 pub mod cli;
 pub mod config;
+pub mod embed;
+pub mod gguf;
+pub mod judge;
 pub mod model;
 pub mod op;
+pub mod optim;
+pub mod plot;
+pub mod progress;
 pub mod rng;
 pub mod sample;
 pub mod task;
+pub mod tokenizer;
 pub mod train;
 
 pub use config::Config;

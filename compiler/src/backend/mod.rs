@@ -3,13 +3,14 @@
 //! one native function compiled with cranelift (`jit.rs`). Execution (buffers, threads, keep filters)
 //! lives in the runtime (`rlx_runtime::kernel`). docs/kernels.md describes the design.
 
+pub mod cuda;
 pub mod jit;
 pub mod plan;
 
 use serde::Serialize;
 
 /// A floating-point width.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
     F32,
@@ -34,7 +35,7 @@ impl Precision {
 }
 
 /// Compile options of a kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 pub struct Options {
     /// Arithmetic in registers, reductions and the kernel's own buffers (f64 by default; f32 is faster
     /// and agrees with the interpreter less closely, see docs/kernels.md).

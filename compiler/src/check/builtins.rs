@@ -51,7 +51,7 @@ pub enum ReduceOp {
 }
 
 /// Built-in values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Value {
     Step,

@@ -31,12 +31,12 @@ pub mod print;
 
 use std::collections::HashMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use crate::check::builtins::Value;
 pub use crate::check::types::Elem;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Level {
     Batch,
@@ -82,7 +82,7 @@ impl From<crate::check::types::Level> for Level {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Feature {
     Crit,
@@ -94,7 +94,7 @@ pub enum Feature {
     },
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Shape {
     pub level: Level,
     pub feature: Option<Feature>,
@@ -133,14 +133,14 @@ impl std::fmt::Display for Shape {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct NodeId(pub u32);
 
 /// Operations. Element-wise ones broadcast their operands to the node's shape.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Op {
-    Const(f64),
+    Const(#[serde(with = "json_float")] f64),
     /// A recipe input, by index into `Graph::inputs`.
     Input(u32),
     Value(Value),
@@ -285,7 +285,7 @@ impl Op {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Node {
     pub op: Op,
     pub args: Vec<NodeId>,
@@ -293,16 +293,17 @@ pub struct Node {
     pub elem: Elem,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct InputInfo {
     pub name: String,
     pub elem: Elem,
     pub shape: Shape,
     pub differentiable: bool,
+    #[serde(with = "json_float::option")]
     pub default: Option<f64>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum KeepLevel {
     Group,
@@ -310,7 +311,7 @@ pub enum KeepLevel {
 }
 
 /// What the graph computes.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Outputs {
     pub reward: Option<NodeId>,
     pub advantage: Option<NodeId>,
@@ -322,17 +323,96 @@ pub struct Outputs {
     pub gradients: Vec<(u32, NodeId)>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RubricInfo {
     pub name: String,
     pub criteria: Vec<String>,
 }
 
+/// JSON for the graph's floats: finite values as numbers, `inf`, `-inf` and `nan` as those strings
+/// (plain JSON has no non-finite numbers, and a recipe may use `inf`; the `.rlxc` artifact relies on
+/// the graph surviving a round trip exactly).
+pub mod json_float {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Number(f64),
+        Name(String),
+    }
+
+    fn repr(value: f64) -> Repr {
+        if value.is_finite() {
+            Repr::Number(value)
+        } else if value.is_nan() {
+            Repr::Name("nan".into())
+        } else if value > 0.0 {
+            Repr::Name("inf".into())
+        } else {
+            Repr::Name("-inf".into())
+        }
+    }
+
+    fn value<E: serde::de::Error>(repr: Repr) -> Result<f64, E> {
+        match repr {
+            Repr::Number(x) => Ok(x),
+            Repr::Name(name) => match name.as_str() {
+                "inf" => Ok(f64::INFINITY),
+                "-inf" => Ok(f64::NEG_INFINITY),
+                "nan" => Ok(f64::NAN),
+                other => Err(E::custom(format!(
+                    "expected a number, \"inf\", \"-inf\" or \"nan\", found \"{other}\""
+                ))),
+            },
+        }
+    }
+
+    pub fn serialize<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+        repr(*x).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        value(Repr::deserialize(d)?)
+    }
+
+    pub mod option {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(x: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+            x.map(repr).serialize(s)
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+            Option::<Repr>::deserialize(d)?.map(value).transpose()
+        }
+    }
+
+    pub mod pairs {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(x: &[(String, f64)], s: S) -> Result<S::Ok, S::Error> {
+            let pairs: Vec<(&String, Repr)> = x.iter().map(|(n, v)| (n, repr(*v))).collect();
+            pairs.serialize(s)
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Vec<(String, f64)>, D::Error> {
+            Vec::<(String, Repr)>::deserialize(d)?
+                .into_iter()
+                .map(|(n, r)| Ok((n, value(r)?)))
+                .collect()
+        }
+    }
+}
+
 /// The IR of one recipe, for one assignment of its params.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Graph {
     pub nodes: Vec<Node>,
     pub inputs: Vec<InputInfo>,
+    #[serde(with = "json_float::pairs")]
     pub params: Vec<(String, f64)>,
     pub rubrics: Vec<RubricInfo>,
     pub outputs: Outputs,

@@ -103,7 +103,7 @@ pub struct Import {
     pub names: Option<Vec<Ident>>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 pub enum ElemType {
     F32,
     I32,

@@ -1,0 +1,545 @@
+//! The compiled-recipe artifact (`rlxc compile RECIPE -o FILE.rlxc`): a recipe's checked IR graph (with
+//! its loss gradient), its kernel plan and the metadata needed to use and to trust it — inputs, params
+//! (defaults and the values compiled in), the SHA-256 of every source file it was compiled from, the
+//! compiler version and the format version. docs/formats.md describes the format.
+//!
+//! # Layout
+//! ```text
+//! RLXC <format version> <body length in bytes> <SHA-256 of the body, hex>\n
+//! <body: one JSON document>
+//! ```
+//!
+//! # Trust
+//! Nothing in an artifact is trusted to index memory. `load` checks the header (magic, format version,
+//! length, checksum), the compiler version, then *re-plans* the recorded graph (which re-runs the
+//! planner's graph validation) and requires the result to equal the recorded plan; it checks the
+//! metadata against the graph and that no recorded source file that still exists has changed. A kernel
+//! built from a loaded artifact is compiled from the validated graph and still validates every batch
+//! against its plan before launching.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::plan;
+use crate::backend::Options;
+use crate::check::types::{Feature as TyFeature, Level as TyLevel, Ty};
+use crate::export::sha256::hex_digest;
+use crate::hir;
+use crate::ir::{json_float, Elem, Feature, Graph, InputInfo, Level};
+use crate::syntax::ast::{InputRole, Span};
+use crate::{Checked, Origin};
+
+/// The first bytes of every artifact.
+pub const MAGIC: &str = "RLXC";
+/// The layout and schema version this compiler writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// The compiler that writes (and the only one that reads) an artifact: the IR and the plan are
+/// internal representations, so an artifact from another version is rejected, never reinterpreted.
+pub const COMPILER: &str = concat!("rlx-compiler ", env!("CARGO_PKG_VERSION"));
+/// The file extension of artifacts (recipes are `.rlx`).
+pub const EXTENSION: &str = "rlxc";
+
+/// What went wrong with an artifact.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The file cannot be read or written.
+    Io,
+    /// The file does not start with `RLXC`, or its header line is malformed.
+    Magic,
+    /// Another format version, or another compiler version.
+    Version,
+    /// Fewer bytes than the header declares.
+    Truncated,
+    /// Checksum mismatch, trailing bytes, or a body that is not the artifact schema.
+    Corrupt,
+    /// Well-formed, but its graph, plan or metadata do not describe a valid kernel plan.
+    Invalid,
+    /// A source file it was compiled from has changed since.
+    Stale,
+    /// A param override that the artifact cannot honour (params are compiled in).
+    Param,
+    /// The recipe cannot be compiled into an artifact.
+    Compile,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArtifactError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl ArtifactError {
+    fn new(kind: ErrorKind, message: impl Into<String>) -> ArtifactError {
+        ArtifactError {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for ArtifactError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ArtifactError {}
+
+/// A source file the artifact was compiled from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceHash {
+    /// The canonical path it was read from.
+    pub path: PathBuf,
+    /// SHA-256 of its bytes, 64 lowercase hex digits.
+    pub sha256: String,
+}
+
+/// A param: its declared default and the value compiled into the graph.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ParamInfo {
+    pub name: String,
+    pub elem: Elem,
+    #[serde(with = "json_float")]
+    pub default: f64,
+    #[serde(with = "json_float")]
+    pub value: f64,
+}
+
+/// The body of an artifact.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Artifact {
+    /// Always `"rlxc"`.
+    pub format: String,
+    pub format_version: u32,
+    /// `COMPILER` of the writer.
+    pub compiler: String,
+    /// The recipe's name (its file stem).
+    pub recipe: String,
+    /// The recipe file first, then every file it imported from disk (the standard library is part of
+    /// the compiler, so `compiler` covers it).
+    pub sources: Vec<SourceHash>,
+    /// The options the recorded plan was made with.
+    pub options: Options,
+    /// The recipe's inputs, in batch order (equal to `graph.inputs`).
+    pub inputs: Vec<InputInfo>,
+    /// The recipe's params, in declaration order (their values equal `graph.params`).
+    pub params: Vec<ParamInfo>,
+    /// Rubric names and criteria, in declaration order (equal to `graph.rubrics`).
+    pub rubrics: Vec<crate::ir::RubricInfo>,
+    /// The IR: forward values and the loss gradient.
+    pub graph: Graph,
+    /// The kernel plan of `graph` with `options` (`rlxc compile --emit plan-json`).
+    pub plan: serde_json::Value,
+}
+
+impl Artifact {
+    /// Build the artifact of a checked recipe, with params overridden by `overrides`.
+    pub fn build(
+        checked: &Checked,
+        name: &str,
+        overrides: &[(String, f64)],
+        options: &Options,
+    ) -> Result<Artifact, ArtifactError> {
+        let compile = |message: String| ArtifactError::new(ErrorKind::Compile, message);
+        let recipe = checked
+            .recipe
+            .as_ref()
+            .ok_or_else(|| compile("the recipe has errors".into()))?;
+        let graph = crate::compile_graph(recipe, overrides).map_err(compile)?;
+        let plan = plan::plan(&graph, options)
+            .map_err(|e| compile(format!("the recipe has no kernel plan: {e}")))?;
+        let plan = serde_json::to_value(&plan)
+            .map_err(|e| compile(format!("cannot serialise the plan: {e}")))?;
+        let mut sources: Vec<SourceHash> = Vec::new();
+        for (id, file) in checked.sources.files() {
+            if let Origin::Path(path) = &file.origin {
+                let entry = SourceHash {
+                    path: path.clone(),
+                    sha256: hex_digest(file.text.as_bytes()),
+                };
+                if id == checked.root {
+                    sources.insert(0, entry);
+                } else {
+                    sources.push(entry);
+                }
+            }
+        }
+        let params = recipe
+            .params
+            .iter()
+            .zip(&graph.params)
+            .map(|(declared, (_, value))| ParamInfo {
+                name: declared.name.clone(),
+                elem: declared.elem,
+                default: declared.value,
+                value: *value,
+            })
+            .collect();
+        Ok(Artifact {
+            format: EXTENSION.into(),
+            format_version: FORMAT_VERSION,
+            compiler: COMPILER.into(),
+            recipe: name.into(),
+            sources,
+            options: *options,
+            inputs: graph.inputs.clone(),
+            params,
+            rubrics: graph.rubrics.clone(),
+            graph,
+            plan,
+        })
+    }
+
+    /// The file's bytes: the header line and the JSON body.
+    pub fn to_bytes(&self) -> Result<Vec<u8>, ArtifactError> {
+        let mut body = serde_json::to_vec_pretty(self).map_err(|e| {
+            ArtifactError::new(ErrorKind::Compile, format!("cannot serialise: {e}"))
+        })?;
+        body.push(b'\n');
+        let mut bytes = format!(
+            "{MAGIC} {FORMAT_VERSION} {} {}\n",
+            body.len(),
+            hex_digest(&body)
+        )
+        .into_bytes();
+        bytes.extend_from_slice(&body);
+        Ok(bytes)
+    }
+
+    /// Parse and validate an artifact's bytes (`load` without the staleness check).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Artifact, ArtifactError> {
+        let newline = bytes.iter().position(|&b| b == b'\n');
+        let head = &bytes[..newline.unwrap_or(bytes.len()).min(256)];
+        if !head.starts_with(MAGIC.as_bytes()) {
+            let found: String = String::from_utf8_lossy(&bytes[..bytes.len().min(8)])
+                .chars()
+                .map(|c| if c.is_control() { '?' } else { c })
+                .collect();
+            return Err(ArtifactError::new(
+                ErrorKind::Magic,
+                format!("not an rlx artifact: it does not start with `{MAGIC}` (found `{found}`)"),
+            ));
+        }
+        let Some(newline) = newline.filter(|&n| n < 256) else {
+            return Err(ArtifactError::new(
+                ErrorKind::Truncated,
+                "truncated artifact: the header line is incomplete",
+            ));
+        };
+        let header = std::str::from_utf8(&bytes[..newline])
+            .map_err(|_| ArtifactError::new(ErrorKind::Magic, "malformed header line"))?;
+        let fields: Vec<&str> = header.split(' ').collect();
+        let malformed = || {
+            ArtifactError::new(
+                ErrorKind::Magic,
+                format!(
+                    "malformed header line `{header}` (expected `{MAGIC} VERSION LENGTH SHA256`)"
+                ),
+            )
+        };
+        if fields.len() != 4 || fields[0] != MAGIC {
+            return Err(malformed());
+        }
+        let version: u32 = fields[1].parse().map_err(|_| malformed())?;
+        if version != FORMAT_VERSION {
+            return Err(ArtifactError::new(
+                ErrorKind::Version,
+                format!(
+                    "artifact format version {version}, but this rlx reads version {FORMAT_VERSION}; recompile the recipe with `rlxc compile RECIPE -o FILE.rlxc`"
+                ),
+            ));
+        }
+        let length: usize = fields[2].parse().map_err(|_| malformed())?;
+        let checksum = fields[3];
+        if checksum.len() != 64 || !checksum.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(malformed());
+        }
+        let body = &bytes[newline + 1..];
+        if body.len() < length {
+            return Err(ArtifactError::new(
+                ErrorKind::Truncated,
+                format!(
+                    "truncated artifact: the header declares {length} bytes of body, the file has {}",
+                    body.len()
+                ),
+            ));
+        }
+        if body.len() > length {
+            return Err(ArtifactError::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "corrupt artifact: {} bytes after the declared {length}-byte body",
+                    body.len() - length
+                ),
+            ));
+        }
+        if hex_digest(body) != checksum.to_ascii_lowercase() {
+            return Err(ArtifactError::new(
+                ErrorKind::Corrupt,
+                "corrupt artifact: the body's SHA-256 differs from the header's",
+            ));
+        }
+        let document: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
+            ArtifactError::new(
+                ErrorKind::Corrupt,
+                format!("corrupt artifact: invalid JSON: {e}"),
+            )
+        })?;
+        // Versions first, so that another compiler's artifact says so rather than failing the schema.
+        let field = |name: &str| document.get(name).cloned().unwrap_or_default();
+        if field("format") != serde_json::json!(EXTENSION)
+            || field("format_version") != serde_json::json!(FORMAT_VERSION)
+        {
+            return Err(ArtifactError::new(
+                ErrorKind::Corrupt,
+                format!("corrupt artifact: its body does not declare format `{EXTENSION}` version {FORMAT_VERSION}"),
+            ));
+        }
+        if field("compiler") != serde_json::json!(COMPILER) {
+            return Err(ArtifactError::new(
+                ErrorKind::Version,
+                format!(
+                    "the artifact was written by {}, but this is {COMPILER}; recompile the recipe with `rlxc compile RECIPE -o FILE.rlxc`",
+                    field("compiler")
+                ),
+            ));
+        }
+        let artifact: Artifact = serde_json::from_value(document).map_err(|e| {
+            ArtifactError::new(
+                ErrorKind::Invalid,
+                format!("invalid artifact: the body does not describe a compiled recipe: {e}"),
+            )
+        })?;
+        artifact.validate()?;
+        Ok(artifact)
+    }
+
+    /// Check that the graph is one the planner accepts, the recorded plan is its plan, and the
+    /// metadata describes the graph.
+    fn validate(&self) -> Result<(), ArtifactError> {
+        let invalid = |message: String| {
+            ArtifactError::new(ErrorKind::Invalid, format!("invalid artifact: {message}"))
+        };
+        let planned = plan::plan(&self.graph, &self.options)
+            .map_err(|e| invalid(format!("its graph has no kernel plan: {e}")))?;
+        let planned = serde_json::to_value(&planned)
+            .map_err(|e| invalid(format!("cannot serialise the plan: {e}")))?;
+        if planned != self.plan {
+            return Err(invalid(
+                "the recorded plan is not the plan of the recorded graph".into(),
+            ));
+        }
+        if self.inputs != self.graph.inputs {
+            return Err(invalid("`inputs` differs from the graph's inputs".into()));
+        }
+        if self.rubrics != self.graph.rubrics {
+            return Err(invalid("`rubrics` differs from the graph's rubrics".into()));
+        }
+        let same = |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        let params_agree = self.params.len() == self.graph.params.len()
+            && self
+                .params
+                .iter()
+                .zip(&self.graph.params)
+                .all(|(p, (name, value))| &p.name == name && same(p.value, *value));
+        if !params_agree {
+            return Err(invalid("`params` differs from the graph's params".into()));
+        }
+        for input in &self.inputs {
+            if input.shape.level == Level::Pair
+                || (input.shape.feature.is_some() && input.shape.level == Level::Tok)
+            {
+                return Err(invalid(format!(
+                    "input `{}` has a shape no batch can hold",
+                    input.name
+                )));
+            }
+        }
+        if self.graph.outputs.loss.is_none() && self.graph.outputs.reward.is_none() {
+            return Err(invalid(
+                "the graph computes neither a loss nor a reward".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The first recorded source file that still exists and has changed, if any.
+    pub fn stale_source(&self) -> Option<(&Path, String)> {
+        self.sources.iter().find_map(|source| {
+            let bytes = std::fs::read(&source.path).ok()?;
+            let now = hex_digest(&bytes);
+            (now != source.sha256).then_some((source.path.as_path(), now))
+        })
+    }
+
+    /// The graph to run, given `--set` overrides: params are compiled in, so an override must name a
+    /// param and repeat its compiled value.
+    pub fn graph_with(&self, overrides: &[(String, f64)]) -> Result<&Graph, ArtifactError> {
+        for (name, value) in overrides {
+            let Some(param) = self.params.iter().find(|p| &p.name == name) else {
+                let known: Vec<&str> = self.params.iter().map(|p| p.name.as_str()).collect();
+                return Err(ArtifactError::new(
+                    ErrorKind::Param,
+                    format!(
+                        "unknown param `{name}` (the artifact's params: {})",
+                        if known.is_empty() {
+                            "none".into()
+                        } else {
+                            known.join(", ")
+                        }
+                    ),
+                ));
+            };
+            if param.value != *value {
+                return Err(ArtifactError::new(
+                    ErrorKind::Param,
+                    format!(
+                        "param `{name}` is compiled into the artifact as {}; recompile with `rlxc compile RECIPE --set {name}={value} -o FILE.rlxc`, or use the .rlx recipe",
+                        param.value
+                    ),
+                ));
+            }
+        }
+        Ok(&self.graph)
+    }
+
+    /// The recipe's declarations (inputs, params, rubric names and criteria) as a HIR recipe with no
+    /// sections: what rollout files are read against (`rlx_runtime::rollouts::read_rollouts`). It has
+    /// no reward, loss or rubric formulas; run the graph, never lower this.
+    pub fn declarations(&self) -> Result<hir::Recipe, ArtifactError> {
+        let invalid = |message: String| {
+            ArtifactError::new(ErrorKind::Invalid, format!("invalid artifact: {message}"))
+        };
+        let mut inputs = Vec::with_capacity(self.inputs.len());
+        for input in &self.inputs {
+            let level = match input.shape.level {
+                Level::Batch => TyLevel::Batch,
+                Level::Group => TyLevel::Group,
+                Level::Resp => TyLevel::Resp,
+                Level::Tok => TyLevel::Tok,
+                Level::Pair => return Err(invalid(format!("input `{}` is per pair", input.name))),
+            };
+            let feature = match &input.shape.feature {
+                None => None,
+                Some(Feature::Crit) => Some(TyFeature::Crit),
+                Some(Feature::Dim) => Some(TyFeature::Dim),
+                Some(Feature::Rubric { index, .. }) => {
+                    let rubric = self.rubrics.get(*index as usize).ok_or_else(|| {
+                        invalid(format!("input `{}` names rubric #{index}", input.name))
+                    })?;
+                    Some(TyFeature::Rubric(rubric.name.clone()))
+                }
+            };
+            inputs.push(hir::Input {
+                name: input.name.clone(),
+                ty: Ty {
+                    elem: input.elem,
+                    level,
+                    feature,
+                },
+                role: input.differentiable.then_some(InputRole::Policy),
+                default: input.default,
+                span: Span::default(),
+            });
+        }
+        let params = self
+            .params
+            .iter()
+            .map(|p| hir::Param {
+                name: p.name.clone(),
+                elem: p.elem,
+                value: p.value,
+                span: Span::default(),
+            })
+            .collect();
+        let rubrics = self
+            .rubrics
+            .iter()
+            .map(|r| hir::Rubric {
+                name: r.name.clone(),
+                criteria: r
+                    .criteria
+                    .iter()
+                    .map(|c| hir::Criterion {
+                        name: c.clone(),
+                        weight: hir::Number::Const(1.0),
+                        points: None,
+                        levels: Vec::new(),
+                        veto: false,
+                        saturate: None,
+                    })
+                    .collect(),
+                interactions: Vec::new(),
+                aggregate: hir::Aggregate::Mean,
+                on_veto: hir::Shape {
+                    name: String::new(),
+                    args: Vec::new(),
+                },
+                shape: None,
+                span: Span::default(),
+            })
+            .collect();
+        Ok(hir::Recipe {
+            inputs,
+            params,
+            rubrics,
+            globals: Vec::new(),
+            reward: None,
+            advantage: None,
+            loss: None,
+            metrics: Vec::new(),
+            keeps: Vec::new(),
+            rollout: Vec::new(),
+        })
+    }
+
+    /// Write the artifact to `path` (through a temporary file and a rename).
+    pub fn save(&self, path: &Path) -> Result<(), ArtifactError> {
+        let bytes = self.to_bytes()?;
+        let mut temporary = path.as_os_str().to_owned();
+        temporary.push(".rlx-tmp");
+        let temporary = PathBuf::from(temporary);
+        let io = |e: std::io::Error| {
+            ArtifactError::new(
+                ErrorKind::Io,
+                format!("cannot write {}: {e}", path.display()),
+            )
+        };
+        std::fs::write(&temporary, bytes).map_err(io)?;
+        std::fs::rename(&temporary, path).map_err(io)
+    }
+}
+
+/// Read, validate and staleness-check the artifact at `path`. Every error names the file.
+pub fn load(path: &Path) -> Result<Artifact, ArtifactError> {
+    let named = |e: ArtifactError| ArtifactError {
+        kind: e.kind,
+        message: format!("{}: {}", path.display(), e.message),
+    };
+    let bytes = std::fs::read(path).map_err(|e| {
+        ArtifactError::new(
+            ErrorKind::Io,
+            format!("cannot read {}: {e}", path.display()),
+        )
+    })?;
+    let artifact = Artifact::from_bytes(&bytes).map_err(named)?;
+    if let Some((source, _)) = artifact.stale_source() {
+        return Err(named(ArtifactError::new(
+            ErrorKind::Stale,
+            format!(
+                "stale artifact: {} has changed since it was compiled; recompile with `rlxc compile {} -o {}`",
+                source.display(),
+                source.display(),
+                path.display()
+            ),
+        )));
+    }
+    Ok(artifact)
+}
+
+/// Whether `path` names an artifact (by its extension) rather than a recipe.
+pub fn is_artifact_path(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == EXTENSION)
+}

@@ -1,0 +1,469 @@
+//! The compiled-recipe artifact (`rlxc compile RECIPE -o FILE.rlxc`, docs/formats.md): round trips for
+//! every recipe, `rlx score` on an artifact agreeing with `rlx score` on its recipe, and a clear error
+//! for each way an artifact can be wrong (stale, foreign, corrupt, truncated, invalid plan).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+use rlx_compiler::artifact::{self, Artifact, ErrorKind, COMPILER, FORMAT_VERSION};
+use rlx_compiler::backend::Options;
+use rlx_compiler::export::sha256::hex_digest;
+use rlx_runtime::kernel::Kernel;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let directory =
+        std::env::temp_dir().join(format!("rlx-artifact-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&directory).unwrap();
+    directory
+}
+
+fn build(path: &Path, overrides: &[(String, f64)]) -> Artifact {
+    let checked = rlx_compiler::check_path(path).expect("readable recipe");
+    assert!(!checked.has_errors(), "{:?}", checked.diagnostics);
+    let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+    Artifact::build(&checked, &stem, overrides, &Options::default()).expect("artifact builds")
+}
+
+fn run(binary: &str, args: &[&str]) -> std::process::Output {
+    Command::new(binary)
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("binary runs")
+}
+
+/// The file's header line and body.
+fn split(bytes: &[u8]) -> (String, Vec<u8>) {
+    let newline = bytes.iter().position(|&b| b == b'\n').unwrap();
+    (
+        String::from_utf8(bytes[..newline].to_vec()).unwrap(),
+        bytes[newline + 1..].to_vec(),
+    )
+}
+
+/// A file with this body and a correct header for it.
+fn sign(body: &[u8]) -> Vec<u8> {
+    let mut bytes = format!(
+        "RLXC {FORMAT_VERSION} {} {}\n",
+        body.len(),
+        hex_digest(body)
+    )
+    .into_bytes();
+    bytes.extend_from_slice(body);
+    bytes
+}
+
+/// The artifact of grpo.rlx with its body edited by `edit`, re-signed (so only the edit is wrong).
+fn tampered(edit: impl FnOnce(&mut Value)) -> Result<Artifact, artifact::ArtifactError> {
+    let bytes = build(&root().join("recipes/grpo.rlx"), &[])
+        .to_bytes()
+        .unwrap();
+    let (_, body) = split(&bytes);
+    let mut document: Value = serde_json::from_slice(&body).unwrap();
+    edit(&mut document);
+    Artifact::from_bytes(&sign(&serde_json::to_vec(&document).unwrap()))
+}
+
+fn expect_error(result: Result<Artifact, artifact::ArtifactError>, kind: ErrorKind, needle: &str) {
+    match result {
+        Ok(_) => panic!("expected a {kind:?} error mentioning `{needle}`, but it loaded"),
+        Err(error) => {
+            assert_eq!(error.kind, kind, "{error}");
+            assert!(error.message.contains(needle), "`{needle}` not in: {error}");
+        }
+    }
+}
+
+#[test]
+fn every_recipe_round_trips_exactly() {
+    let mut recipes: Vec<PathBuf> = std::fs::read_dir(root().join("recipes"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rlx"))
+        .collect();
+    recipes.sort();
+    assert!(recipes.len() >= 20);
+    for path in &recipes {
+        let built = build(path, &[]);
+        let bytes = built.to_bytes().unwrap();
+        let loaded =
+            Artifact::from_bytes(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(loaded.graph, built.graph, "{}", path.display());
+        assert_eq!(loaded, built, "{}", path.display());
+        assert_eq!(loaded.sources[0].path, path.canonicalize().unwrap());
+        assert_eq!(
+            loaded.sources[0].sha256,
+            hex_digest(&std::fs::read(path).unwrap())
+        );
+        assert_eq!(loaded.compiler, COMPILER);
+    }
+}
+
+#[test]
+fn non_finite_params_survive_the_round_trip() {
+    let path = root().join("recipes/grpo.rlx");
+    let built = build(
+        &path,
+        &[
+            ("clip_c".to_string(), f64::INFINITY),
+            ("eps_low".to_string(), -0.0),
+        ],
+    );
+    let loaded = Artifact::from_bytes(&built.to_bytes().unwrap()).unwrap();
+    assert_eq!(loaded.graph, built.graph);
+    let clip = loaded.params.iter().find(|p| p.name == "clip_c").unwrap();
+    assert_eq!(clip.value, f64::INFINITY);
+    assert_eq!(clip.default, 3.0);
+    let eps = loaded.params.iter().find(|p| p.name == "eps_low").unwrap();
+    assert!(eps.value == 0.0 && eps.value.is_sign_negative());
+}
+
+#[test]
+fn score_on_the_artifact_equals_score_on_the_recipe() {
+    let directory = scratch("score");
+    for (recipe, rollouts) in [
+        ("recipes/grpo.rlx", "tests/data/grpo_fixture.jsonl"),
+        ("tests/scores/darling.rlx", "tests/scores/darling.jsonl"),
+        ("tests/scores/dr_grpo.rlx", "tests/scores/dr_grpo.jsonl"),
+    ] {
+        let stem = Path::new(recipe).file_stem().unwrap().to_string_lossy();
+        let out = directory.join(format!("{stem}.rlxc"));
+        let compiled = run(
+            env!("CARGO_BIN_EXE_rlxc"),
+            &["compile", recipe, "-o", out.to_str().unwrap()],
+        );
+        assert!(
+            compiled.status.success(),
+            "{}",
+            String::from_utf8_lossy(&compiled.stderr)
+        );
+        for backend in ["jit", "interp"] {
+            let score = |file: &str| {
+                let output = run(
+                    env!("CARGO_BIN_EXE_rlx"),
+                    &[
+                        "score",
+                        file,
+                        "--rollouts",
+                        rollouts,
+                        "--grad",
+                        "--backend",
+                        backend,
+                    ],
+                );
+                assert!(
+                    output.status.success(),
+                    "{file}: {}",
+                    String::from_utf8_lossy(&output.stderr)
+                );
+                serde_json::from_slice::<Value>(&output.stdout).unwrap()
+            };
+            assert_eq!(
+                score(out.to_str().unwrap()),
+                score(recipe),
+                "{recipe} ({backend})"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&directory).ok();
+}
+
+#[test]
+fn set_on_an_artifact_must_repeat_the_compiled_value() {
+    let directory = scratch("set");
+    let out = directory.join("grpo.rlxc");
+    let out = out.to_str().unwrap();
+    let compiled = run(
+        env!("CARGO_BIN_EXE_rlxc"),
+        &[
+            "compile",
+            "recipes/grpo.rlx",
+            "--set",
+            "beta=0.01",
+            "-o",
+            out,
+        ],
+    );
+    assert!(compiled.status.success());
+    let score = |set: &str| {
+        run(
+            env!("CARGO_BIN_EXE_rlx"),
+            &[
+                "score",
+                out,
+                "--rollouts",
+                "tests/data/grpo_fixture.jsonl",
+                "--set",
+                set,
+            ],
+        )
+    };
+    assert!(score("beta=0.01").status.success());
+    let other = score("beta=0.02");
+    assert_eq!(other.status.code(), Some(1));
+    let message = String::from_utf8_lossy(&other.stderr);
+    assert!(
+        message.contains("param `beta` is compiled into the artifact as 0.01"),
+        "{message}"
+    );
+    let unknown = score("betta=1");
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("unknown param `betta`"));
+    std::fs::remove_dir_all(&directory).ok();
+}
+
+#[test]
+fn a_changed_source_makes_the_artifact_stale() {
+    let directory = scratch("stale");
+    let recipe = directory.join("grpo.rlx");
+    std::fs::copy(root().join("recipes/grpo.rlx"), &recipe).unwrap();
+    let out = directory.join("grpo.rlxc");
+    build(&recipe, &[]).save(&out).unwrap();
+    artifact::load(&out).expect("fresh artifact loads");
+    let mut text = std::fs::read_to_string(&recipe).unwrap();
+    text.push_str("\n// edited\n");
+    std::fs::write(&recipe, text).unwrap();
+    let error = artifact::load(&out).expect_err("stale artifact is rejected");
+    assert_eq!(error.kind, ErrorKind::Stale);
+    assert!(error.message.contains("stale artifact"), "{error}");
+    assert!(error.message.contains("grpo.rlx has changed"), "{error}");
+    let cli = run(
+        env!("CARGO_BIN_EXE_rlx"),
+        &[
+            "score",
+            out.to_str().unwrap(),
+            "--rollouts",
+            "tests/data/grpo_fixture.jsonl",
+        ],
+    );
+    assert_eq!(cli.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&cli.stderr).contains("stale artifact"));
+    // An artifact is self-contained: once its source is gone it still loads.
+    std::fs::remove_file(&recipe).unwrap();
+    artifact::load(&out).expect("artifact without its source loads");
+    std::fs::remove_dir_all(&directory).ok();
+}
+
+#[test]
+fn foreign_and_damaged_files_are_rejected_by_name() {
+    let good = build(&root().join("recipes/grpo.rlx"), &[])
+        .to_bytes()
+        .unwrap();
+    let (header, body) = split(&good);
+    // Bad magic.
+    expect_error(
+        Artifact::from_bytes(b"{\"format\": \"rlxc\"}\n"),
+        ErrorKind::Magic,
+        "not an rlx artifact",
+    );
+    expect_error(
+        Artifact::from_bytes(b""),
+        ErrorKind::Magic,
+        "not an rlx artifact",
+    );
+    expect_error(
+        Artifact::from_bytes(b"RLXC one 2 3\n{}"),
+        ErrorKind::Magic,
+        "malformed header",
+    );
+    // Another format version.
+    let mut future = header.replacen("RLXC 1 ", "RLXC 2 ", 1).into_bytes();
+    future.push(b'\n');
+    future.extend_from_slice(&body);
+    expect_error(
+        Artifact::from_bytes(&future),
+        ErrorKind::Version,
+        "format version 2",
+    );
+    // Truncated, in the body and in the header.
+    expect_error(
+        Artifact::from_bytes(&good[..good.len() - 10]),
+        ErrorKind::Truncated,
+        "truncated",
+    );
+    expect_error(
+        Artifact::from_bytes(&good[..20]),
+        ErrorKind::Truncated,
+        "truncated",
+    );
+    // Trailing bytes.
+    let mut longer = good.clone();
+    longer.extend_from_slice(b"\n\n");
+    expect_error(
+        Artifact::from_bytes(&longer),
+        ErrorKind::Corrupt,
+        "bytes after",
+    );
+    // One flipped byte in the body.
+    let mut flipped = good.clone();
+    let at = good.len() - 100;
+    flipped[at] ^= 0x01;
+    expect_error(
+        Artifact::from_bytes(&flipped),
+        ErrorKind::Corrupt,
+        "SHA-256",
+    );
+    // A correctly signed body that is not JSON.
+    expect_error(
+        Artifact::from_bytes(&sign(b"{\"format\": ")),
+        ErrorKind::Corrupt,
+        "invalid JSON",
+    );
+    // Another compiler.
+    expect_error(
+        tampered(|d| d["compiler"] = Value::from("rlx-compiler 9.9.9")),
+        ErrorKind::Version,
+        "written by \"rlx-compiler 9.9.9\"",
+    );
+    // The file through `load` and through the command line: the error names the file.
+    let directory = scratch("foreign");
+    let path = directory.join("foreign.rlxc");
+    std::fs::write(&path, b"hello, world\n").unwrap();
+    let error = artifact::load(&path).unwrap_err();
+    assert!(
+        error.message.starts_with(&path.display().to_string()),
+        "{error}"
+    );
+    let cli = run(
+        env!("CARGO_BIN_EXE_rlx"),
+        &[
+            "score",
+            path.to_str().unwrap(),
+            "--rollouts",
+            "tests/data/grpo_fixture.jsonl",
+        ],
+    );
+    assert_eq!(cli.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&cli.stderr);
+    assert!(stderr.contains("not an rlx artifact"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    std::fs::remove_dir_all(&directory).ok();
+}
+
+#[test]
+fn bodies_that_do_not_describe_a_valid_plan_are_rejected() {
+    // The untouched body loads.
+    tampered(|_| {}).expect("re-signed untouched body loads");
+    // Schema: a missing field, an unknown field, a wrong type.
+    expect_error(
+        tampered(|d| {
+            d.as_object_mut().unwrap().remove("graph");
+        }),
+        ErrorKind::Invalid,
+        "missing field `graph`",
+    );
+    expect_error(
+        tampered(|d| d["extra"] = Value::from(1)),
+        ErrorKind::Invalid,
+        "unknown field `extra`",
+    );
+    expect_error(
+        tampered(|d| d["graph"]["nodes"] = Value::from("none")),
+        ErrorKind::Invalid,
+        "does not describe a compiled recipe",
+    );
+    // A node reading a later node (or one past the end): the planner's validation rejects it.
+    expect_error(
+        tampered(|d| {
+            let nodes = d["graph"]["nodes"].as_array_mut().unwrap();
+            let last = nodes.len() as u64;
+            let node = nodes
+                .iter_mut()
+                .find(|n| !n["args"].as_array().unwrap().is_empty())
+                .unwrap();
+            node["args"][0] = Value::from(last + 5);
+        }),
+        ErrorKind::Invalid,
+        "has no kernel plan",
+    );
+    // An output naming no node.
+    expect_error(
+        tampered(|d| d["graph"]["outputs"]["loss"] = Value::from(1_000_000)),
+        ErrorKind::Invalid,
+        "has no kernel plan",
+    );
+    // A plan that is not the graph's (a buffer's storage changed).
+    expect_error(
+        tampered(|d| {
+            let buffers = d["plan"]["phases"][0]["buffers"].as_array_mut().unwrap();
+            let buffer = buffers.last_mut().unwrap();
+            let storage = buffer["storage"].as_str().unwrap().to_string();
+            buffer["storage"] = Value::from(if storage == "f32" { "f64" } else { "f32" });
+        }),
+        ErrorKind::Invalid,
+        "recorded plan is not the plan of the recorded graph",
+    );
+    // Plan made with other options than recorded.
+    expect_error(
+        tampered(|d| d["options"]["accumulate"] = Value::from("f32")),
+        ErrorKind::Invalid,
+        "recorded plan is not the plan",
+    );
+    // Metadata that disagrees with the graph.
+    expect_error(
+        tampered(|d| d["inputs"][0]["name"] = Value::from("renamed")),
+        ErrorKind::Invalid,
+        "`inputs` differs",
+    );
+    expect_error(
+        tampered(|d| d["params"][0]["value"] = Value::from(123.0)),
+        ErrorKind::Invalid,
+        "`params` differs",
+    );
+    // An input's shape changed consistently in graph and metadata: the plan no longer matches.
+    expect_error(
+        tampered(|d| {
+            for place in ["inputs", "graph"] {
+                let inputs = if place == "inputs" {
+                    &mut d["inputs"]
+                } else {
+                    &mut d["graph"]["inputs"]
+                };
+                inputs[0]["shape"]["level"] = Value::from("batch");
+            }
+        }),
+        ErrorKind::Invalid,
+        "invalid artifact",
+    );
+}
+
+#[test]
+fn a_loaded_artifact_still_validates_every_batch() {
+    let loaded = Artifact::from_bytes(
+        &build(&root().join("recipes/dapo.rlx"), &[])
+            .to_bytes()
+            .unwrap(),
+    )
+    .unwrap();
+    let kernel = Kernel::compile(&loaded.graph, &Options::default()).expect("kernel compiles");
+    let spec = rlx_runtime::synthetic::Spec::default();
+    let mut batch = rlx_runtime::synthetic::batch(&loaded.graph, &spec);
+    let context = rlx_runtime::interp::Context::default();
+    kernel.run(&batch, &context).expect("a valid batch runs");
+    let launches = kernel.launches();
+    // One token too few in a token-level input.
+    let token_input = loaded
+        .graph
+        .inputs
+        .iter()
+        .position(|i| i.shape.level == rlx_compiler::ir::Level::Tok)
+        .unwrap();
+    batch.inputs[token_input].pop();
+    let error = kernel.run(&batch, &context).expect_err("malformed batch");
+    assert!(
+        error.0.contains("malformed batch") || error.0.contains("values"),
+        "{}",
+        error.0
+    );
+    assert_eq!(
+        kernel.launches(),
+        launches,
+        "no kernel ran on the malformed batch"
+    );
+}
