@@ -427,99 +427,35 @@ fn host_c_kernels_agree_with_the_interpreter_in_f32_accumulation() {
     check(Precision::F32, F32_TOLERANCE, &[4]);
 }
 
-/// Ops and situations the shipped recipes do not (yet) reach (the JIT suite's inline recipes,
-/// runtime/tests/jit.rs): `keep resp` with `n`/`resp_index` and `distinct_ngrams` (a host pass),
-/// pairs under filters, every element-wise function, forward and reverse scans, `shift`, rubric
-/// indexing, `crit`, `dim`, batch-level feature values.
-const EXTRA: &[(&str, &str)] = &[
-    (
-        "keep_resp",
-        "input logp : f32[tok] policy
-         input score : f32[resp]
-         input id : i32[tok]
-         let d = distinct_ngrams(id over tok, n = 2)
-         reward = score + 0.1 * d
-         keep resp when reward > 0.35 or resp_index == 0
-         keep group when n > 1
-         advantage = (reward - mean(reward over resp)) / (std(reward over resp, ddof = 1) + 1e-3) + resp_index / n
-         loss = -mean(advantage * mean(logp over tok) over batch) + 0.01 * max(logp over tok, batch) - 0.01 * min(logp over tok, resp, group, batch)
-         metric kept_n = mean(n over batch)
-         metric top = max(reward over batch)",
-    ),
-    (
-        "keep_pairs",
-        "input logp : f32[tok] policy
-         input score : f32[resp]
-         input cluster : i32[resp]
-         let diversity = mean(cluster != other.cluster over others)
-         let spread = max(score - other.score over others)
-         reward = score * (0.5 + diversity)
-         keep resp when spread > -0.3
-         keep group when count(reward > 0.2 over resp) >= 1
-         advantage = reward - mean(other.reward over others) + spread
-         loss = -mean(advantage * sum(logp over tok) over batch) + 0.1 * mean(logsumexp(logp over tok, resp) over batch)
-         metric d = mean(diversity over batch)
-         metric s = min(spread over batch)",
-    ),
-    (
-        "elementwise",
-        "input logp : f32[tok] policy
-         input old_logp : f32[tok]
-         input score : f32[resp]
-         input flag : bool[resp]
-         param base = 1.5
-         let x = logp - old_logp
-         let y = pow(base + x, 1.7) + abs(x) * sign(x) + floor(3 * score) + lgamma(score + 1)
-         let z = where(flag and not (score < 0.5), exp(x), log1p(exp(x))) + sqrt(abs(x))
-         reward = score * step + progress
-         advantage = reward - mean(reward over resp)
-         loss = mean(y * z * advantage + sigmoid(x) - logsigmoid(x) + softplus(-x) + tanh(x) + x ^ 2 over tok, batch) + mean(cos(logp) + sin(old_logp) over tok, resp, group, batch)
-         metric m = mean(max(x, 0.01) - min(x, -0.01) over tok, batch)
-         metric c = mean(count(x > 0 over tok) over batch)
-         metric a = mean(any(x > 0.1 over tok) over batch) + mean(all(x > -1 over tok) over batch)
-         metric e = mean(x == 0 or x != 0 over tok, batch) + mean(x >= 0 over tok, batch) + mean(x <= 0 over tok, batch)",
-    ),
-    (
-        "scans",
-        "input logp : f32[tok] policy
-         input values : f32[tok] value
-         input score : f32[resp]
-         let forward = scan(logp over tok, decay = 0.9)
-         let back = scan(values * logp over tok, decay = 0.5 + 0.4 * score, reverse = true)
-         let shifted = shift(forward over tok, offset = 2, fill = score) + shift(values over tok, offset = -1, fill = 0.5)
-         loss = mean(forward * back + shifted * logp + logsumexp(logp over tok) over tok, batch) + mean(var(logp over tok) over batch)",
-    ),
-    (
-        "features",
-        "rubric judge {
-             criterion a weight 2
-             criterion b weight 1 saturate tanh(k = 2)
-             criterion c veto
-         }
-         input logp : f32[tok] policy
-         input seq_bonus : f32[resp] policy
-         input points : f32[group, crit]
-         input met : bool[resp, crit]
-         input emb : f32[resp, dim] policy
-         input judged : f32[resp, judge]
-         let seq = mean(logp over tok) + seq_bonus
-         let hb = sum(points * met over crit) / max(sum(max(points, 0) over crit), 1e-6)
-         let spread = mean(sum((emb - other.emb) ^ 2 over dim) over others)
-         let close = max(cos(emb, other.emb) over others)
-         let centre = mean(emb over batch)
-         let pull = sum((emb - centre) * seq over dim)
-         reward = hb + judge(judged) + judged[b]
-         advantage = reward - mean(reward over resp)
-         loss = -mean(advantage * seq + 0.1 * spread + 0.1 * close + 0.01 * pull + 0.1 * judge(judged * (1 + seq)) + sum(softmax(points * seq over crit) over crit) over batch)
-         metric crit_mean = mean(mean(met over crit) over batch)
-         metric emb_max = max(max(emb over dim) over batch)",
-    ),
-];
+/// Ops and situations the shipped recipes do not reach yet: the recipes in tests/kernels/ (`keep resp`
+/// with `n`/`resp_index` and `distinct_ngrams`, pairs under filters, every element-wise function,
+/// forward and reverse scans, `shift`, rubric indexing, `crit`, `dim`, batch-level feature values).
+fn extra_recipes() -> Vec<(String, String)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(KERNEL_CASES);
+    let mut cases: Vec<(String, String)> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|e| e == "rlx"))
+        .map(|path| {
+            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read_to_string(&path).expect("readable"))
+        })
+        .collect();
+    cases.sort();
+    assert!(
+        cases.len() >= 5,
+        "expected the kernel cases in {}",
+        dir.display()
+    );
+    cases
+}
+const KERNEL_CASES: &str = "tests/kernels";
 
 #[test]
 fn inline_recipes_cover_the_remaining_ops() {
     let mut failures = Vec::new();
-    for (name, text) in EXTRA {
+    for (name, text) in &extra_recipes() {
         let checked = rlx_compiler::check_source(name, text);
         let recipe = checked
             .recipe
@@ -805,7 +741,7 @@ fn nvrtc_compiles_every_recipe_and_ptxas_assembles_it() {
         .iter()
         .filter_map(|path| Some((name_of(path), graph_of(path)?)))
         .collect();
-    for (name, text) in EXTRA {
+    for (name, text) in &extra_recipes() {
         let recipe = rlx_compiler::check_source(name, text)
             .recipe
             .expect("checks");
