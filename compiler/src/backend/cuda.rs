@@ -496,7 +496,7 @@ impl Gen<'_> {
         self.line("const double* sc = (const double*)table[6];");
         self.line("const long long dim = (long long)((const rlx_u64*)table[7])[0];");
         self.line("(void)go; (void)to; (void)co; (void)rcb_t; (void)po; (void)pcb_t; (void)sc; (void)dim; (void)g_end;");
-        for b in self.buffers_used() {
+        for b in self.pass.buffers_used(self.graph, self.phase) {
             let ty = c_type(self.storage(b)?);
             let slot = super::jit::slot::FIRST_BUFFER + b as usize;
             self.line(&format!("{ty}* b{b} = ({ty}*)table[{slot}];"));
@@ -506,42 +506,6 @@ impl Gen<'_> {
         self.out.push_str("}\n");
         let _ = writeln!(self.out, "RLX_HOST_LAUNCHER({name})");
         Ok(())
-    }
-
-    /// Every buffer the pass reads or writes (as the JIT's `buffers_used`).
-    fn buffers_used(&self) -> Vec<BufferId> {
-        let mut used: HashSet<BufferId> = HashSet::new();
-        let role = |used: &mut HashSet<BufferId>, role: Role| match role {
-            Role::Input(b) | Role::Carried(b) => {
-                used.insert(b);
-            }
-            Role::Buffer { value, count } => {
-                used.insert(value);
-                used.extend(count);
-            }
-            Role::Inline | Role::Unused => {}
-        };
-        for entry in &self.pass.entries {
-            if entry.load {
-                role(&mut used, self.phase.roles[entry.node.0 as usize]);
-            } else if let Some(arg) = self.graph.node(entry.node).args.first() {
-                role(&mut used, self.phase.roles[arg.0 as usize]);
-            }
-        }
-        for action in &self.pass.actions {
-            match action {
-                Action::Store { buffer, .. } | Action::Scan { buffer, .. } => {
-                    used.insert(*buffer);
-                }
-                Action::Reduce { target, .. } => {
-                    used.insert(target.value);
-                    used.extend(target.count);
-                }
-            }
-        }
-        let mut used: Vec<BufferId> = used.into_iter().collect();
-        used.sort_unstable();
-        used
     }
 
     fn width(&self, feature: &Feature) -> Result<String, String> {

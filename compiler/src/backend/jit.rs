@@ -25,7 +25,7 @@
 //! `min`/`max` follow `f64::min`/`f64::max` (a NaN operand is ignored), comparisons, `and`/`or`/`not`
 //! and `where` follow Rust's operators (NaN is true as a condition).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
@@ -453,7 +453,7 @@ impl Gen<'_, '_> {
         self.range = Some((g_begin, g_end));
         let mut slots: Vec<usize> = (0..slot::FIRST_BUFFER).collect();
         slots.extend(
-            self.buffers_used()
+            self.pass.buffers_used(self.graph, self.phase)
                 .into_iter()
                 .map(|b| slot::FIRST_BUFFER + b as usize),
         );
@@ -467,43 +467,6 @@ impl Gen<'_, '_> {
         self.b.ins().return_(&[]);
         self.b.seal_all_blocks();
         Ok(())
-    }
-
-    /// Every buffer the pass reads or writes.
-    fn buffers_used(&self) -> Vec<BufferId> {
-        let mut used: HashSet<BufferId> = HashSet::new();
-        let role = |used: &mut HashSet<BufferId>, role: Role| match role {
-            Role::Input(b) | Role::Carried(b) => {
-                used.insert(b);
-            }
-            Role::Buffer { value, count } => {
-                used.insert(value);
-                used.extend(count);
-            }
-            Role::Inline | Role::Unused => {}
-        };
-        for entry in &self.pass.entries {
-            if entry.load {
-                role(&mut used, self.phase.roles[entry.node.0 as usize]);
-            } else if let Some(arg) = self.graph.node(entry.node).args.first() {
-                // Operands read at other elements (`other`, `index`, `shift`).
-                role(&mut used, self.phase.roles[arg.0 as usize]);
-            }
-        }
-        for action in &self.pass.actions {
-            match action {
-                Action::Store { buffer, .. } | Action::Scan { buffer, .. } => {
-                    used.insert(*buffer);
-                }
-                Action::Reduce { target, .. } => {
-                    used.insert(target.value);
-                    used.extend(target.count);
-                }
-            }
-        }
-        let mut used: Vec<BufferId> = used.into_iter().collect();
-        used.sort_unstable();
-        used
     }
 
     fn base(&self, slot: usize) -> GenResult<ClifValue> {

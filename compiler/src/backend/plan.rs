@@ -303,6 +303,41 @@ impl LoopPass {
     pub fn parallel(&self) -> bool {
         self.path.first() == Some(&LoopKind::Group)
     }
+
+    /// Every buffer the pass reads or writes, in id order (what a backend binds for it).
+    pub fn buffers_used(&self, graph: &Graph, phase: &Phase) -> Vec<BufferId> {
+        let mut used: std::collections::BTreeSet<BufferId> = std::collections::BTreeSet::new();
+        let mut role = |role: Role| match role {
+            Role::Input(b) | Role::Carried(b) => {
+                used.insert(b);
+            }
+            Role::Buffer { value, count } => {
+                used.insert(value);
+                used.extend(count);
+            }
+            Role::Inline | Role::Unused => {}
+        };
+        for entry in &self.entries {
+            if entry.load {
+                role(phase.roles[entry.node.0 as usize]);
+            } else if let Some(arg) = graph.node(entry.node).args.first() {
+                // Operands read at other elements (`other`, `index`, `shift`).
+                role(phase.roles[arg.0 as usize]);
+            }
+        }
+        for action in &self.actions {
+            match action {
+                Action::Store { buffer, .. } | Action::Scan { buffer, .. } => {
+                    used.insert(*buffer);
+                }
+                Action::Reduce { target, .. } => {
+                    used.insert(target.value);
+                    used.extend(target.count);
+                }
+            }
+        }
+        used.into_iter().collect()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
