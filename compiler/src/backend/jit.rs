@@ -453,7 +453,8 @@ impl Gen<'_, '_> {
         self.range = Some((g_begin, g_end));
         let mut slots: Vec<usize> = (0..slot::FIRST_BUFFER).collect();
         slots.extend(
-            self.pass.buffers_used(self.graph, self.phase)
+            self.pass
+                .buffers_used(self.graph, self.phase)
                 .into_iter()
                 .map(|b| slot::FIRST_BUFFER + b as usize),
         );
