@@ -334,11 +334,13 @@ fn run(
     progress.finish();
     match result {
         Ok(summary) => {
+            // `None` when the task has no held-out evaluation (a text task with `task.eval_prompts = 0`).
+            let accuracy = |a: Option<f64>| a.map_or("n/a".to_string(), |a| format!("{a:.3}"));
             eprintln!(
-                "done in {:.1}s: greedy accuracy {:.3} -> {:.3}; sampling {:.0} tokens/s, training {:.0} tokens/s; metrics in {}",
+                "done in {:.1}s: greedy accuracy {} -> {}; sampling {:.0} tokens/s, training {:.0} tokens/s; metrics in {}",
                 summary.wall_s,
-                summary.accuracy_before,
-                summary.accuracy_after,
+                accuracy(summary.accuracy_before),
+                accuracy(summary.accuracy_after),
                 summary.sample_tokens_per_s,
                 summary.train_tokens_per_s,
                 summary.out.join("metrics.jsonl").display()

@@ -1,8 +1,13 @@
 //! The trainer's configuration: TOML with strict validation (an unknown key is an error), an embedded
 //! default (`configs/default.toml`), and `--set section.key=value` overrides.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
+use rlx_signals::SignalSpec;
+
+pub use crate::kinds::{ModelSection, TaskSection};
 use crate::model::ModelConfig;
 use crate::sample::SamplerConfig;
 use crate::task::TaskConfig;
@@ -42,11 +47,16 @@ pub struct Config {
     pub steps: usize,
     pub out: String,
     pub backend: String,
-    pub model: ModelConfig,
-    pub task: TaskConfig,
+    /// `[model]`: `kind = "tiny"` (the default; the other keys size it) or `"smollm2"`.
+    pub model: ModelSection,
+    /// `[task]`: `kind = "arithmetic"` (the default) or a text task (`healthbench`, `ifeval`, `prompts`).
+    pub task: TaskSection,
     pub sampler: SamplerConfig,
     pub train: TrainConfig,
     pub sft: SftConfig,
+    /// `[signals.NAME]` tables of a text task (docs/signals.md), each filling the recipe input `NAME`.
+    #[serde(default, skip_serializing_if = "toml::Table::is_empty")]
+    pub signals: toml::Table,
 }
 
 impl Config {
@@ -60,6 +70,13 @@ impl Config {
         let mut value: toml::Table =
             toml::from_str(text).map_err(|e| format!("config: {}", e.message()))?;
         check_keys(&value)?;
+        // The kinds of `[model]` and `[task]` default to the built-in job's.
+        for (section, kind) in [("model", "tiny"), ("task", "arithmetic")] {
+            if let Some(toml::Value::Table(t)) = value.get_mut(section) {
+                t.entry("kind")
+                    .or_insert_with(|| toml::Value::String(kind.into()));
+            }
+        }
         for (key, raw) in sets {
             set_key(&mut value, key, raw)?;
         }
@@ -123,39 +140,83 @@ impl Config {
             }
             positive("sft.lr", self.sft.lr)?;
         }
-        if self.task.eval_questions == 0 {
+        let signals = self.signal_specs()?;
+        match (&self.model, &self.task) {
+            (ModelSection::Tiny(model), TaskSection::Arithmetic(task)) => {
+                if let Some(name) = signals.keys().next() {
+                    return Err(format!(
+                        "config: [signals.{name}]: signals feed text tasks; the arithmetic task fills `score` itself"
+                    ));
+                }
+                self.validate_builtin(model, task)
+            }
+            (ModelSection::Smollm2 {}, TaskSection::Arithmetic(_)) => Err(
+                "config: task.kind = \"arithmetic\" needs model.kind = \"tiny\" (the arithmetic task has its own character tokenizer)".into(),
+            ),
+            (ModelSection::Tiny(_), text) => Err(format!(
+                "config: task.kind = \"{}\" needs model.kind = \"smollm2\" (its prompts are written in that model's tokenizer and chat template)",
+                text.kind()
+            )),
+            (ModelSection::Smollm2 {}, _) => Ok(()),
+        }
+    }
+
+    /// The `[signals.NAME]` tables, parsed (unknown kinds and keys are errors naming the signal).
+    pub fn signal_specs(&self) -> Result<BTreeMap<String, SignalSpec>, String> {
+        let mut specs = BTreeMap::new();
+        for (name, value) in &self.signals {
+            let spec: SignalSpec = value.clone().try_into().map_err(|e: toml::de::Error| {
+                format!("config: [signals.{name}]: {}", e.message())
+            })?;
+            specs.insert(name.clone(), spec);
+        }
+        Ok(specs)
+    }
+
+    /// The checks of the built-in job (tiny model, arithmetic task).
+    fn validate_builtin(&self, model: &ModelConfig, task: &TaskConfig) -> Result<(), String> {
+        fn positive(name: &str, value: f64) -> Result<(), String> {
+            if value.is_finite() && value > 0.0 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "config: {name} = {value} must be a positive number"
+                ))
+            }
+        }
+        if task.eval_questions == 0 {
             return Err("config: task.eval_questions must be positive".into());
         }
-        let mut model = self.model.clone();
+        let mut model = model.clone();
         if model.vocab == 0 {
             model.vocab = crate::task::Tokenizer.vocab_size();
         }
         model.validate().map_err(|e| format!("config: {e}"))?;
-        positive("model.init_std", self.model.init_std)?;
-        positive("model.rms_eps", self.model.rms_eps)?;
-        positive("model.rope_theta", self.model.rope_theta)?;
-        if self.model.vocab != 0 && self.model.vocab < crate::task::Tokenizer.vocab_size() {
+        positive("model.init_std", model.init_std)?;
+        positive("model.rms_eps", model.rms_eps)?;
+        positive("model.rope_theta", model.rope_theta)?;
+        if model.vocab != 0 && model.vocab < crate::task::Tokenizer.vocab_size() {
             return Err(format!(
                 "config: model.vocab = {} is smaller than the task's tokenizer ({} tokens; 0 = its size)",
-                self.model.vocab,
+                model.vocab,
                 crate::task::Tokenizer.vocab_size()
             ));
         }
         let task =
-            crate::task::Arithmetic::new(self.task.clone()).map_err(|e| format!("config: {e}"))?;
+            crate::task::Arithmetic::new(task.clone()).map_err(|e| format!("config: {e}"))?;
         let prompt = crate::task::Task::max_prompt_tokens(&task);
         let warm = task.max_answer_chars() + 1;
         let needed = prompt + self.sampler.max_new_tokens.max(warm);
-        if needed > self.model.max_positions {
+        if needed > model.max_positions {
             return Err(format!(
                 "config: model.max_positions = {} is too small: prompts of up to {prompt} tokens plus max(sampler.max_new_tokens = {}, the longest answer and its end token = {warm}) need {needed}",
-                self.model.max_positions, self.sampler.max_new_tokens
+                model.max_positions, self.sampler.max_new_tokens
             ));
         }
         if self.sampler.max_new_tokens < warm {
             return Err(format!(
                 "config: sampler.max_new_tokens = {} cannot hold the longest answer and its end token ({warm} tokens for task.max_operand = {} with {:?})",
-                self.sampler.max_new_tokens, self.task.max_operand, self.task.ops
+                self.sampler.max_new_tokens, task.config.max_operand, task.config.ops
             ));
         }
         Ok(())
@@ -221,7 +282,28 @@ fn check_keys(table: &toml::Table) -> Result<(), String> {
         }
         Ok(())
     }
-    walk("", table, &default)
+    // `[model]`/`[task]` of another kind than the default's, and `[signals]`, are checked by their
+    // own types (unknown keys are errors there too).
+    let mut have = table.clone();
+    have.remove("signals");
+    for section in ["model", "task"] {
+        let want = default.get(section).cloned();
+        if let (Some(toml::Value::Table(t)), Some(want)) = (have.get_mut(section), want) {
+            let default_kind = if section == "model" {
+                "tiny"
+            } else {
+                "arithmetic"
+            };
+            match t.remove("kind") {
+                None => {}
+                Some(toml::Value::String(k)) if k == default_kind => {}
+                Some(_) => {
+                    have.insert(section.into(), want);
+                }
+            }
+        }
+    }
+    walk("", &have, &default)
 }
 
 fn set_key(table: &mut toml::Table, key: &str, raw: &str) -> Result<(), String> {

@@ -1,5 +1,6 @@
 //! The rlx trainer (`rlx run`): a small Llama-style policy in candle, a batched sampler with a KV cache,
-//! the built-in arithmetic task, the compiled recipe as a candle custom op, and the training loop.
+//! the built-in arithmetic task and text tasks on real prompts (SmolLM2 with signals), the compiled recipe as
+//! a candle custom op, and the training loop.
 
 pub mod assets;
 pub mod checkpoint;
@@ -8,6 +9,7 @@ pub mod config;
 pub mod embed;
 pub mod gguf;
 pub mod judge;
+pub mod kinds;
 pub mod model;
 pub mod op;
 pub mod optim;
@@ -16,6 +18,7 @@ pub mod progress;
 pub mod rng;
 pub mod sample;
 pub mod task;
+pub mod text_task;
 pub mod tokenizer;
 pub mod train;
 

@@ -52,6 +52,29 @@ pub struct Prompt {
     pub ids: Vec<u32>,
     pub text: String,
     pub answer: Option<String>,
+    /// The task's own index of this prompt (its data row), for tasks that keep per-prompt data.
+    pub key: usize,
+}
+
+/// The models a task may use to fill its inputs: the policy being trained (e.g. as a self-rewarding
+/// judge) and the frozen reference, when the recipe has one.
+#[derive(Clone, Copy)]
+pub struct TaskModels<'a> {
+    pub policy: &'a crate::model::Model,
+    pub reference: Option<&'a crate::model::Model>,
+}
+
+/// The recipe inputs a task filled for one batch, each flat in the runtime's element order
+/// (docs/formats.md, packed layout), with the layout facts they imply.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SignalBatch {
+    /// (input name, values), in the order of [`Task::signals`].
+    pub values: Vec<(String, Vec<f64>)>,
+    /// Criteria per group when some input has a `crit` axis (the batch's `crit_offsets` are their
+    /// prefix sums).
+    pub crit_counts: Option<Vec<usize>>,
+    /// The `dim` axis length when some input has one.
+    pub dim: Option<usize>,
 }
 
 /// Supervised examples: (prompt ids, target ids ending with the stop token).
@@ -66,8 +89,37 @@ pub trait Task {
     /// The token that ends a completion.
     fn stop_token(&self) -> Option<u32>;
 
-    /// The names of the response-level (`f32[resp]`) recipe inputs this task fills.
+    /// The names of the recipe inputs this task fills (response-level `f32[resp]` ones unless
+    /// [`Task::fills_any_shape`]).
     fn signals(&self) -> Vec<String>;
+
+    /// Whether the task checked the types of the inputs it fills against the recipe itself, so they may
+    /// have any level and feature axis (the text tasks' signals registry); otherwise each is `f32[resp]`.
+    fn fills_any_shape(&self) -> bool {
+        false
+    }
+
+    /// Every input of [`Task::signals`] for a batch (completion `r` answers `prompts[r / n]`). The default
+    /// calls [`Task::signal`] for each, one value per response.
+    fn fill(
+        &self,
+        prompts: &[Prompt],
+        completions: &[Vec<u32>],
+        n: usize,
+        models: &TaskModels,
+    ) -> Result<SignalBatch, String> {
+        let _ = models;
+        let mut values = Vec::new();
+        for name in self.signals() {
+            let v = self.signal(&name, prompts, completions, n)?;
+            values.push((name, v));
+        }
+        Ok(SignalBatch {
+            values,
+            crit_counts: None,
+            dim: None,
+        })
+    }
 
     /// `count` prompts for one step, drawn from `rng` (the only randomness a task may use).
     fn prompts(&self, rng: &mut Rng, count: usize) -> Result<Vec<Prompt>, String>;
@@ -142,6 +194,7 @@ impl Arithmetic {
             ids: Tokenizer.encode(&question.prompt)?,
             text: question.prompt.clone(),
             answer: Some(question.answer.clone()),
+            key: 0,
         })
     }
 

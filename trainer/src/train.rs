@@ -17,6 +17,7 @@ use serde_json::{json, Map, Value};
 use rlx_compiler::hir::{ExprKind, Recipe, RolloutValue};
 use rlx_compiler::ir::{Graph, Level};
 use rlx_runtime::batch::{Batch, Layout};
+use rlx_runtime::geometry::Geometry;
 use rlx_runtime::interp::{Context, Outcome};
 
 use crate::checkpoint::{self, State};
@@ -28,7 +29,7 @@ use crate::plot::{self, Panel};
 use crate::progress::{Event, StepReport};
 use crate::rng::Rng;
 use crate::sample::{generate, left_pad, Completion, Settings};
-use crate::task::{Arithmetic, Prompt, Task, Tokenizer, PAD};
+use crate::task::{Prompt, Task, TaskModels, PAD};
 
 type Error = String;
 
@@ -45,7 +46,7 @@ enum Fill {
     OldLogp,
     /// log π_ref of each token under the frozen warm-started model.
     RefLogp,
-    /// A response-level signal of the task, by name (`score` for the arithmetic task).
+    /// An input the task fills, by name (`score` for the arithmetic task; a text task's signals).
     Signal(String),
     /// The number of tokens of each response.
     Length,
@@ -65,7 +66,7 @@ fn filled_list(signals: &[String]) -> String {
 }
 
 /// Decide how to fill every input of `graph`; an error names an input the trainer cannot fill.
-fn plan_inputs(graph: &Graph, signals: &[String]) -> Result<Vec<Fill>, Error> {
+fn plan_inputs(graph: &Graph, signals: &[String], any_shape: bool) -> Result<Vec<Fill>, Error> {
     let mut fills = Vec::new();
     let filled = filled_list(signals);
     for input in &graph.inputs {
@@ -76,7 +77,10 @@ fn plan_inputs(graph: &Graph, signals: &[String]) -> Result<Vec<Fill>, Error> {
             ("logp", Level::Tok) if plain && input.differentiable => Some(Fill::Logp),
             ("old_logp", Level::Tok) if plain => Some(Fill::OldLogp),
             ("ref_logp", Level::Tok) if plain => Some(Fill::RefLogp),
-            (_, Level::Resp) if plain && signals.iter().any(|s| s == name) => {
+            (_, level)
+                if signals.iter().any(|s| s == name)
+                    && (any_shape || (level == Level::Resp && plain)) =>
+            {
                 Some(Fill::Signal(name.to_string()))
             }
             ("length", Level::Resp) if plain => Some(Fill::Length),
@@ -237,8 +241,10 @@ pub fn supervised(
 #[derive(Clone, Debug)]
 pub struct Summary {
     pub out: PathBuf,
-    pub accuracy_before: f64,
-    pub accuracy_after: f64,
+    /// Greedy accuracy on the held-out prompts before and after training; `None` when the task has
+    /// no verifiable evaluation.
+    pub accuracy_before: Option<f64>,
+    pub accuracy_after: Option<f64>,
     /// Mean reward of every step (those before a resume included).
     pub rewards: Vec<f64>,
     pub wall_s: f64,
@@ -256,9 +262,14 @@ pub struct Plan {
     pub temperature: f64,
 }
 
-/// The task the config describes (the built-in arithmetic task).
-pub fn task_from_config(config: &Config) -> Result<Box<dyn Task>, Error> {
-    Ok(Box::new(Arithmetic::new(config.task.clone())?))
+/// The task the config describes (`[task] kind`): the built-in arithmetic task or a text task bound to
+/// `graph`'s inputs by the config's signals.
+pub fn task_from_config(config: &Config, graph: &Graph) -> Result<Box<dyn Task>, Error> {
+    config.task.build(
+        graph,
+        &config.signal_specs()?,
+        config.sampler.max_new_tokens,
+    )
 }
 
 /// Compile the recipe with its param overrides and check that the trainer can feed it.
@@ -267,8 +278,8 @@ pub fn plan(recipe: &Recipe, overrides: &[(String, f64)], config: &Config) -> Re
     if graph.outputs.loss.is_none() {
         return Err("the recipe has no `loss` section: there is nothing to train".into());
     }
-    let task = task_from_config(config)?;
-    let fills = plan_inputs(&graph, &task.signals())?;
+    let task = task_from_config(config, &graph)?;
+    let fills = plan_inputs(&graph, &task.signals(), task.fills_any_shape())?;
     let group_size = if config.sampler.n > 0 {
         config.sampler.n
     } else {
@@ -433,13 +444,9 @@ pub fn run_with(
         "jit" => Objective::kernel(&plan.graph)?,
         _ => Objective::interpreter(plan.graph.clone()),
     });
-    let task = task_from_config(config)?;
-    let mut model_config = config.model.clone();
-    if model_config.vocab == 0 {
-        model_config.vocab = Tokenizer.vocab_size();
-    }
+    let task = task_from_config(config, &plan.graph)?;
     let max_new = config.sampler.max_new_tokens;
-    let policy = Model::new(&model_config, config.seed, &device).map_err(err)?;
+    let policy = config.model.build(config.seed, &device)?;
     let eval = task.eval_prompts(config.seed)?;
     let uses_reference = plan.fills.contains(&Fill::RefLogp);
     let params = plan.graph.params.clone();
@@ -623,18 +630,35 @@ pub fn run_with(
             .flat_map(|p| std::iter::repeat_n(p.clone(), n))
             .collect();
         let tokens: Vec<Vec<u32>> = completions.iter().map(|c| c.tokens.clone()).collect();
-        let mut signal_values: Vec<(String, Vec<f64>)> = Vec::new();
-        for name in &signals {
-            signal_values.push((name.clone(), task.signal(name, &prompts, &tokens, n)?));
+        let filled = task.fill(
+            &prompts,
+            &tokens,
+            n,
+            &TaskModels {
+                policy: &policy,
+                reference: reference.as_ref(),
+            },
+        )?;
+        if let Some(missing) = signals
+            .iter()
+            .find(|s| !filled.values.iter().any(|(n, _)| n == *s))
+        {
+            return Err(format!("step {step}: the task did not fill `{missing}`"));
         }
+        let signal_values = filled.values;
         let correct: Option<Vec<f64>> = completions
             .iter()
             .enumerate()
             .map(|(r, c)| task.correct(&prompts[r / n], &c.tokens))
             .collect();
         let lengths: Vec<usize> = tokens.iter().map(Vec::len).collect();
-        let layout = Layout::from_counts(&vec![n; prompts.len()], &lengths, &[], 0)
-            .map_err(|e| e.to_string())?;
+        let layout = Layout::from_counts(
+            &vec![n; prompts.len()],
+            &lengths,
+            filled.crit_counts.as_deref().unwrap_or(&[]),
+            filled.dim.unwrap_or(0),
+        )
+        .map_err(|e| e.to_string())?;
         let ref_logp: Option<Vec<f64>> = match &reference {
             Some(reference) => Some(
                 completion_logp(reference, &rows, &tokens, &device)
@@ -665,13 +689,14 @@ pub fn run_with(
                     .unwrap_or_default(),
                 Fill::Length => lengths.iter().map(|l| *l as f64).collect(),
                 Fill::Default(v) => {
-                    let size = match input.shape.level {
-                        Level::Batch => 1,
-                        Level::Group => layout.groups(),
-                        Level::Resp => layout.responses(),
-                        Level::Tok => total_tokens,
-                        Level::Pair => 0,
-                    };
+                    // Any shape, feature axes included (their lengths come from the layout).
+                    let rubrics = plan
+                        .graph
+                        .rubrics
+                        .iter()
+                        .map(|r| r.criteria.len())
+                        .collect();
+                    let size = Geometry::new(layout.clone(), rubrics).size(&input.shape);
                     vec![*v; size]
                 }
             })
@@ -841,8 +866,8 @@ pub fn run_with(
         // Stopped by `stop_after`, as if killed: no plot, no summary, the checkpoint stays as it was.
         return Ok(Summary {
             out: out.to_path_buf(),
-            accuracy_before: accuracy_before.unwrap_or(f64::NAN),
-            accuracy_after: accuracy_after.unwrap_or(f64::NAN),
+            accuracy_before,
+            accuracy_after,
             rewards,
             wall_s: start.elapsed().as_secs_f64(),
             sample_tokens_per_s: sample_tokens as f64 / sample_time.max(1e-9),
@@ -858,8 +883,8 @@ pub fn run_with(
     )?;
     let summary = Summary {
         out: out.to_path_buf(),
-        accuracy_before: accuracy_before.unwrap_or(f64::NAN),
-        accuracy_after: accuracy_after.unwrap_or(f64::NAN),
+        accuracy_before,
+        accuracy_after,
         rewards,
         wall_s: start.elapsed().as_secs_f64(),
         sample_tokens_per_s: sample_tokens as f64 / sample_time.max(1e-9),

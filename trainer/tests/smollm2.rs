@@ -1,0 +1,263 @@
+//! The real-model path of `rlx run`: configs/smollm2.toml (SmolLM2-135M-Instruct on IFEval prompts, DARLING
+//! with `quality` and `cluster` filled by signals) for one short step, and the config errors of the
+//! `[model]`/`[task]` kinds and `[signals]` tables. The step needs `scripts/fetch-assets.sh`; without the
+//! assets it prints `SKIPPED: …` (past the harness's capture) and passes.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use rlx_trainer::cli::{prepare, RunArgs};
+use rlx_trainer::config::{Config, DEFAULT_CONFIG};
+use rlx_trainer::train::{run_with, RunOptions};
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn recipe(name: &str) -> rlx_compiler::hir::Recipe {
+    let checked = rlx_compiler::check_path(&root().join("recipes").join(name)).unwrap();
+    assert!(checked.diagnostics.is_empty(), "{:?}", checked.diagnostics);
+    checked.recipe.unwrap()
+}
+
+fn config_text(name: &str) -> String {
+    std::fs::read_to_string(root().join("configs").join(name)).unwrap()
+}
+
+fn args(recipe_name: &str, config: String, sets: &[&str], out: &Path) -> RunArgs {
+    RunArgs {
+        recipe_name: recipe_name.into(),
+        config_text: Some(config),
+        sets: sets.iter().map(|s| s.to_string()).collect(),
+        out: Some(out.to_path_buf()),
+        ..Default::default()
+    }
+}
+
+fn prepare_error(recipe_name: &str, config: String, sets: &[&str]) -> String {
+    let out = std::env::temp_dir().join("rlx-smollm2-never-written");
+    match prepare(&recipe(recipe_name), &args(recipe_name, config, sets, &out)) {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e,
+    }
+}
+
+fn assets_present() -> Result<(), String> {
+    rlx_trainer::assets::smollm2_gguf()?;
+    rlx_trainer::assets::minilm_dir()?;
+    rlx_trainer::assets::ifeval()?;
+    Ok(())
+}
+
+/// One step of configs/smollm2.toml with tiny settings (1 prompt × 2 samples × 8 new tokens): the metrics
+/// line has every signal's mean, the recipe's metrics and a finite loss; then, with `RLX_ASSETS` pointing
+/// at an empty directory, the same config is an error naming `scripts/fetch-assets.sh`.
+#[test]
+fn smollm2_darling_step_on_ifeval() {
+    if let Err(why) = assets_present() {
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED: smollm2_darling_step_on_ifeval: {why}"
+        );
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("rlx-smollm2-step-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let sets = [
+        "steps=2",
+        "sampler.n=2",
+        "sampler.max_new_tokens=8",
+        "train.prompts_per_step=1",
+        "train.micro_batch=0",
+        "task.limit=20",
+        "task.max_prompt_tokens=96",
+    ];
+    let prepared = prepare(
+        &recipe("darling.rlx"),
+        &args("darling", config_text("smollm2.toml"), &sets, &out),
+    )
+    .unwrap();
+    // Stop after one step, as if killed (no 2 GB final checkpoint of a 135M-parameter model).
+    let options = RunOptions {
+        resume: None,
+        stop_after: Some(1),
+    };
+    let summary = run_with(
+        prepared.plan,
+        &prepared.config,
+        &prepared.out,
+        &options,
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(summary.steps_done, 1);
+    let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let lines: Vec<Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{metrics}");
+    let line = &lines[0];
+    let number = |key: &str| -> f64 {
+        line.get(key)
+            .and_then(Value::as_f64)
+            .unwrap_or_else(|| panic!("metrics line without a number `{key}`: {line}"))
+    };
+    assert!(number("loss").is_finite(), "{line}");
+    // IFEval's prompt-level verdict: 0 or 1 per completion, so the mean of 2 is 0, 0.5 or 1.
+    let quality = number("signal/quality/mean");
+    assert!([0.0, 0.5, 1.0].contains(&quality), "{line}");
+    // Partition ids of a group of 2 are 0 then 0 (one class) or 1 (two): the mean is 0 or 0.5.
+    let cluster = number("signal/cluster/mean");
+    assert!([0.0, 0.5].contains(&cluster), "{line}");
+    // The recipe's own metrics agree with the signals it read.
+    assert!(
+        (number("recipe/quality_mean") - quality).abs() < 1e-9,
+        "{line}"
+    );
+    let diversity = number("recipe/diversity_mean");
+    assert!((0.0..=1.0).contains(&diversity), "{line}");
+    // The sample accuracy of an IFEval task is the strict prompt-level verdict, i.e. `quality`.
+    assert!((number("accuracy") - quality).abs() < 1e-9, "{line}");
+    assert!(number("kl").is_finite(), "{line}");
+    let _ = std::fs::remove_dir_all(&out);
+
+    // Missing assets: the error names the fetch script.
+    let empty = std::env::temp_dir().join(format!("rlx-smollm2-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    std::env::set_var("RLX_ASSETS", &empty);
+    let message = prepare_error("darling.rlx", config_text("smollm2.toml"), &[]);
+    std::env::remove_var("RLX_ASSETS");
+    assert!(
+        message.contains("run `scripts/fetch-assets.sh`"),
+        "{message}"
+    );
+    let _ = std::fs::remove_dir_all(&empty);
+}
+
+#[test]
+fn the_shipped_real_model_configs_parse() {
+    for name in ["smollm2.toml", "healthbench.toml"] {
+        let config = Config::parse(&config_text(name), &[]).unwrap();
+        assert_eq!(config.model.kind(), "smollm2", "{name}");
+        assert!(!config.signal_specs().unwrap().is_empty(), "{name}");
+    }
+    // The default still parses, as the tiny model on arithmetic, and round-trips through TOML.
+    let config = Config::parse(DEFAULT_CONFIG, &[]).unwrap();
+    assert_eq!(
+        (config.model.kind(), config.task.kind()),
+        ("tiny", "arithmetic")
+    );
+    let again = Config::parse(&toml::to_string(&config).unwrap(), &[]).unwrap();
+    assert_eq!(again, config);
+    let smollm2 = Config::parse(&config_text("smollm2.toml"), &[]).unwrap();
+    let again = Config::parse(&toml::to_string(&smollm2).unwrap(), &[]).unwrap();
+    assert_eq!(again, smollm2);
+}
+
+#[test]
+fn kind_and_signal_errors() {
+    let smollm2 = config_text("smollm2.toml");
+    let parse = |text: &str| Config::parse(text, &[]).unwrap_err();
+    let edited = |old: &str, new: &str| {
+        assert!(smollm2.contains(old), "{old}");
+        smollm2.replacen(old, new, 1)
+    };
+    assert_eq!(
+        parse(&edited("kind = \"ifeval\"", "kind = \"ifevel\"")),
+        "config: unknown variant `ifevel`, expected one of `arithmetic`, `healthbench`, `ifeval`, `prompts`"
+    );
+    assert_eq!(
+        parse(&edited("kind = \"smollm2\"", "kind = \"smollm3\"")),
+        "config: unknown variant `smollm3`, expected `tiny` or `smollm2`"
+    );
+    assert_eq!(
+        parse(&edited(
+            "kind = \"smollm2\"",
+            "kind = \"smollm2\"\nhidden = 64"
+        )),
+        "config: unknown field `hidden`, there are no fields"
+    );
+    let message = parse(&edited("limit = 0", "limt = 0"));
+    assert!(
+        message.starts_with("config: unknown field `limt`, expected one of `path`, `limit`"),
+        "{message}"
+    );
+    assert_eq!(
+        parse(&edited("kind = \"smollm2\"", "kind = \"tiny\"")),
+        "config: missing key `model.heads` (every key is required; the default is in configs/default.toml)"
+    );
+    assert_eq!(
+        parse(&edited("judge = \"policy\"", "judge = \"teacher\"")),
+        "config: unknown variant `teacher`, expected `policy` or `reference`"
+    );
+    assert_eq!(
+        parse(&edited("threshold = 0.9", "treshold = 0.9")),
+        "config: [signals.cluster]: unknown field `treshold`, expected `threshold` or `text`"
+    );
+    assert_eq!(
+        parse(&edited("kind = \"partition\"", "kind = \"clusters\"")),
+        "config: [signals.cluster]: unknown variant `clusters`, expected one of `exact_answer`, `numeric_answer`, `regex`, `contains`, `length`, `ifeval`, `partition`, `embedding`, `judge`, `points`, `wrong_script`"
+    );
+
+    // Kinds that do not go together.
+    let tiny_text = DEFAULT_CONFIG.replacen(
+        "[task]\nmax_operand = 49\nops = \"+\"\neval_questions = 500",
+        "[task]\nkind = \"ifeval\"",
+        1,
+    );
+    assert_ne!(tiny_text, DEFAULT_CONFIG);
+    assert_eq!(
+        parse(&tiny_text),
+        "config: task.kind = \"ifeval\" needs model.kind = \"smollm2\" (its prompts are written in that model's tokenizer and chat template)"
+    );
+    let arithmetic_signals =
+        format!("{DEFAULT_CONFIG}\n[signals.score]\nkind = \"exact_answer\"\n");
+    assert_eq!(
+        parse(&arithmetic_signals),
+        "config: [signals.score]: signals feed text tasks; the arithmetic task fills `score` itself"
+    );
+
+    // Signals checked against the recipe (before any asset is read): a signal for an input the recipe
+    // lacks, a type that does not fit, an input left without a signal, an input the trainer fills.
+    let message = prepare_error(
+        "darling.rlx",
+        format!("{smollm2}\n[signals.score]\nkind = \"ifeval\"\n"),
+        &[],
+    );
+    assert_eq!(
+        message,
+        "config: signal `score`: the recipe has no input `score` to fill (its inputs: `logp`, `old_logp`, `ref_logp`, `quality`, `cluster`)"
+    );
+    let message = prepare_error(
+        "darling.rlx",
+        edited(
+            "kind = \"partition\"\nthreshold = 0.9",
+            "kind = \"embedding\"",
+        ),
+        &[],
+    );
+    assert_eq!(
+        message,
+        "config: signal `cluster`: embedding: produces f32[resp, dim] but input `cluster` is i32[resp]; a f32 value does not convert to i32 (only bool → i32 → f32 widen)"
+    );
+    let message = prepare_error(
+        "darling.rlx",
+        edited("[signals.quality]\nkind = \"ifeval\"\n", ""),
+        &[],
+    );
+    assert_eq!(
+        message,
+        "config: the recipe's input `quality` (f32[resp]) has no signal to fill it: add a `[signals.quality]` table (docs/signals.md lists the kinds)"
+    );
+    let message = prepare_error(
+        "darling.rlx",
+        format!("{smollm2}\n[signals.ref_logp]\nkind = \"wrong_script\"\n"),
+        &[],
+    );
+    assert_eq!(
+        message,
+        "config: [signals.ref_logp]: `ref_logp` is filled by the trainer, not by a signal"
+    );
+}
