@@ -18,6 +18,7 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use rlx_compiler::backend::cuda::{self, CudaSource};
 use rlx_compiler::ir::{Elem, Graph};
@@ -110,7 +111,7 @@ type HostLaunch = unsafe extern "C" fn(
 /// The generated source compiled for the CPU (see the module docs).
 struct HostDevice {
     block: u32,
-    library: Option<libloading::Library>,
+    library: Option<Arc<libloading::Library>>,
     launches: AtomicUsize,
 }
 
@@ -126,13 +127,21 @@ impl HostDevice {
 
 /// Compile host C into a shared library (once per source: block sizes share it); the compiler's
 /// messages on failure.
-fn compile_host(source: &CudaSource, dir: &Path) -> Result<PathBuf, String> {
-    static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+fn compile_host(source: &CudaSource) -> Result<Arc<libloading::Library>, String> {
+    type Built = Vec<(String, Arc<libloading::Library>)>;
+    static BUILT: std::sync::Mutex<Built> = std::sync::Mutex::new(Vec::new());
     let text = source.host_c();
-    if let Some((_, path)) = BUILT.lock().unwrap().iter().find(|(t, _)| *t == text) {
-        return Ok(path.clone());
+    if let Some((_, library)) = BUILT.lock().unwrap().iter().find(|(t, _)| *t == text) {
+        return Ok(library.clone());
     }
-    let library = compile_host_uncached(&text, dir)?;
+    let dir = scratch("host");
+    let path = compile_host_uncached(&text, &dir);
+    // SAFETY: the library is our own generated C; its initialisers do nothing.
+    let library =
+        path.and_then(|path| unsafe { libloading::Library::new(&path) }.map_err(|e| e.to_string()));
+    // A loaded library stays mapped; its files are no longer needed (kept when something failed).
+    let library = Arc::new(library?);
+    let _ = std::fs::remove_dir_all(&dir);
     BUILT.lock().unwrap().push((text, library.clone()));
     Ok(library)
 }
@@ -171,12 +180,7 @@ impl Device for HostDevice {
     type Buffer = HostBuffer;
 
     fn load(&mut self, source: &CudaSource) -> Result<(), String> {
-        let dir = scratch("host");
-        let path = compile_host(source, &dir)?;
-        // SAFETY: the library is our own generated C; its initialisers do nothing.
-        let library = unsafe { libloading::Library::new(&path) }.map_err(|e| e.to_string())?;
-        // The loaded library stays mapped; its files are no longer needed.
-        let _ = std::fs::remove_dir_all(&dir);
+        let library = compile_host(source)?;
         self.library = Some(library);
         Ok(())
     }
