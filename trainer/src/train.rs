@@ -33,6 +33,46 @@ use crate::task::{Prompt, Task, TaskModels, PAD};
 
 type Error = String;
 
+/// The trainer's own KL monitor (the `kl` metric and plot), written in rlx so the estimator has one
+/// home: std/loss `k3` of the sampled tokens' old and reference log-probabilities, token mean.
+const KL_MONITOR: &str = "import std/loss.{k3}
+input old_logp : f32[tok]
+input ref_logp : f32[tok]
+metric kl = mean(k3(old_logp, ref_logp) over tok, batch)
+";
+
+fn kl_monitor_graph() -> Result<Graph, Error> {
+    let checked = rlx_compiler::check_source("kl_monitor", KL_MONITOR);
+    let recipe = checked
+        .recipe
+        .ok_or_else(|| format!("the KL monitor does not check: {:?}", checked.diagnostics))?;
+    rlx_compiler::compile_graph(&recipe, &[])
+}
+
+fn monitor_kl(
+    graph: &Graph,
+    layout: &Layout,
+    old: &[f64],
+    reference: &[f64],
+) -> Result<f64, Error> {
+    let batch = Batch {
+        layout: layout.clone(),
+        inputs: vec![old.to_vec(), reference.to_vec()],
+    };
+    let context = Context {
+        step: 0.0,
+        progress: 0.0,
+    };
+    let outcome =
+        rlx_runtime::interp::evaluate(graph, &batch, &context).map_err(|e| e.to_string())?;
+    outcome
+        .metrics
+        .iter()
+        .find(|(name, _)| name == "kl")
+        .map(|(_, value)| *value)
+        .ok_or_else(|| "the KL monitor has no `kl` metric".to_string())
+}
+
 fn err(e: candle_core::Error) -> Error {
     e.to_string()
 }
@@ -449,6 +489,11 @@ pub fn run_with(
     let policy = config.model.build(config.seed, &device)?;
     let eval = task.eval_prompts(config.seed)?;
     let uses_reference = plan.fills.contains(&Fill::RefLogp);
+    let kl_monitor = if uses_reference {
+        Some(kl_monitor_graph()?)
+    } else {
+        None
+    };
     let params = plan.graph.params.clone();
 
     // Fresh start (warm start, reference copy, new optimizer, seeded streams) or a checkpoint.
@@ -776,15 +821,13 @@ pub fn run_with(
         for (name, values) in &signal_values {
             line.insert(format!("signal/{name}/mean"), json!(mean(values)));
         }
-        // k3 estimate of KL(π_old ‖ π_ref) on the sampled tokens.
-        let kl = ref_logp.as_ref().map(|reference| {
-            let k3: Vec<f64> = old_logp
-                .iter()
-                .zip(reference)
-                .map(|(l, r)| (r - l).exp() - (r - l) - 1.0)
-                .collect();
-            mean(&k3)
-        });
+        // k3 estimate of KL(π_old ‖ π_ref) on the sampled tokens (std/loss `k3`, token mean).
+        let kl = match (&kl_monitor, &ref_logp) {
+            (Some(monitor), Some(reference)) => {
+                Some(monitor_kl(monitor, &batch.layout, &old_logp, reference)?)
+            }
+            _ => None,
+        };
         if let Some(kl) = kl {
             line.insert("kl".into(), json!(kl));
         }
