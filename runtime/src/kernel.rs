@@ -361,9 +361,19 @@ impl Kernel {
     /// Plan and compile `graph` (from `rlx_compiler::compile_graph`). An error names what the plan or
     /// the code generator does not support; callers fall back to the interpreter.
     pub fn compile(graph: &Graph, options: &Options) -> Result<Kernel, String> {
+        Kernel::compile_with(graph, options, true)
+    }
+
+    /// `compile`, choosing whether token loops are vectorised (`jit::Codegen::simd`; the scalar
+    /// code is kept for comparison: benchmarks and tests).
+    pub fn compile_with(graph: &Graph, options: &Options, simd: bool) -> Result<Kernel, String> {
         let start = Instant::now();
         let plan = plan::plan(graph, options).map_err(|e| e.to_string())?;
-        let jit = jit::compile(graph, &plan, false)?;
+        let codegen = jit::Codegen {
+            keep_clif: false,
+            simd,
+        };
+        let jit = jit::compile_with(graph, &plan, codegen)?;
         Ok(Kernel {
             graph: graph.clone(),
             plan,

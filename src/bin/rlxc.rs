@@ -81,6 +81,8 @@ enum Emit {
     Torch,
     /// The fused kernels as CUDA C (docs/gpu.md).
     Cuda,
+    /// The JIT's code for each loop pass: cranelift IR, then the machine code (docs/kernels.md).
+    Clif,
 }
 
 fn main() -> ExitCode {
@@ -248,73 +250,98 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
                 }
             }
         }
-        Emit::Hir | Emit::Ir | Emit::IrJson | Emit::Plan | Emit::PlanJson | Emit::Cuda => {
-            match rlx_compiler::check_path(path) {
-                Err(error) => {
-                    eprintln!("error: cannot read {}: {error}", path.display());
-                    ExitCode::from(2)
+        Emit::Hir
+        | Emit::Ir
+        | Emit::IrJson
+        | Emit::Plan
+        | Emit::PlanJson
+        | Emit::Cuda
+        | Emit::Clif => match rlx_compiler::check_path(path) {
+            Err(error) => {
+                eprintln!("error: cannot read {}: {error}", path.display());
+                ExitCode::from(2)
+            }
+            Ok(checked) => {
+                if !checked.diagnostics.is_empty() {
+                    let name = path.display().to_string();
+                    eprint!(
+                        "{}",
+                        render_human(&name, &checked.diagnostics, &checked.sources, color())
+                    );
                 }
-                Ok(checked) => {
-                    if !checked.diagnostics.is_empty() {
-                        let name = path.display().to_string();
-                        eprint!(
-                            "{}",
-                            render_human(&name, &checked.diagnostics, &checked.sources, color())
-                        );
+                let Some(recipe) = &checked.recipe else {
+                    return ExitCode::from(1);
+                };
+                if emit == Emit::Hir {
+                    return print_json(recipe);
+                }
+                match rlx_compiler::compile_graph(recipe, &overrides) {
+                    Err(message) => {
+                        eprintln!("error: {message}");
+                        ExitCode::from(1)
                     }
-                    let Some(recipe) = &checked.recipe else {
-                        return ExitCode::from(1);
-                    };
-                    if emit == Emit::Hir {
-                        return print_json(recipe);
+                    Ok(graph) if emit == Emit::Ir => {
+                        print!("{}", rlx_compiler::ir::print::to_text(&graph));
+                        ExitCode::SUCCESS
                     }
-                    match rlx_compiler::compile_graph(recipe, &overrides) {
-                        Err(message) => {
-                            eprintln!("error: {message}");
-                            ExitCode::from(1)
-                        }
-                        Ok(graph) if emit == Emit::Ir => {
-                            print!("{}", rlx_compiler::ir::print::to_text(&graph));
-                            ExitCode::SUCCESS
-                        }
-                        Ok(graph) if emit == Emit::Cuda => {
-                            let options = rlx_compiler::backend::Options::default();
-                            let source = rlx_compiler::backend::plan::plan(&graph, &options)
-                                .map_err(|e| format!("no kernel plan: {e}"))
-                                .and_then(|plan| {
-                                    rlx_compiler::backend::cuda::generate(&graph, &plan)
-                                        .map_err(|e| format!("no CUDA kernel: {e}"))
-                                });
-                            match source {
-                                Ok(source) => {
-                                    print!("{}", source.source);
-                                    ExitCode::SUCCESS
-                                }
-                                Err(message) => {
-                                    eprintln!("error: {message}");
-                                    ExitCode::from(1)
-                                }
+                    Ok(graph) if emit == Emit::Cuda => {
+                        let options = rlx_compiler::backend::Options::default();
+                        let source = rlx_compiler::backend::plan::plan(&graph, &options)
+                            .map_err(|e| format!("no kernel plan: {e}"))
+                            .and_then(|plan| {
+                                rlx_compiler::backend::cuda::generate(&graph, &plan)
+                                    .map_err(|e| format!("no CUDA kernel: {e}"))
+                            });
+                        match source {
+                            Ok(source) => {
+                                print!("{}", source.source);
+                                ExitCode::SUCCESS
+                            }
+                            Err(message) => {
+                                eprintln!("error: {message}");
+                                ExitCode::from(1)
                             }
                         }
-                        Ok(graph) if matches!(emit, Emit::Plan | Emit::PlanJson) => {
-                            let options = rlx_compiler::backend::Options::default();
-                            match rlx_compiler::backend::plan::plan(&graph, &options) {
-                                Err(error) => {
-                                    eprintln!("error: no kernel plan: {error}");
-                                    ExitCode::from(1)
+                    }
+                    Ok(graph) if emit == Emit::Clif => {
+                        let options = rlx_compiler::backend::Options::default();
+                        let code = rlx_compiler::backend::plan::plan(&graph, &options)
+                            .map_err(|e| format!("no kernel plan: {e}"))
+                            .and_then(|plan| {
+                                rlx_compiler::backend::jit::compile(&graph, &plan, true)
+                                    .map_err(|e| format!("no JIT kernel: {e}"))
+                            });
+                        match code {
+                            Ok(kernel) => {
+                                for function in &kernel.clif {
+                                    println!("{function}");
                                 }
-                                Ok(plan) if emit == Emit::Plan => {
-                                    print!("{}", plan.to_text(&graph));
-                                    ExitCode::SUCCESS
-                                }
-                                Ok(plan) => print_json(&plan),
+                                ExitCode::SUCCESS
+                            }
+                            Err(message) => {
+                                eprintln!("error: {message}");
+                                ExitCode::from(1)
                             }
                         }
-                        Ok(graph) => print_json(&graph),
                     }
+                    Ok(graph) if matches!(emit, Emit::Plan | Emit::PlanJson) => {
+                        let options = rlx_compiler::backend::Options::default();
+                        match rlx_compiler::backend::plan::plan(&graph, &options) {
+                            Err(error) => {
+                                eprintln!("error: no kernel plan: {error}");
+                                ExitCode::from(1)
+                            }
+                            Ok(plan) if emit == Emit::Plan => {
+                                print!("{}", plan.to_text(&graph));
+                                ExitCode::SUCCESS
+                            }
+                            Ok(plan) => print_json(&plan),
+                        }
+                    }
+                    Ok(graph) => print_json(&graph),
                 }
             }
-        }
+        },
     }
 }
 

@@ -230,9 +230,36 @@ fn symbols() -> Vec<(String, *const u8)> {
     out
 }
 
-/// Compile every loop pass of `plan` (for `graph`). With `keep_clif`, the CLIF text of each function
-/// is kept in `JitKernel::clif`.
+/// How to generate code (`compile_with`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Codegen {
+    /// Keep the CLIF text and machine code of each function in `JitKernel::clif`.
+    pub keep_clif: bool,
+    /// Vectorise the token loops that allow it (`Gen::simd_type`): f64×2 or f32×4 lanes, a scalar
+    /// loop for the remaining tokens of each response. Off gives the scalar code (for comparison).
+    pub simd: bool,
+}
+
+/// Compile every loop pass of `plan` (for `graph`), token loops vectorised. With `keep_clif`, the
+/// CLIF text of each function is kept in `JitKernel::clif`.
 pub fn compile(graph: &Graph, plan: &KernelPlan, keep_clif: bool) -> Result<JitKernel, String> {
+    compile_with(
+        graph,
+        plan,
+        Codegen {
+            keep_clif,
+            simd: true,
+        },
+    )
+}
+
+/// Compile every loop pass of `plan` (for `graph`) as `codegen` says.
+pub fn compile_with(
+    graph: &Graph,
+    plan: &KernelPlan,
+    codegen: Codegen,
+) -> Result<JitKernel, String> {
+    let keep_clif = codegen.keep_clif;
     if std::mem::size_of::<usize>() != 8 {
         return Err("the JIT needs a 64-bit target".into());
     }
@@ -329,6 +356,8 @@ pub fn compile(graph: &Graph, plan: &KernelPlan, keep_clif: bool) -> Result<JitK
                     table: None,
                     range: None,
                     dim: None,
+                    simd: codegen.simd,
+                    vector: None,
                 };
                 gen.function()?;
                 gen.b.finalize(module.target_config());
@@ -428,6 +457,12 @@ struct Gen<'a, 'b> {
     table: Option<ClifValue>,
     range: Option<(ClifValue, ClifValue)>,
     dim: Option<ClifValue>,
+    /// Whether token loops may be vectorised.
+    simd: bool,
+    /// While generating a vectorised token loop body: its register type (`F64X2` or `F32X4`). Values
+    /// of the loop's own entries are then vectors; values from outer loops stay scalars and are
+    /// splatted where a vector operand is needed (`Gen::widen`).
+    vector: Option<Type>,
 }
 
 type GenResult<T> = Result<T, String>;
@@ -436,6 +471,16 @@ const I64: Type = types::I64;
 
 fn flags() -> MemFlagsData {
     MemFlagsData::trusted()
+}
+
+/// Vector accesses: in bounds (the loops stay inside the layout) but not necessarily aligned.
+fn vector_flags() -> MemFlagsData {
+    MemFlagsData::new().with_notrap()
+}
+
+/// Reinterpreting a vector's lanes (`bitcast` between vector types needs an explicit byte order).
+fn lanes_flags() -> MemFlagsData {
+    MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little)
 }
 
 fn unbound(name: &str) -> String {
@@ -485,12 +530,104 @@ impl Gen<'_, '_> {
         self.b.ins().iconst(I64, value)
     }
 
+    /// A constant in the register type (splatted in a vector body).
     fn fconst(&mut self, value: f64) -> ClifValue {
-        if self.ft == types::F64 {
+        let scalar = if self.ft == types::F64 {
             self.b.ins().f64const(value)
         } else {
             self.b.ins().f32const(value as f32)
+        };
+        match self.vector {
+            Some(vt) => self.b.ins().splat(vt, scalar),
+            None => scalar,
         }
+    }
+
+    /// A constant of `ty` (a float type or a float vector type).
+    fn const_of(&mut self, ty: Type, value: f64) -> ClifValue {
+        let scalar = if ty.lane_type() == types::F64 {
+            self.b.ins().f64const(value)
+        } else {
+            self.b.ins().f32const(value as f32)
+        };
+        if ty.is_vector() {
+            self.b.ins().splat(ty, scalar)
+        } else {
+            scalar
+        }
+    }
+
+    fn type_of(&self, value: ClifValue) -> Type {
+        self.b.func.dfg.value_type(value)
+    }
+
+    /// In a vector body, a scalar operand (a value of an outer loop) splatted to the vector type.
+    fn widen(&mut self, value: ClifValue) -> ClifValue {
+        match self.vector {
+            Some(vt) if !self.type_of(value).is_vector() => self.b.ins().splat(vt, value),
+            _ => value,
+        }
+    }
+
+    /// `condition ? yes : no`, where `condition` is an `i8` truth value, or for vectors a lane mask
+    /// (all ones / all zeros per lane, as `fcmp` gives), applied with `bitselect`.
+    fn pick(&mut self, condition: ClifValue, yes: ClifValue, no: ClifValue) -> ClifValue {
+        let ty = self.type_of(yes);
+        if ty.is_vector() {
+            let mask = self.b.ins().bitcast(ty, lanes_flags(), condition);
+            self.b.ins().bitselect(mask, yes, no)
+        } else {
+            self.b.ins().select(condition, yes, no)
+        }
+    }
+
+    /// Run `generate` as scalar code (outside the vector mode), then splat its value if a vector
+    /// body is being generated.
+    fn scalar_then_widen(
+        &mut self,
+        generate: impl FnOnce(&mut Self) -> GenResult<ClifValue>,
+    ) -> GenResult<ClifValue> {
+        let vector = self.vector.take();
+        let value = generate(self);
+        self.vector = vector;
+        let value = value?;
+        Ok(self.widen(value))
+    }
+
+    /// Apply scalar code to each lane of `args` (vectors of the body's type) and gather the lanes.
+    fn per_lane(
+        &mut self,
+        args: &[ClifValue],
+        mut scalar: impl FnMut(&mut Self, &[ClifValue]) -> GenResult<ClifValue>,
+    ) -> GenResult<ClifValue> {
+        let Some(vt) = self.vector else {
+            return scalar(self, args);
+        };
+        self.vector = None;
+        let mut result = None;
+        let mut outcome = Ok(());
+        for lane in 0..vt.lane_count() {
+            let lane = lane as u8;
+            let xs: Vec<ClifValue> = args
+                .iter()
+                .map(|a| self.b.ins().extractlane(*a, lane))
+                .collect();
+            match scalar(self, &xs) {
+                Ok(x) => {
+                    result = Some(match result {
+                        None => self.b.ins().splat(vt, x),
+                        Some(v) => self.b.ins().insertlane(v, x, lane),
+                    });
+                }
+                Err(e) => {
+                    outcome = Err(e);
+                    break;
+                }
+            }
+        }
+        self.vector = Some(vt);
+        outcome?;
+        result.ok_or_else(|| "internal: a vector without lanes".into())
     }
 
     /// `base[index]` of a `usize` array.
@@ -511,17 +648,75 @@ impl Gen<'_, '_> {
         Ok((self.b.ins().iadd(base, offset), ty))
     }
 
-    /// Element `index` of a buffer, in the register precision.
+    /// Element `index` of a buffer, in the register precision; in a vector body, the elements
+    /// `index..index + lanes` as one vector.
     fn load(&mut self, buffer: BufferId, index: ClifValue) -> GenResult<ClifValue> {
         let (address, ty) = self.address(buffer, index)?;
-        let value = self.b.ins().load(ty, flags(), address, 0);
-        Ok(self.convert(value, ty, self.ft))
+        match self.vector {
+            None => {
+                let value = self.b.ins().load(ty, flags(), address, 0);
+                Ok(self.convert(value, ty, self.ft))
+            }
+            // Same precision: one unaligned vector load.
+            Some(vt) if ty == self.ft => Ok(self.b.ins().load(vt, vector_flags(), address, 0)),
+            // Two f32 into f64 lanes: one 64-bit load, widened.
+            Some(vt) if ty == types::F32 && vt == types::F64X2 => {
+                let bits = self.b.ins().load(I64, vector_flags(), address, 0);
+                let v = self.b.ins().scalar_to_vector(types::I64X2, bits);
+                let v = self.b.ins().bitcast(types::F32X4, lanes_flags(), v);
+                Ok(self.b.ins().fvpromote_low(v))
+            }
+            // f64 storage (integer inputs) into f32 lanes: lane by lane.
+            Some(vt) => {
+                let size = ty.bytes() as i32;
+                let mut result = None;
+                for lane in 0..vt.lane_count() {
+                    let x = self
+                        .b
+                        .ins()
+                        .load(ty, vector_flags(), address, size * lane as i32);
+                    let x = self.convert(x, ty, self.ft);
+                    result = Some(match result {
+                        None => self.b.ins().splat(vt, x),
+                        Some(v) => self.b.ins().insertlane(v, x, lane as u8),
+                    });
+                }
+                result.ok_or_else(|| "internal: a vector without lanes".into())
+            }
+        }
     }
 
+    /// Store `value` (in the register precision) at `index`; in a vector body, its lanes at
+    /// `index..index + lanes`.
     fn store(&mut self, buffer: BufferId, index: ClifValue, value: ClifValue) -> GenResult<()> {
         let (address, ty) = self.address(buffer, index)?;
-        let value = self.convert(value, self.ft, ty);
-        self.b.ins().store(flags(), value, address, 0);
+        let value = self.widen(value);
+        match self.vector {
+            None => {
+                let value = self.convert(value, self.ft, ty);
+                self.b.ins().store(flags(), value, address, 0);
+            }
+            Some(_) if ty == self.ft => {
+                self.b.ins().store(vector_flags(), value, address, 0);
+            }
+            // f64 lanes into two f32: narrowed, one 64-bit store.
+            Some(vt) if ty == types::F32 && vt == types::F64X2 => {
+                let narrow = self.b.ins().fvdemote(value);
+                let bits = self.b.ins().bitcast(types::I64X2, lanes_flags(), narrow);
+                let low = self.b.ins().extractlane(bits, 0);
+                self.b.ins().store(vector_flags(), low, address, 0);
+            }
+            Some(vt) => {
+                let size = ty.bytes() as i32;
+                for lane in 0..vt.lane_count() {
+                    let x = self.b.ins().extractlane(value, lane as u8);
+                    let x = self.convert(x, self.ft, ty);
+                    self.b
+                        .ins()
+                        .store(vector_flags(), x, address, size * lane as i32);
+                }
+            }
+        }
         Ok(())
     }
 
@@ -623,7 +818,7 @@ impl Gen<'_, '_> {
                         let n = self.load(count, index)?;
                         let zero = self.fconst(0.0);
                         let empty = self.b.ins().fcmp(FloatCC::Equal, n, zero);
-                        Ok(self.b.ins().select(empty, zero, v))
+                        Ok(self.pick(empty, zero, v))
                     }
                 }
             }
@@ -644,21 +839,27 @@ impl Gen<'_, '_> {
     fn truth(&mut self, condition: ClifValue) -> ClifValue {
         let one = self.fconst(1.0);
         let zero = self.fconst(0.0);
-        self.b.ins().select(condition, one, zero)
+        self.pick(condition, one, zero)
     }
 
-    /// `x != 0` (unordered: NaN counts as true, as in Rust), or the node's own truth value.
+    /// `x != 0` (unordered: NaN counts as true, as in Rust), or the node's own truth value (a lane
+    /// mask in a vector body; a scalar truth value of an outer loop is not reused there).
     fn condition(&mut self, node: NodeId, x: ClifValue) -> ClifValue {
         if let Some(condition) = self.conds.get(&node) {
-            return *condition;
+            if self.type_of(*condition).is_vector() == self.vector.is_some() {
+                return *condition;
+            }
         }
+        let x = self.widen(x);
         let zero = self.fconst(0.0);
         self.b.ins().fcmp(FloatCC::NotEqual, x, zero)
     }
 
     /// eˣ in f64 without a call (fdlibm's `e_exp.c`: k = round(x/ln 2), r = x − k·ln 2 in two parts,
     /// a degree-5 rational correction, then ·2ᵏ in two steps so that subnormal results stay exact to
-    /// rounding); error below 1 ulp. Overflow gives +∞, underflow 0, NaN stays NaN.
+    /// rounding); error below 1 ulp. Overflow gives +∞, underflow 0, NaN stays NaN. `x` is an `f64`
+    /// or an `f64x2`: rounding and 2ᵏ use the 1.5·2⁵² trick (adding it rounds to an integer, whose
+    /// bits are then in the low mantissa), so no float-to-integer conversion is needed.
     fn exp_f64(&mut self, x: ClifValue) -> ClifValue {
         const INV_LN2: f64 = std::f64::consts::LOG2_E;
         const LN2_HI: f64 = 6.931_471_803_691_238e-1;
@@ -670,14 +871,24 @@ impl Gen<'_, '_> {
             -1.653_390_220_546_525_2e-6,
             4.138_136_797_057_238_5e-8,
         ];
-        let c = |gen: &mut Self, v: f64| gen.b.ins().f64const(v);
+        // 1.5·2⁵²: for |k| < 2⁵¹, k + MAGIC is exact after rounding k to an integer, and its bits
+        // are MAGIC's bits + k.
+        const MAGIC: f64 = 6_755_399_441_055_744.0;
+        let ty = self.type_of(x);
+        let int_ty = if ty.is_vector() { types::I64X2 } else { I64 };
+        let c = |gen: &mut Self, v: f64| gen.const_of(ty, v);
+        // Clamp to [−746, 710] (a NaN stays NaN: both compares are false).
         let low = c(self, -746.0);
         let high = c(self, 710.0);
-        let clamped = self.b.ins().fmax(x, low);
-        let clamped = self.b.ins().fmin(clamped, high);
+        let below = self.b.ins().fcmp(FloatCC::LessThan, x, low);
+        let clamped = self.pick(below, low, x);
+        let above = self.b.ins().fcmp(FloatCC::GreaterThan, clamped, high);
+        let clamped = self.pick(above, high, clamped);
         let inv_ln2 = c(self, INV_LN2);
         let scaled = self.b.ins().fmul(clamped, inv_ln2);
-        let k = self.b.ins().nearest(scaled);
+        let magic = c(self, MAGIC);
+        let biased = self.b.ins().fadd(scaled, magic);
+        let k = self.b.ins().fsub(biased, magic);
         let ln2_hi = c(self, LN2_HI);
         let ln2_lo = c(self, LN2_LO);
         let k_hi = self.b.ins().fmul(k, ln2_hi);
@@ -701,15 +912,27 @@ impl Gen<'_, '_> {
         let inner = self.b.ins().fsub(inner, hi);
         let one = c(self, 1.0);
         let y = self.b.ins().fsub(one, inner);
-        // 2ᵏ = 2^(k − k/2) · 2^(k/2), each a normal number for |k| ≤ 1076.
-        let ki = self.b.ins().fcvt_to_sint_sat(I64, k);
-        let k1 = self.b.ins().sshr_imm_s(ki, 1);
-        let k2 = self.b.ins().isub(ki, k1);
+        // 2ᵏ = 2^(k − k₁) · 2^k₁ with k₁ = round(k/2), each a normal number for |k| ≤ 1076.
+        let half = c(self, 0.5);
+        let k1 = self.b.ins().fmul(k, half);
+        let k1 = self.b.ins().fadd(k1, magic);
+        let k1 = self.b.ins().fsub(k1, magic);
+        let k2 = self.b.ins().fsub(k, k1);
+        // (bits(kᵢ + MAGIC) − bits(MAGIC) + 1023) << 52 is the f64 2^kᵢ.
+        let offset = (MAGIC.to_bits() as i64) - 1023;
+        let offset = self.b.ins().iconst(I64, offset);
+        let offset = if ty.is_vector() {
+            self.b.ins().splat(int_ty, offset)
+        } else {
+            offset
+        };
         let mut result = y;
         for part in [k1, k2] {
-            let biased = self.b.ins().iadd_imm_s(part, 1023);
-            let bits = self.b.ins().ishl_imm_u(biased, 52);
-            let power = self.b.ins().bitcast(types::F64, MemFlagsData::new(), bits);
+            let shifted = self.b.ins().fadd(part, magic);
+            let bits = self.b.ins().bitcast(int_ty, lanes_flags(), shifted);
+            let exponent = self.b.ins().isub(bits, offset);
+            let bits = self.b.ins().ishl_imm_u(exponent, 52);
+            let power = self.b.ins().bitcast(ty, lanes_flags(), bits);
             result = self.b.ins().fmul(result, power);
         }
         let overflow = c(self, 709.782_712_893_384);
@@ -718,8 +941,45 @@ impl Gen<'_, '_> {
         let zero = c(self, 0.0);
         let over = self.b.ins().fcmp(FloatCC::GreaterThan, x, overflow);
         let under = self.b.ins().fcmp(FloatCC::LessThan, x, underflow);
-        let result = self.b.ins().select(under, zero, result);
-        self.b.ins().select(over, infinity, result)
+        let result = self.pick(under, zero, result);
+        self.pick(over, infinity, result)
+    }
+
+    /// eˣ in the register type: f64 and f64×2 directly; f32 through f64 (f32×4 as two f64×2 halves).
+    fn exp(&mut self, x: ClifValue) -> ClifValue {
+        match self.type_of(x) {
+            types::F64 | types::F64X2 => self.exp_f64(x),
+            types::F32X4 => {
+                let low = self.b.ins().fvpromote_low(x);
+                // Lanes 2, 3 moved down to 0, 1.
+                let high = self.shuffle_halves(x, x, true);
+                let high = self.b.ins().fvpromote_low(high);
+                let low = self.exp_f64(low);
+                let high = self.exp_f64(high);
+                let low = self.b.ins().fvdemote(low);
+                let high = self.b.ins().fvdemote(high);
+                self.shuffle_halves(low, high, false)
+            }
+            _ => {
+                let wide = self.b.ins().fpromote(types::F64, x);
+                let e = self.exp_f64(wide);
+                self.b.ins().fdemote(types::F32, e)
+            }
+        }
+    }
+
+    /// Of two f32×4: with `high`, `a`'s upper two lanes then `b`'s upper two lanes; without, `a`'s
+    /// lower two lanes then `b`'s lower two lanes.
+    fn shuffle_halves(&mut self, a: ClifValue, b: ClifValue, high: bool) -> ClifValue {
+        let first = if high { 8u8 } else { 0 };
+        let mask: Vec<u8> = (first..first + 8)
+            .chain(16 + first..16 + first + 8)
+            .collect();
+        let mask = self.b.func.dfg.immediates.push(mask.into());
+        let a = self.b.ins().bitcast(types::I8X16, lanes_flags(), a);
+        let b = self.b.ins().bitcast(types::I8X16, lanes_flags(), b);
+        let shuffled = self.b.ins().shuffle(a, b, mask);
+        self.b.ins().bitcast(types::F32X4, lanes_flags(), shuffled)
     }
 
     /// `f64::max` / `f64::min`: NaN operands are ignored, ties give the first operand.
@@ -729,22 +989,60 @@ impl Gen<'_, '_> {
         } else {
             self.b.ins().fcmp(FloatCC::LessThan, b, a)
         };
-        let pick = self.b.ins().select(better, b, a);
+        let pick = self.pick(better, b, a);
         let a_nan = self.b.ins().fcmp(FloatCC::Unordered, a, a);
-        self.b.ins().select(a_nan, b, pick)
+        self.pick(a_nan, b, pick)
     }
 
+    /// A shim call (lane by lane in a vector body).
     fn call(&mut self, name: &str, args: &[ClifValue]) -> GenResult<ClifValue> {
         let callee = *self
             .shims
             .get(name)
             .ok_or_else(|| format!("internal: no shim {name}"))?;
-        let call = self.b.ins().call(callee, args);
-        Ok(self.b.inst_results(call)[0])
+        self.per_lane(args, |gen, xs| {
+            let call = gen.b.ins().call(callee, xs);
+            Ok(gen.b.inst_results(call)[0])
+        })
     }
 
     fn usize_to_float(&mut self, x: ClifValue) -> ClifValue {
         self.b.ins().fcvt_from_uint(self.ft, x)
+    }
+
+    /// The value of a built-in name at the current element (scalar).
+    fn builtin(&mut self, value: &Value) -> GenResult<ClifValue> {
+        let c = self.c.clone();
+        Ok(match value {
+            Value::Step | Value::Progress => {
+                let scalars = self.base(slot::SCALARS)?;
+                let offset = if *value == Value::Step { 0 } else { 8 };
+                let v = self.b.ins().load(types::F64, flags(), scalars, offset);
+                self.convert(v, types::F64, self.ft)
+            }
+            Value::N => {
+                let n = self.coordinate(c.n, "group")?;
+                self.usize_to_float(n)
+            }
+            Value::RespIndex => {
+                let li = self.coordinate(c.li, "response")?;
+                self.usize_to_float(li)
+            }
+            Value::Length => {
+                let ts = self.coordinate(c.ts, "response")?;
+                let te = self.coordinate(c.te, "response")?;
+                let length = self.b.ins().isub(te, ts);
+                self.usize_to_float(length)
+            }
+            Value::TokenIndex => {
+                let ts = self.coordinate(c.ts, "response")?;
+                let t = self.coordinate(c.t, "token")?;
+                let position = self.b.ins().isub(t, ts);
+                self.usize_to_float(position)
+            }
+            Value::Inf => self.fconst(f64::INFINITY),
+            Value::Pi => self.fconst(std::f64::consts::PI),
+        })
     }
 
     /// Compute (or load) one entry.
@@ -752,6 +1050,13 @@ impl Gen<'_, '_> {
         let graph = self.graph;
         let node = graph.node(entry.node);
         if entry.load {
+            if self.vector.is_some() && node.shape.level != Level::Tok {
+                // A value of an outer element, read inside the vector body: the same for all lanes.
+                return self.scalar_then_widen(|gen| {
+                    let index = gen.index(&node.shape, false, None)?;
+                    gen.load_node(entry.node, index)
+                });
+            }
             let index = self.index(&node.shape, false, None)?;
             return self.load_node(entry.node, index);
         }
@@ -759,6 +1064,9 @@ impl Gen<'_, '_> {
             .args
             .iter()
             .map(|a| self.values.get(a).copied())
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|v| v.map(|v| self.widen(v)))
             .collect();
         let arg = |k: usize| -> GenResult<ClifValue> {
             operands.get(k).copied().flatten().ok_or_else(|| {
@@ -771,36 +1079,21 @@ impl Gen<'_, '_> {
         let c = self.c.clone();
         Ok(match &node.op {
             Op::Const(v) => self.fconst(*v),
-            Op::Value(value) => match value {
-                Value::Step | Value::Progress => {
-                    let scalars = self.base(slot::SCALARS)?;
-                    let offset = if *value == Value::Step { 0 } else { 8 };
-                    let v = self.b.ins().load(types::F64, flags(), scalars, offset);
-                    self.convert(v, types::F64, self.ft)
+            Op::Value(Value::TokenIndex) if self.vector.is_some() => {
+                // t − ts + lane for each lane.
+                let position = self.scalar_then_widen(|gen| gen.builtin(&Value::TokenIndex))?;
+                let mut offsets = self.fconst(0.0);
+                for lane in 1..self.vector.map_or(1, |vt| vt.lane_count()) {
+                    let k = if self.ft == types::F64 {
+                        self.b.ins().f64const(f64::from(lane))
+                    } else {
+                        self.b.ins().f32const(lane as f32)
+                    };
+                    offsets = self.b.ins().insertlane(offsets, k, lane as u8);
                 }
-                Value::N => {
-                    let n = self.coordinate(c.n, "group")?;
-                    self.usize_to_float(n)
-                }
-                Value::RespIndex => {
-                    let li = self.coordinate(c.li, "response")?;
-                    self.usize_to_float(li)
-                }
-                Value::Length => {
-                    let ts = self.coordinate(c.ts, "response")?;
-                    let te = self.coordinate(c.te, "response")?;
-                    let length = self.b.ins().isub(te, ts);
-                    self.usize_to_float(length)
-                }
-                Value::TokenIndex => {
-                    let ts = self.coordinate(c.ts, "response")?;
-                    let t = self.coordinate(c.t, "token")?;
-                    let position = self.b.ins().isub(t, ts);
-                    self.usize_to_float(position)
-                }
-                Value::Inf => self.fconst(f64::INFINITY),
-                Value::Pi => self.fconst(std::f64::consts::PI),
-            },
+                self.b.ins().fadd(position, offsets)
+            }
+            Op::Value(value) => self.scalar_then_widen(|gen| gen.builtin(value))?,
             Op::Input(_) => return Err("internal: inputs are loaded".into()),
             Op::Copy | Op::StopGrad => arg(0)?,
             Op::Neg => {
@@ -810,8 +1103,12 @@ impl Gen<'_, '_> {
             Op::Not => {
                 // a == 0 is !(a != 0), NaN included.
                 let a = self.condition(node.args[0], arg(0)?);
-                let one = self.b.ins().iconst(types::I8, 1);
-                let not = self.b.ins().bxor(a, one);
+                let not = if self.vector.is_some() {
+                    self.b.ins().bnot(a)
+                } else {
+                    let one = self.b.ins().iconst(types::I8, 1);
+                    self.b.ins().bxor(a, one)
+                };
                 self.conds.insert(entry.node, not);
                 self.truth(not)
             }
@@ -844,7 +1141,7 @@ impl Gen<'_, '_> {
                         FloatCC::LessThan
                     };
                     let better = self.b.ins().fcmp(cc, x, k);
-                    self.b.ins().select(better, x, k)
+                    self.pick(better, x, k)
                 } else {
                     self.extreme(a, b, max)
                 }
@@ -877,17 +1174,11 @@ impl Gen<'_, '_> {
             Op::Select => {
                 let (yes, no) = (arg(1)?, arg(2)?);
                 let condition = self.condition(node.args[0], arg(0)?);
-                self.b.ins().select(condition, yes, no)
+                self.pick(condition, yes, no)
             }
             Op::Exp => {
                 let a = arg(0)?;
-                if self.ft == types::F64 {
-                    self.exp_f64(a)
-                } else {
-                    let wide = self.b.ins().fpromote(types::F64, a);
-                    let e = self.exp_f64(wide);
-                    self.b.ins().fdemote(types::F32, e)
-                }
+                self.exp(a)
             }
             Op::Log
             | Op::Log1p
@@ -921,8 +1212,9 @@ impl Gen<'_, '_> {
                 self.b.ins().fabs(a)
             }
             Op::Floor => {
+                // Lane by lane: vector rounding needs SSE4.1.
                 let a = arg(0)?;
-                self.b.ins().floor(a)
+                self.per_lane(&[a], |gen, xs| Ok(gen.b.ins().floor(xs[0])))?
             }
             Op::Sign => {
                 let a = arg(0)?;
@@ -931,8 +1223,8 @@ impl Gen<'_, '_> {
                 let minus = self.fconst(-1.0);
                 let positive = self.b.ins().fcmp(FloatCC::GreaterThan, a, zero);
                 let negative = self.b.ins().fcmp(FloatCC::LessThan, a, zero);
-                let low = self.b.ins().select(negative, minus, zero);
-                self.b.ins().select(positive, one, low)
+                let low = self.pick(negative, minus, zero);
+                self.pick(positive, one, low)
             }
             Op::Other => {
                 let operand = node.args[0];
@@ -960,7 +1252,7 @@ impl Gen<'_, '_> {
                 let f = self.coordinate(c.f, "feature")?;
                 let here = self.b.ins().icmp_imm_u(IntCC::Equal, f, i64::from(*k));
                 let zero = self.fconst(0.0);
-                self.b.ins().select(here, a, zero)
+                self.pick(here, a, zero)
             }
             Op::Shift { offset } => {
                 let t = self.coordinate(c.t, "token")?;
@@ -1250,7 +1542,11 @@ impl Gen<'_, '_> {
             LoopKind::Tok => {
                 let ts = self.coordinate(self.c.ts, "response")?;
                 let te = self.coordinate(self.c.te, "response")?;
-                let (blocks, t) = self.open(ts, te, self.pass.reverse);
+                let start = match self.simd_type(depth) {
+                    Some(vt) => self.vector_tokens(depth, vt, ts, te)?,
+                    None => ts,
+                };
+                let (blocks, t) = self.open(start, te, self.pass.reverse);
                 self.c.t = Some(t);
                 self.level(depth + 1)?;
                 self.close(blocks);
@@ -1291,6 +1587,204 @@ impl Gen<'_, '_> {
                 self.c.f = Some(f);
                 self.level(depth + 1)?;
                 self.close(blocks);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Gen<'_, '_> {
+    /// The vector type for the token loop opened at `depth`, if it can be vectorised: the loop is
+    /// the innermost and runs forwards, its entries are element-wise (no `shift`, no reads of other
+    /// elements), and its actions are stores of token values and register reductions.
+    fn simd_type(&self, depth: usize) -> Option<Type> {
+        if !self.simd || self.pass.reverse || depth + 1 != self.pass.path.len() {
+            return None;
+        }
+        let body = depth + 1;
+        let graph = self.graph;
+        let elementwise = self
+            .pass
+            .entries
+            .iter()
+            .filter(|e| e.depth == body)
+            .all(|e| {
+                e.load
+                    || !matches!(
+                        graph.node(e.node).op,
+                        Op::Shift { .. } | Op::Other | Op::Index(_) | Op::Unindex(_)
+                    )
+            });
+        let actions = self.pass.actions.iter().all(|action| match action {
+            Action::Store { shape, depth, .. } => {
+                *depth != body || (shape.level == Level::Tok && shape.feature.is_none())
+            }
+            Action::Reduce { depth, target, .. } => {
+                (*depth != body || target.register) && target.depth != body
+            }
+            Action::Scan { depth, .. } => *depth != body,
+        });
+        if !(elementwise && actions) {
+            return None;
+        }
+        Some(if self.ft == types::F64 {
+            types::F64X2
+        } else {
+            types::F32X4
+        })
+    }
+
+    /// The vectorised part of a token loop: tokens `ts, ts + L, …` while a whole vector of L tokens
+    /// fits before `te`; register reductions go to per-lane accumulators, added into the scalar ones
+    /// lane by lane (in a fixed order) after the loop. Returns the first token left for the scalar
+    /// loop.
+    fn vector_tokens(
+        &mut self,
+        depth: usize,
+        vt: Type,
+        ts: ClifValue,
+        te: ClifValue,
+    ) -> GenResult<ClifValue> {
+        let body_depth = depth + 1;
+        let lanes = i64::from(vt.lane_count());
+        // Per-lane accumulators for the reductions of the body.
+        self.vector = Some(vt);
+        let mut lane_accumulators: Vec<(usize, Reduction, Accumulator)> = Vec::new();
+        for (position, action) in self.pass.actions.iter().enumerate() {
+            if let Action::Reduce { op, depth, .. } = action {
+                if *depth != body_depth {
+                    continue;
+                }
+                let init = if matches!(op, Reduction::Max | Reduction::Min) {
+                    f64::NAN
+                } else {
+                    0.0
+                };
+                let has_count = self
+                    .accumulators
+                    .get(&position)
+                    .ok_or("internal: accumulator not reset")?
+                    .count
+                    .is_some();
+                let value = self.b.declare_var(vt);
+                let start = self.fconst(init);
+                self.b.def_var(value, start);
+                let count = has_count.then(|| {
+                    let count = self.b.declare_var(vt);
+                    let zero = self.fconst(0.0);
+                    self.b.def_var(count, zero);
+                    count
+                });
+                lane_accumulators.push((position, *op, Accumulator { value, count }));
+            }
+        }
+        self.vector = None;
+
+        let header = self.b.create_block();
+        let body = self.b.create_block();
+        let exit = self.b.create_block();
+        let counter = self.b.declare_var(I64);
+        self.b.def_var(counter, ts);
+        self.b.ins().jump(header, &[]);
+        self.b.switch_to_block(header);
+        let t = self.b.use_var(counter);
+        let end = self.b.ins().iadd_imm_s(t, lanes);
+        let done = self.b.ins().icmp(IntCC::UnsignedGreaterThan, end, te);
+        self.b.ins().brif(done, exit, &[], body, &[]);
+        self.b.switch_to_block(body);
+
+        let saved_values = self.values.clone();
+        let saved_conds = self.conds.clone();
+        let saved_t = self.c.t;
+        self.c.t = Some(t);
+        self.vector = Some(vt);
+        let generated = self.vector_body(body_depth, &lane_accumulators);
+        self.vector = None;
+        self.values = saved_values;
+        self.conds = saved_conds;
+        self.c.t = saved_t;
+        generated?;
+        let next = self.b.ins().iadd_imm_s(t, lanes);
+        self.b.def_var(counter, next);
+        self.b.ins().jump(header, &[]);
+
+        self.b.switch_to_block(exit);
+        for (position, op, lane_accumulator) in &lane_accumulators {
+            let accumulator = self
+                .accumulators
+                .get(position)
+                .ok_or("internal: accumulator not reset")?;
+            let (value, count) = (accumulator.value, accumulator.count);
+            let lanes_value = self.b.use_var(lane_accumulator.value);
+            let mut total = self.b.use_var(value);
+            for lane in 0..vt.lane_count() {
+                let x = self.b.ins().extractlane(lanes_value, lane as u8);
+                total = self.accumulate(*op, total, x);
+            }
+            self.b.def_var(value, total);
+            if let (Some(count), Some(lane_count)) = (count, lane_accumulator.count) {
+                let lanes_count = self.b.use_var(lane_count);
+                let mut total = self.b.use_var(count);
+                for lane in 0..vt.lane_count() {
+                    let x = self.b.ins().extractlane(lanes_count, lane as u8);
+                    total = self.b.ins().fadd(total, x);
+                }
+                self.b.def_var(count, total);
+            }
+        }
+        Ok(self.b.use_var(counter))
+    }
+
+    /// The entries and actions of a vectorised token loop body (`simd_type` admitted them).
+    fn vector_body(
+        &mut self,
+        depth: usize,
+        lane_accumulators: &[(usize, Reduction, Accumulator)],
+    ) -> GenResult<()> {
+        let pass = self.pass;
+        for entry in pass.entries.iter().filter(|e| e.depth == depth) {
+            let value = self.entry(entry)?;
+            self.values.insert(entry.node, value);
+        }
+        for (position, action) in pass.actions.iter().enumerate() {
+            match action {
+                Action::Store {
+                    node,
+                    buffer,
+                    depth: d,
+                    ..
+                } if *d == depth => {
+                    let value = self.value(*node)?;
+                    let t = self.coordinate(self.c.t, "token")?;
+                    self.store(*buffer, t, value)?;
+                }
+                Action::Reduce {
+                    op,
+                    operand,
+                    depth: d,
+                    ..
+                } if *d == depth => {
+                    let x = if *op == Reduction::Count {
+                        self.fconst(1.0)
+                    } else {
+                        let x = self.value(*operand)?;
+                        self.widen(x)
+                    };
+                    let (_, _, accumulator) = lane_accumulators
+                        .iter()
+                        .find(|(p, _, _)| *p == position)
+                        .ok_or("internal: no lane accumulator")?;
+                    let old = self.b.use_var(accumulator.value);
+                    let new = self.accumulate(*op, old, x);
+                    self.b.def_var(accumulator.value, new);
+                    if let Some(count) = accumulator.count {
+                        let old = self.b.use_var(count);
+                        let one = self.fconst(1.0);
+                        let new = self.b.ins().fadd(old, one);
+                        self.b.def_var(count, new);
+                    }
+                }
+                _ => {}
             }
         }
         Ok(())
