@@ -3,6 +3,10 @@
 //! time to read every input and write every gradient once at the measured `memcpy` bandwidth). The
 //! figures are those of the criterion benches (`cargo bench -p rlx-runtime --bench jit`).
 //!
+//! With `Settings::gpu` (`--device cuda:N`) the CUDA runner (`crate::cuda`, the kernels of
+//! `rlx score --device cuda`) is measured instead: the synchronised kernels apart from the
+//! host↔device copies (`time_device`), and the bound at the GPU's device-to-device copy bandwidth.
+//!
 //! Peak memory is counted by [`CountingAllocator`], which a binary installs as its global allocator
 //! (`rlx` does); without it the peak is reported as `null`.
 
@@ -16,6 +20,7 @@ use serde_json::{json, Value};
 use rlx_compiler::ir::Graph;
 
 use crate::batch::Batch;
+use crate::cuda::{Device, DeviceKernel, GpuKernel};
 use crate::interp::{evaluate, Context};
 use crate::kernel::{Column, Kernel, Options, PackedBatch};
 use crate::synthetic::{self, Spec};
@@ -113,6 +118,9 @@ pub struct Settings {
     pub backend: Which,
     pub options: Options,
     pub seed: u64,
+    /// `Some(N)`: measure the CUDA kernels on GPU N (`--device cuda:N`) instead of the CPU backends
+    /// (`backend` must then be `Jit` or `All`; the interpreter runs only on the CPU).
+    pub gpu: Option<usize>,
 }
 
 impl Default for Settings {
@@ -126,6 +134,7 @@ impl Default for Settings {
             backend: Which::All,
             options: Options::default(),
             seed: 1,
+            gpu: None,
         }
     }
 }
@@ -190,11 +199,108 @@ fn pool(threads: usize) -> Result<rayon::ThreadPool, String> {
         .map_err(|e| format!("cannot start {threads} threads: {e}"))
 }
 
+/// The CUDA runner's times on one packed batch: medians of `runs` timed runs after a warm-up run.
+#[derive(Clone, Debug)]
+pub struct DeviceTimes {
+    /// The kernels alone: the launches of every phase between two device synchronisations, no
+    /// copies (`DeviceKernel::kernel_time`; a `distinct_ngrams` pass's host round trip included).
+    pub kernel: Duration,
+    /// Validating the batch and copying its inputs host → device (`DeviceKernel::upload`).
+    pub upload: Duration,
+    /// A run on the resident batch (`DeviceKernel::run_resident`): the kernels, the per-phase
+    /// tables and buffers copied host → device, every phase buffer (the gradient included) copied
+    /// device → host, and the outputs gathered on the host.
+    pub resident: Duration,
+    /// A run from host memory (`DeviceKernel::run_packed`): everything in `resident` plus the
+    /// inputs' upload.
+    pub end_to_end: Duration,
+    /// Peak host bytes above those live before, during the end-to-end runs (`None` without the
+    /// counting allocator).
+    pub host_peak: Option<usize>,
+}
+
+/// Time `kernel` on `batch` (already packed for it): each of `runs` rounds runs it end to end from
+/// host memory, then uploads the batch and runs it resident. Any run's error is returned.
+pub fn time_device<D: Device>(
+    kernel: &DeviceKernel<D>,
+    batch: &PackedBatch,
+    context: &Context,
+    runs: usize,
+) -> Result<DeviceTimes, String> {
+    let runs = runs.max(1);
+    std::hint::black_box(kernel.run_packed(batch, context).map_err(|e| e.0)?);
+    let (mut kernels, mut uploads, mut residents, mut whole) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut host_peak = None;
+    for _ in 0..runs {
+        let start = Instant::now();
+        let (outcome, bytes) = peak_during(|| kernel.run_packed(batch, context));
+        whole.push(start.elapsed());
+        std::hint::black_box(outcome.map_err(|e| e.0)?);
+        kernels.push(kernel.kernel_time());
+        host_peak = host_peak.max(bytes);
+
+        let copy = batch.clone();
+        let start = Instant::now();
+        let resident = kernel.upload(copy).map_err(|e| e.0)?;
+        uploads.push(start.elapsed());
+        let start = Instant::now();
+        let outcome = kernel.run_resident(&resident, context);
+        residents.push(start.elapsed());
+        std::hint::black_box(outcome.map_err(|e| e.0)?);
+        kernels.push(kernel.kernel_time());
+    }
+    Ok(DeviceTimes {
+        kernel: median(kernels),
+        upload: median(uploads),
+        resident: median(residents),
+        end_to_end: median(whole),
+        host_peak,
+    })
+}
+
+/// The times of `gpu` on `batch` and the GPU's device-to-device copy bandwidth (bytes/s).
+#[cfg(feature = "cuda")]
+fn measure_gpu(
+    gpu: &GpuKernel,
+    batch: &PackedBatch,
+    context: &Context,
+    runs: usize,
+) -> Result<(DeviceTimes, f64), String> {
+    let times = time_device(gpu.device_kernel(), batch, context, runs)?;
+    let bandwidth = gpu.device_kernel().device().copy_bandwidth()?;
+    Ok((times, bandwidth))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn measure_gpu(
+    gpu: &GpuKernel,
+    _batch: &PackedBatch,
+    _context: &Context,
+    _runs: usize,
+) -> Result<(DeviceTimes, f64), String> {
+    Err(crate::cuda::without_feature(gpu.ordinal()))
+}
+
 /// Measure `graph` per the settings: one JSON object per backend (`rlx bench` prints each on a line).
 pub fn run(graph: &Graph, recipe: &str, settings: &Settings) -> Result<Vec<Value>, String> {
     if settings.groups == 0 || settings.n == 0 || settings.tokens == 0 || settings.runs == 0 {
         return Err("--groups, --n, --tokens and --runs must be at least 1".into());
     }
+    // The GPU first: no feature, driver or device is an error before any work.
+    let gpu = match settings.gpu {
+        None => None,
+        Some(ordinal) => {
+            if settings.backend == Which::Interp {
+                return Err(format!(
+                    "--backend interp runs on the CPU; drop --device cuda:{ordinal} or use --backend jit"
+                ));
+            }
+            let start = Instant::now();
+            let gpu = GpuKernel::new(graph, &settings.options, ordinal)?;
+            Some((gpu, start.elapsed()))
+        }
+    };
     let tokens_total = settings
         .groups
         .checked_mul(settings.n)
@@ -218,7 +324,6 @@ pub fn run(graph: &Graph, recipe: &str, settings: &Settings) -> Result<Vec<Value
         settings.threads
     };
     let pool = pool(threads)?;
-    let bandwidth = memcpy_bandwidth(&pool);
     let shape = json!({
         "recipe": recipe,
         "groups": settings.groups,
@@ -240,7 +345,7 @@ pub fn run(graph: &Graph, recipe: &str, settings: &Settings) -> Result<Vec<Value
         .iter()
         .filter_map(|(input, _)| batch.inputs.get(*input as usize).map(Vec::len))
         .sum();
-    let bound = |input_bytes: usize, gradient_bytes: usize| {
+    let bound = |input_bytes: usize, gradient_bytes: usize, bandwidth: f64| {
         let bytes = (input_bytes + gradient_bytes) as f64;
         let seconds = bytes / bandwidth;
         json!({
@@ -250,6 +355,39 @@ pub fn run(graph: &Graph, recipe: &str, settings: &Settings) -> Result<Vec<Value
             "memcpy_gb_s": bandwidth / 1e9,
         })
     };
+    if let Some((gpu, compile)) = gpu {
+        let packed = gpu.kernel().pack(&batch).map_err(|e| e.0)?;
+        let (times, bandwidth) = measure_gpu(&gpu, &packed, &context, settings.runs)?;
+        let storage = settings.options.storage.bytes();
+        let ordinal = gpu.ordinal();
+        let mut fields = json!({
+            "backend": "cuda",
+            "device": format!("cuda:{ordinal}"),
+            "device_index": ordinal,
+            "gpu": gpu.name(),
+            "block": gpu.block_size(),
+            "accumulate": settings.options.accumulate.name(),
+            "storage": settings.options.storage.name(),
+            "compile_ms": ms(compile),
+            "kernel_ms": ms(times.kernel),
+            "tokens_per_s": tokens_total as f64 / times.kernel.as_secs_f64(),
+            "upload_ms": ms(times.upload),
+            "resident_ms": ms(times.resident),
+            "end_to_end_ms": ms(times.end_to_end),
+            "end_to_end_tokens_per_s": tokens_total as f64 / times.end_to_end.as_secs_f64(),
+            "batch_bytes": packed_bytes(&packed),
+            "device_bytes": packed_bytes(&packed) + gpu.kernel().scratch_bytes(&packed.layout),
+            "peak_bytes_above_batch": times.host_peak,
+            "outputs_bytes": gradient_elems * storage,
+        });
+        let bound = bound(packed_bytes(&packed), gradient_elems * storage, bandwidth);
+        fields
+            .as_object_mut()
+            .unwrap()
+            .extend(bound.as_object().cloned().unwrap_or_default());
+        return Ok(vec![line(fields)]);
+    }
+    let bandwidth = memcpy_bandwidth(&pool);
     let mut lines = Vec::new();
     if matches!(settings.backend, Which::Interp | Which::All) {
         evaluate(graph, &batch, &context).map_err(|e| format!("interpreter: {}", e.0))?;
@@ -265,13 +403,14 @@ pub fn run(graph: &Graph, recipe: &str, settings: &Settings) -> Result<Vec<Value
         let time = median(times);
         let mut fields = json!({
             "backend": "interp",
+            "device": "cpu",
             "threads": 1,
             "kernel_ms": ms(time),
             "tokens_per_s": tokens_total as f64 / time.as_secs_f64(),
             "batch_bytes": batch_bytes(&batch),
             "peak_bytes_above_batch": peak,
         });
-        let bound = bound(batch_bytes(&batch), gradient_elems * 8);
+        let bound = bound(batch_bytes(&batch), gradient_elems * 8, bandwidth);
         fields
             .as_object_mut()
             .unwrap()
@@ -300,6 +439,7 @@ pub fn run(graph: &Graph, recipe: &str, settings: &Settings) -> Result<Vec<Value
         let storage = settings.options.storage.bytes();
         let mut fields = json!({
             "backend": "jit",
+            "device": "cpu",
             "threads": threads,
             "accumulate": settings.options.accumulate.name(),
             "storage": settings.options.storage.name(),
@@ -310,7 +450,7 @@ pub fn run(graph: &Graph, recipe: &str, settings: &Settings) -> Result<Vec<Value
             "peak_bytes_above_batch": peak,
             "outputs_bytes": gradient_elems * storage,
         });
-        let bound = bound(packed_bytes(&packed), gradient_elems * storage);
+        let bound = bound(packed_bytes(&packed), gradient_elems * storage, bandwidth);
         fields
             .as_object_mut()
             .unwrap()

@@ -387,9 +387,129 @@ impl<D: Device> PhaseRunner for Runner<'_, D> {
     }
 }
 
+/// Whether this build has the GPU device (the `cuda` cargo feature).
+pub const ENABLED: bool = cfg!(feature = "cuda");
+
+/// The error for `--device cuda:N` in a build without the `cuda` feature.
+pub fn without_feature(ordinal: usize) -> String {
+    format!(
+        "--device cuda:{ordinal}: this rlx was built without the `cuda` feature; rebuild it with \
+         `cargo build --release --features cuda` (docs/gpu.md)"
+    )
+}
+
+/// A recipe's kernels on one NVIDIA GPU (`--device cuda:N`): `DeviceKernel` over `CudaDevice`, with
+/// the same interface in every build. Without the `cuda` feature no value exists: [`GpuKernel::new`]
+/// is the error [`without_feature`].
+pub struct GpuKernel {
+    #[cfg(feature = "cuda")]
+    inner: DeviceKernel<CudaDevice>,
+    #[cfg(not(feature = "cuda"))]
+    never: std::convert::Infallible,
+    ordinal: usize,
+}
+
+impl std::fmt::Debug for GpuKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuKernel")
+            .field("ordinal", &self.ordinal)
+            .finish()
+    }
+}
+
+impl GpuKernel {
+    /// Compile `graph` with `options` (the JIT's plan, as CUDA C) and load it on GPU `ordinal`. An
+    /// error, never a fallback, when the recipe has no kernel plan or CUDA form, when this build has
+    /// no `cuda` feature, or when there is no usable GPU.
+    pub fn new(
+        graph: &rlx_compiler::ir::Graph,
+        options: &crate::kernel::Options,
+        ordinal: usize,
+    ) -> Result<GpuKernel, String> {
+        if !ENABLED {
+            return Err(without_feature(ordinal));
+        }
+        let kernel = Kernel::compile(graph, options).map_err(|e| format!("no kernel plan: {e}"))?;
+        GpuKernel::from_kernel(kernel, ordinal)
+    }
+
+    /// Load an already compiled kernel's CUDA form on GPU `ordinal`.
+    #[cfg(feature = "cuda")]
+    pub fn from_kernel(kernel: Kernel, ordinal: usize) -> Result<GpuKernel, String> {
+        let device = CudaDevice::new(ordinal)?;
+        let inner = DeviceKernel::new(kernel, device)?;
+        Ok(GpuKernel { inner, ordinal })
+    }
+
+    /// Load an already compiled kernel's CUDA form on GPU `ordinal`.
+    #[cfg(not(feature = "cuda"))]
+    pub fn from_kernel(_kernel: Kernel, ordinal: usize) -> Result<GpuKernel, String> {
+        Err(without_feature(ordinal))
+    }
+
+    /// The GPU's index (`cuda:N`).
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The runner itself (uploads, resident batches, kernel times).
+    #[cfg(feature = "cuda")]
+    pub fn device_kernel(&self) -> &DeviceKernel<CudaDevice> {
+        &self.inner
+    }
+
+    /// The compiled kernel (plan, validation, packing).
+    pub fn kernel(&self) -> &Kernel {
+        #[cfg(feature = "cuda")]
+        return self.inner.kernel();
+        #[cfg(not(feature = "cuda"))]
+        match self.never {}
+    }
+
+    pub fn graph(&self) -> &rlx_compiler::ir::Graph {
+        self.kernel().graph()
+    }
+
+    /// The GPU's name.
+    pub fn name(&self) -> String {
+        #[cfg(feature = "cuda")]
+        return self.inner.device().name();
+        #[cfg(not(feature = "cuda"))]
+        match self.never {}
+    }
+
+    /// Threads per block of the token passes (`$RLX_CUDA_BLOCK`, 256 by default).
+    pub fn block_size(&self) -> u32 {
+        #[cfg(feature = "cuda")]
+        return self.inner.device().block_size();
+        #[cfg(not(feature = "cuda"))]
+        match self.never {}
+    }
+
+    /// Evaluate every output on `batch` on the GPU, like `interp::evaluate`.
+    pub fn run(&self, batch: &Batch, context: &Context) -> Result<Outcome, EvalError> {
+        #[cfg(feature = "cuda")]
+        return self.inner.run(batch, context);
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (batch, context);
+            match self.never {}
+        }
+    }
+}
+
+/// Check that GPU `ordinal` is usable (this build's `cuda` feature, the driver, the device) without
+/// compiling anything, and return its name: `rlx run --device cuda` asks before it writes anything.
+pub fn probe(ordinal: usize) -> Result<String, String> {
+    #[cfg(feature = "cuda")]
+    return CudaDevice::new(ordinal).map(|device| device.name());
+    #[cfg(not(feature = "cuda"))]
+    Err(without_feature(ordinal))
+}
+
 /// Evaluate `graph` on `batch` on GPU `ordinal` (`rlx score --device cuda:N`), with `options`' storage
-/// and accumulation. An error, never a fallback, when the recipe has no CUDA form or there is no GPU.
-#[cfg(feature = "cuda")]
+/// and accumulation. An error, never a fallback, when the recipe has no CUDA form or there is no GPU
+/// (or no `cuda` feature: [`without_feature`]).
 pub fn evaluate_on_gpu(
     graph: &rlx_compiler::ir::Graph,
     batch: &Batch,
@@ -397,23 +517,7 @@ pub fn evaluate_on_gpu(
     ordinal: usize,
     options: &crate::kernel::Options,
 ) -> Result<Outcome, String> {
-    let kernel = Kernel::compile(graph, options).map_err(|e| format!("no kernel plan: {e}"))?;
-    let device = CudaDevice::new(ordinal)?;
-    let kernel = DeviceKernel::new(kernel, device)?;
-    kernel.run(batch, context).map_err(|e| e.to_string())
-}
-
-/// Without the `cuda` feature there is no GPU backend: a clear error.
-#[cfg(not(feature = "cuda"))]
-pub fn evaluate_on_gpu(
-    _graph: &rlx_compiler::ir::Graph,
-    _batch: &Batch,
-    _context: &Context,
-    ordinal: usize,
-    _options: &crate::kernel::Options,
-) -> Result<Outcome, String> {
-    Err(format!(
-        "--device cuda:{ordinal}: this rlx was built without the `cuda` feature; rebuild it with \
-         `cargo build --release --features cuda` (docs/gpu.md)"
-    ))
+    GpuKernel::new(graph, options, ordinal)?
+        .run(batch, context)
+        .map_err(|e| e.to_string())
 }

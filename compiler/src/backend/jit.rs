@@ -860,7 +860,7 @@ impl Gen<'_, '_> {
     /// rounding); error below 1 ulp. Overflow gives +∞, underflow 0, NaN stays NaN. `x` is an `f64`
     /// or an `f64x2`: rounding and 2ᵏ use the 1.5·2⁵² trick (adding it rounds to an integer, whose
     /// bits are then in the low mantissa), so no float-to-integer conversion is needed.
-    fn exp_f64(&mut self, x: ClifValue) -> ClifValue {
+    fn exp_f64(&mut self, x: ClifValue, bounded: bool) -> ClifValue {
         const INV_LN2: f64 = std::f64::consts::LOG2_E;
         const LN2_HI: f64 = 6.931_471_803_691_238e-1;
         const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
@@ -878,12 +878,16 @@ impl Gen<'_, '_> {
         let int_ty = if ty.is_vector() { types::I64X2 } else { I64 };
         let c = |gen: &mut Self, v: f64| gen.const_of(ty, v);
         // Clamp to [−746, 710] (a NaN stays NaN: both compares are false).
-        let low = c(self, -746.0);
-        let high = c(self, 710.0);
-        let below = self.b.ins().fcmp(FloatCC::LessThan, x, low);
-        let clamped = self.pick(below, low, x);
-        let above = self.b.ins().fcmp(FloatCC::GreaterThan, clamped, high);
-        let clamped = self.pick(above, high, clamped);
+        let clamped = if bounded {
+            x
+        } else {
+            let low = c(self, -746.0);
+            let high = c(self, 710.0);
+            let below = self.b.ins().fcmp(FloatCC::LessThan, x, low);
+            let clamped = self.pick(below, low, x);
+            let above = self.b.ins().fcmp(FloatCC::GreaterThan, clamped, high);
+            self.pick(above, high, clamped)
+        };
         let inv_ln2 = c(self, INV_LN2);
         let scaled = self.b.ins().fmul(clamped, inv_ln2);
         let magic = c(self, MAGIC);
@@ -912,12 +916,18 @@ impl Gen<'_, '_> {
         let inner = self.b.ins().fsub(inner, hi);
         let one = c(self, 1.0);
         let y = self.b.ins().fsub(one, inner);
-        // 2ᵏ = 2^(k − k₁) · 2^k₁ with k₁ = round(k/2), each a normal number for |k| ≤ 1076.
-        let half = c(self, 0.5);
-        let k1 = self.b.ins().fmul(k, half);
-        let k1 = self.b.ins().fadd(k1, magic);
-        let k1 = self.b.ins().fsub(k1, magic);
-        let k2 = self.b.ins().fsub(k, k1);
+        // 2ᵏ = 2^(k − k₁) · 2^k₁ with k₁ = round(k/2), each a normal number for |k| ≤ 1076. For
+        // |x| ≤ 700, |k| ≤ 1010: 2ᵏ itself is normal and so is the result, one factor is exact.
+        let parts = if bounded {
+            vec![k]
+        } else {
+            let half = c(self, 0.5);
+            let k1 = self.b.ins().fmul(k, half);
+            let k1 = self.b.ins().fadd(k1, magic);
+            let k1 = self.b.ins().fsub(k1, magic);
+            let k2 = self.b.ins().fsub(k, k1);
+            vec![k1, k2]
+        };
         // (bits(kᵢ + MAGIC) − bits(MAGIC) + 1023) << 52 is the f64 2^kᵢ.
         let offset = (MAGIC.to_bits() as i64) - 1023;
         let offset = self.b.ins().iconst(I64, offset);
@@ -927,13 +937,16 @@ impl Gen<'_, '_> {
             offset
         };
         let mut result = y;
-        for part in [k1, k2] {
+        for part in parts {
             let shifted = self.b.ins().fadd(part, magic);
             let bits = self.b.ins().bitcast(int_ty, lanes_flags(), shifted);
             let exponent = self.b.ins().isub(bits, offset);
             let bits = self.b.ins().ishl_imm_u(exponent, 52);
             let power = self.b.ins().bitcast(ty, lanes_flags(), bits);
             result = self.b.ins().fmul(result, power);
+        }
+        if bounded {
+            return result;
         }
         let overflow = c(self, 709.782_712_893_384);
         let underflow = c(self, -745.133_219_101_941_1);
@@ -946,23 +959,23 @@ impl Gen<'_, '_> {
     }
 
     /// eˣ in the register type: f64 and f64×2 directly; f32 through f64 (f32×4 as two f64×2 halves).
-    fn exp(&mut self, x: ClifValue) -> ClifValue {
+    fn exp(&mut self, x: ClifValue, bounded: bool) -> ClifValue {
         match self.type_of(x) {
-            types::F64 | types::F64X2 => self.exp_f64(x),
+            types::F64 | types::F64X2 => self.exp_f64(x, bounded),
             types::F32X4 => {
                 let low = self.b.ins().fvpromote_low(x);
                 // Lanes 2, 3 moved down to 0, 1.
                 let high = self.shuffle_halves(x, x, true);
                 let high = self.b.ins().fvpromote_low(high);
-                let low = self.exp_f64(low);
-                let high = self.exp_f64(high);
+                let low = self.exp_f64(low, bounded);
+                let high = self.exp_f64(high, bounded);
                 let low = self.b.ins().fvdemote(low);
                 let high = self.b.ins().fvdemote(high);
                 self.shuffle_halves(low, high, false)
             }
             _ => {
                 let wide = self.b.ins().fpromote(types::F64, x);
-                let e = self.exp_f64(wide);
+                let e = self.exp_f64(wide, bounded);
                 self.b.ins().fdemote(types::F32, e)
             }
         }
@@ -1178,7 +1191,12 @@ impl Gen<'_, '_> {
             }
             Op::Exp => {
                 let a = arg(0)?;
-                self.exp(a)
+                // An argument known to lie in [−700, 700] (clamped by constants, as `ratio` and `k3`
+                // do) needs no clamping, overflow or underflow handling, and one 2ᵏ factor.
+                // (A NaN argument gives NaN either way.)
+                let r = range(graph, node.args[0], 0);
+                let bounded = r.low >= -EXP_FAST_RANGE && r.high <= EXP_FAST_RANGE;
+                self.exp(a, bounded)
             }
             Op::Log
             | Op::Log1p
@@ -1791,9 +1809,165 @@ impl Gen<'_, '_> {
     }
 }
 
+/// Below this magnitude `exp` needs no range handling (`Gen::exp_f64`).
+const EXP_FAST_RANGE: f64 = 700.0;
+
+/// What is known of a value: its non-NaN values lie in `[low, high]`; `nan`: it may be NaN.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Range {
+    low: f64,
+    high: f64,
+    nan: bool,
+}
+
+const UNKNOWN: Range = Range {
+    low: f64::NEG_INFINITY,
+    high: f64::INFINITY,
+    nan: true,
+};
+
+/// Interval arithmetic over constants, `min`, `max`, `+`, `−` and negation (anything else is
+/// unknown). `min`/`max` ignore a NaN operand (`f64::min`), so `clamp(x, a, b)` lies in `[a, b]` and is
+/// never NaN whatever `x` is.
+fn range(graph: &Graph, node: NodeId, depth: usize) -> Range {
+    if depth > 64 {
+        return UNKNOWN;
+    }
+    let n = graph.node(node);
+    let arg = |k: usize| {
+        n.args
+            .get(k)
+            .map_or(UNKNOWN, |a| range(graph, *a, depth + 1))
+    };
+    let checked = |r: Range| {
+        if r.low.is_nan() || r.high.is_nan() {
+            UNKNOWN
+        } else {
+            r
+        }
+    };
+    let infinite = |r: &Range| r.low.is_infinite() || r.high.is_infinite();
+    match n.op {
+        Op::Const(v) if !v.is_nan() => Range {
+            low: v,
+            high: v,
+            nan: false,
+        },
+        Op::Copy | Op::StopGrad => arg(0),
+        Op::Neg => {
+            let a = arg(0);
+            Range {
+                low: -a.high,
+                high: -a.low,
+                nan: a.nan,
+            }
+        }
+        Op::Add | Op::Sub => {
+            let (a, b) = (arg(0), arg(1));
+            let (low, high) = if n.op == Op::Add {
+                (a.low + b.low, a.high + b.high)
+            } else {
+                (a.low - b.high, a.high - b.low)
+            };
+            // ∞ − ∞ is NaN.
+            let nan = a.nan || b.nan || infinite(&a) || infinite(&b);
+            checked(Range { low, high, nan })
+        }
+        Op::Max => {
+            let (a, b) = (arg(0), arg(1));
+            // Both numbers: max of the two; one NaN: the other one alone.
+            let mut low = a.low.max(b.low);
+            if a.nan {
+                low = low.min(b.low);
+            }
+            if b.nan {
+                low = low.min(a.low);
+            }
+            Range {
+                low,
+                high: a.high.max(b.high),
+                nan: a.nan && b.nan,
+            }
+        }
+        Op::Min => {
+            let (a, b) = (arg(0), arg(1));
+            let mut high = a.high.min(b.high);
+            if a.nan {
+                high = high.max(b.high);
+            }
+            if b.nan {
+                high = high.max(a.high);
+            }
+            Range {
+                low: a.low.min(b.low),
+                high,
+                nan: a.nan && b.nan,
+            }
+        }
+        _ => UNKNOWN,
+    }
+}
+
 struct LoopBlocks {
     header: Block,
     exit: Block,
     counter: Variable,
     reverse: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn graph(source: &str) -> Graph {
+        let checked = crate::check_source("range", source);
+        let recipe = checked.recipe.expect("checks");
+        crate::compile_graph(&recipe, &[]).expect("lowers")
+    }
+
+    /// The range of the argument of the first `exp` in `source`.
+    fn exp_argument(source: &str) -> Range {
+        let g = graph(source);
+        let node = (0..g.nodes.len())
+            .map(|i| NodeId(i as u32))
+            .find(|n| g.node(*n).op == Op::Exp)
+            .expect("an exp");
+        range(&g, g.node(node).args[0], 0)
+    }
+
+    #[test]
+    fn clamps_by_constants_bound_a_value_whatever_it_is() {
+        let r = exp_argument(
+            "input x : f32[tok] policy\nloss = sum(exp(clamp(x, -20, 20)) over tok, batch)",
+        );
+        assert_eq!((r.low, r.high, r.nan), (-20.0, 20.0, false));
+        // The std/loss ratio: exp(clamp(logp − old_logp, −20, 20)).
+        let r = exp_argument(
+            "import std/loss.{ratio}\ninput logp : f32[tok] policy\ninput old : f32[tok]\nloss = sum(ratio(logp, old) over tok, batch)",
+        );
+        assert_eq!((r.low, r.high, r.nan), (-20.0, 20.0, false));
+        let r = exp_argument(
+            "input x : f32[tok] policy\nloss = sum(exp(-clamp(x, -3, 5) + 1) over tok, batch)",
+        );
+        assert_eq!((r.low, r.high, r.nan), (-4.0, 4.0, false));
+    }
+
+    #[test]
+    fn unclamped_or_one_sided_values_are_not_bounded() {
+        let r = exp_argument("input x : f32[tok] policy\nloss = sum(exp(x) over tok, batch)");
+        assert_eq!(r, UNKNOWN);
+        let r =
+            exp_argument("input x : f32[tok] policy\nloss = sum(exp(max(x, -20)) over tok, batch)");
+        assert_eq!((r.low, r.high, r.nan), (-20.0, f64::INFINITY, false));
+        // min(a, y) ≤ a whether or not y is NaN; nothing bounds it below.
+        let r = exp_argument(
+            "input x : f32[tok] policy\ninput y : f32[tok]\nloss = sum(exp(min(clamp(x, 0, 1), y)) over tok, batch)",
+        );
+        assert_eq!((r.low, r.high, r.nan), (f64::NEG_INFINITY, 1.0, false));
+        // Both operands unknown: NaN only if both are.
+        let r = exp_argument(
+            "input x : f32[tok] policy\ninput y : f32[tok]\nloss = sum(exp(max(x, y)) over tok, batch)",
+        );
+        assert_eq!(r, UNKNOWN);
+    }
 }

@@ -97,6 +97,30 @@ impl CudaDevice {
         self.context.name().unwrap_or_else(|_| "unknown GPU".into())
     }
 
+    /// Device-to-device copy bandwidth in bytes/s (bytes read + bytes written): the best of five
+    /// synchronised copies of 256 MiB, far beyond the L2 cache (`rlx bench`'s bandwidth bound).
+    pub fn copy_bandwidth(&self) -> Result<f64, String> {
+        let len = 256 << 20;
+        let alloc = |what| {
+            self.stream
+                .alloc_zeros::<u8>(len)
+                .map_err(|e| format!("cannot allocate {what} for the bandwidth probe: {e}"))
+        };
+        let source = alloc("256 MiB")?;
+        let mut target = alloc("256 MiB")?;
+        let mut best = f64::INFINITY;
+        for _ in 0..5 {
+            self.synchronize()?;
+            let start = std::time::Instant::now();
+            self.stream
+                .memcpy_dtod(&source, &mut target)
+                .map_err(|e| format!("copy on the GPU: {e}"))?;
+            self.synchronize()?;
+            best = best.min(start.elapsed().as_secs_f64());
+        }
+        Ok((2 * len) as f64 / best)
+    }
+
     fn cache_path(&self, source: &CudaSource) -> Option<PathBuf> {
         let dir = std::env::var_os("RLX_CUDA_CACHE")
             .map(PathBuf::from)
