@@ -6,6 +6,8 @@
 //! - `jit 1 thread` / `jit all threads`: `Kernel::run_packed` on a batch packed once (f32 storage, f64
 //!   accumulation), loss, metrics, advantages and gradients included, in a 1-thread rayon pool and in the
 //!   global pool.
+//! - `jit scalar 1 thread`: the same kernel with scalar token loops (`Kernel::compile_with(…, false)`),
+//!   the code before vectorisation.
 //! - `bandwidth bound`: read every input column once and write a gradient-sized f32 buffer once (what
 //!   any implementation must at least do), on 1 thread and on all threads.
 
@@ -112,6 +114,12 @@ fn kernels(c: &mut Criterion) {
         });
         group.bench_function("jit all threads", |b| {
             b.iter(|| kernel.run_packed(&packed, &context).expect("runs"))
+        });
+        // The same plan with scalar token loops (the code before vectorisation), for comparison.
+        let scalar =
+            Kernel::compile_with(&graph, &Options::default(), false).expect("the JIT supports it");
+        group.bench_function("jit scalar 1 thread", |b| {
+            b.iter(|| one.install(|| scalar.run_packed(&packed, &context).expect("runs")))
         });
         let mut gradient = vec![0f32; tokens];
         group.bench_function("bandwidth bound 1 thread", |b| {
