@@ -161,3 +161,95 @@ fn bench_rejects_bad_arguments_clearly() {
     assert_eq!(missing.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot read"));
 }
+
+const SMALL: [&str; 8] = ["--groups", "2", "--n", "2", "--tokens", "8", "--runs", "1"];
+
+fn bench(recipe: &str, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["bench", recipe];
+    args.extend(SMALL);
+    args.extend(extra);
+    rlx(&args)
+}
+
+#[test]
+fn bench_device_cpu_is_the_default_and_a_malformed_device_is_a_usage_error() {
+    let lines = json_lines(&bench("recipes/grpo.rlx", &["--device", "cpu"]));
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for (line, backend) in lines.iter().zip(["interp", "jit"]) {
+        assert_eq!(line["backend"], backend);
+        assert_eq!(line["device"], "cpu");
+    }
+    for device in ["tpu", "cuda:x", "cuda:-1", "cuda:", "gpu:0"] {
+        let output = bench("recipes/grpo.rlx", &["--device", device]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{device}: {stderr}");
+        assert!(
+            stderr.contains(&format!("`{device}`: expected cpu, cuda or cuda:N")),
+            "{device}: {stderr}"
+        );
+        assert!(output.stdout.is_empty());
+    }
+    let interp = bench(
+        "recipes/grpo.rlx",
+        &["--device", "cuda", "--backend", "interp"],
+    );
+    assert_eq!(interp.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&interp.stderr).contains("--backend interp runs on the CPU"));
+}
+
+/// `--device cuda`: the CUDA runner's one line on a GPU; elsewhere a clear error naming what is
+/// missing (the `cuda` feature, or the driver / the GPU), exit status 1 and nothing on stdout.
+#[test]
+fn bench_on_cuda_times_the_gpu_kernels_or_says_what_is_missing() {
+    for device in ["cuda", "cuda:0"] {
+        let output = bench(
+            "recipes/dapo.rlx",
+            &["--device", device, "--backend", "jit"],
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if cfg!(feature = "cuda") && output.status.success() {
+            let lines = json_lines(&output);
+            assert_eq!(lines.len(), 1, "{lines:?}");
+            let line = &lines[0];
+            assert_eq!(line["backend"], "cuda");
+            assert_eq!(line["device"], "cuda:0");
+            assert_eq!(line["device_index"], 0);
+            assert_eq!(number(line, "tokens"), (2 * 2 * 8) as f64);
+            for key in [
+                "kernel_ms",
+                "upload_ms",
+                "resident_ms",
+                "end_to_end_ms",
+                "tokens_per_s",
+                "compile_ms",
+                "batch_bytes",
+                "device_bytes",
+                "bound_ms",
+                "memcpy_gb_s",
+                "block",
+            ] {
+                assert!(number(line, key) > 0.0, "`{key}` in {line}");
+            }
+            let implied = number(line, "tokens") / (number(line, "kernel_ms") / 1e3);
+            assert!(
+                (implied / number(line, "tokens_per_s") - 1.0).abs() < 1e-9,
+                "{line}"
+            );
+        } else {
+            assert_eq!(output.status.code(), Some(1), "{device}: {stderr}");
+            assert!(output.stdout.is_empty());
+            if cfg!(feature = "cuda") {
+                assert!(
+                    stderr.contains("NVIDIA") || stderr.contains("GPU") || stderr.contains("CUDA"),
+                    "{stderr}"
+                );
+            } else {
+                assert!(
+                    stderr.contains("built without the `cuda` feature")
+                        && stderr.contains("--features cuda"),
+                    "{stderr}"
+                );
+            }
+        }
+    }
+}

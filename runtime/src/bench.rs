@@ -459,3 +459,84 @@ pub fn run(graph: &Graph, recipe: &str, settings: &Settings) -> Result<Vec<Value
     }
     Ok(lines)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rlx_compiler::backend::cuda::CudaSource;
+
+    /// Host memory whose launches do nothing: exercises the runner's copies and `time_device`'s
+    /// rounds, not the kernels (tests/cuda.rs checks those on the host-C build).
+    #[derive(Default)]
+    struct Idle {
+        launches: AtomicUsize,
+    }
+
+    impl Device for Idle {
+        type Buffer = Vec<u8>;
+        fn load(&mut self, _source: &CudaSource) -> Result<(), String> {
+            Ok(())
+        }
+        fn upload(&self, bytes: &[u8]) -> Result<Vec<u8>, String> {
+            let mut buffer = bytes.to_vec();
+            buffer.resize(bytes.len().max(8), 0);
+            Ok(buffer)
+        }
+        fn write(&self, buffer: &mut Vec<u8>, bytes: &[u8]) -> Result<(), String> {
+            buffer[..bytes.len()].copy_from_slice(bytes);
+            Ok(())
+        }
+        fn download(&self, buffer: &Vec<u8>, out: &mut [u8]) -> Result<(), String> {
+            out.copy_from_slice(&buffer[..out.len()]);
+            Ok(())
+        }
+        fn address(&self, buffer: &Vec<u8>) -> u64 {
+            buffer.as_ptr() as u64
+        }
+        fn launch(
+            &self,
+            _name: &str,
+            _grid: u32,
+            _block: u32,
+            _table: &Vec<u8>,
+            _g_begin: u64,
+            _g_end: u64,
+        ) -> Result<(), String> {
+            self.launches.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+        fn synchronize(&self) -> Result<(), String> {
+            Ok(())
+        }
+        fn block_size(&self) -> u32 {
+            32
+        }
+    }
+
+    #[test]
+    fn time_device_runs_a_warm_up_then_an_end_to_end_and_a_resident_run_per_round() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes/grpo.rlx");
+        let checked = rlx_compiler::check_path(&path).expect("readable recipe");
+        let recipe = checked.recipe.expect("a clean recipe");
+        let graph = rlx_compiler::compile_graph(&recipe, &[]).expect("lowers");
+        let batch = synthetic::batch(&graph, &Spec::default());
+        let kernel = Kernel::compile(&graph, &Options::default()).unwrap();
+        let packed = kernel.pack(&batch).unwrap();
+        let device = DeviceKernel::new(kernel, Idle::default()).unwrap();
+        device.run_packed(&packed, &Context::default()).unwrap();
+        let per_run = device.device().launches.swap(0, Ordering::Relaxed);
+        assert!(per_run > 0);
+        let times = time_device(&device, &packed, &Context::default(), 3).unwrap();
+        assert_eq!(
+            device.device().launches.load(Ordering::Relaxed),
+            (1 + 2 * 3) * per_run
+        );
+        for time in [times.kernel, times.upload, times.resident, times.end_to_end] {
+            assert!(time.as_secs_f64().is_finite());
+        }
+        // A batch the kernel rejects is an error, not a panic.
+        let mut broken = packed.clone();
+        broken.layout.token_offsets.pop();
+        assert!(time_device(&device, &broken, &Context::default(), 1).is_err());
+    }
+}

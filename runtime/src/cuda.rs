@@ -436,7 +436,7 @@ impl GpuKernel {
     /// Load an already compiled kernel's CUDA form on GPU `ordinal`.
     #[cfg(feature = "cuda")]
     pub fn from_kernel(kernel: Kernel, ordinal: usize) -> Result<GpuKernel, String> {
-        let device = CudaDevice::new(ordinal)?;
+        let device = open(ordinal)?;
         let inner = DeviceKernel::new(kernel, device)?;
         Ok(GpuKernel { inner, ordinal })
     }
@@ -498,11 +498,23 @@ impl GpuKernel {
     }
 }
 
+/// GPU `ordinal`, an error naming the `--device` it was asked for.
+#[cfg(feature = "cuda")]
+fn open(ordinal: usize) -> Result<CudaDevice, String> {
+    CudaDevice::new(ordinal).map_err(|e| {
+        if e.contains(&format!("cuda:{ordinal}")) {
+            e
+        } else {
+            format!("--device cuda:{ordinal}: {e}")
+        }
+    })
+}
+
 /// Check that GPU `ordinal` is usable (this build's `cuda` feature, the driver, the device) without
 /// compiling anything, and return its name: `rlx run --device cuda` asks before it writes anything.
 pub fn probe(ordinal: usize) -> Result<String, String> {
     #[cfg(feature = "cuda")]
-    return CudaDevice::new(ordinal).map(|device| device.name());
+    return open(ordinal).map(|device| device.name());
     #[cfg(not(feature = "cuda"))]
     Err(without_feature(ordinal))
 }

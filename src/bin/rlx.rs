@@ -73,6 +73,12 @@ enum Command {
         /// Continue a run from its checkpoint (DIR or DIR/checkpoint), exactly where it stopped.
         #[arg(long, value_name = "DIR")]
         resume: Option<PathBuf>,
+        /// Where the recipe's fused kernel (reward → advantage → loss → ∂loss/∂logp) runs: `cpu`, or
+        /// `cuda` / `cuda:N` for GPU N (the kernels of `rlx score --device cuda`, whatever the config's
+        /// `backend`). The candle model stays on the CPU: candle's own CUDA backend needs nvcc at build
+        /// time. Needs an rlx built with `--features cuda` (docs/gpu.md).
+        #[arg(long, default_value = "cpu", value_parser = parse_device)]
+        device: Device,
     },
     /// Measure a recipe on a synthetic packed batch: per backend, one JSON line with the kernel time
     /// (median of --runs), tokens/s, peak memory above the batch, and the memory-bandwidth bound
@@ -104,6 +110,11 @@ enum Command {
         /// Override a param: `--set beta=0.01` (repeatable).
         #[arg(long = "set", value_name = "NAME=VALUE")]
         set: Vec<String>,
+        /// `cpu`, or `cuda` / `cuda:N` to time the CUDA kernels on GPU N (one `"backend":"cuda"` line:
+        /// synchronised kernel time, host↔device copies apart; needs an rlx built with
+        /// `--features cuda`; docs/gpu.md).
+        #[arg(long, default_value = "cpu", value_parser = parse_device)]
+        device: Device,
     },
 }
 
@@ -118,7 +129,7 @@ enum BenchBackend {
     All,
 }
 
-/// Where `rlx score` runs.
+/// Where `rlx score`, `bench` and `run` run the recipe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Device {
     Cpu,
@@ -173,7 +184,23 @@ fn main() -> ExitCode {
             seed,
             out,
             resume,
-        } => run(&recipe, config.as_deref(), set, steps, seed, out, resume),
+            device,
+        } => {
+            let gpu = match device {
+                Device::Cpu => None,
+                Device::Cuda(n) => Some(n),
+            };
+            run(
+                &recipe,
+                config.as_deref(),
+                set,
+                steps,
+                seed,
+                out,
+                resume,
+                gpu,
+            )
+        }
         Command::Bench {
             recipe,
             groups,
@@ -184,7 +211,16 @@ fn main() -> ExitCode {
             backend,
             f32_accumulate,
             set,
+            device,
         } => {
+            let gpu = match (backend, device) {
+                (_, Device::Cpu) => None,
+                (BenchBackend::Interp, Device::Cuda(_)) => {
+                    eprintln!("error: --backend interp runs on the CPU; drop --device cuda");
+                    return ExitCode::from(2);
+                }
+                (_, Device::Cuda(n)) => Some(n),
+            };
             let settings = rlx_runtime::bench::Settings {
                 groups,
                 n,
@@ -205,6 +241,7 @@ fn main() -> ExitCode {
                     ..Default::default()
                 },
                 seed: 1,
+                gpu,
             };
             bench(&recipe, &set, &settings)
         }
@@ -281,6 +318,7 @@ fn checked_recipe(recipe: &Path) -> Option<rlx_compiler::hir::Recipe> {
     checked.recipe
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run(
     recipe: &Path,
     config: Option<&Path>,
@@ -289,6 +327,7 @@ fn run(
     seed: Option<u64>,
     out: Option<PathBuf>,
     resume: Option<PathBuf>,
+    gpu: Option<usize>,
 ) -> ExitCode {
     let Some(hir) = checked_recipe(recipe) else {
         return ExitCode::from(1);
@@ -314,6 +353,7 @@ fn run(
         seed,
         out,
         resume,
+        gpu,
     };
     let prepared = match rlx_trainer::cli::prepare(&hir, &args) {
         Ok(prepared) => prepared,

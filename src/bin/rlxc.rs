@@ -49,7 +49,8 @@ enum Command {
         /// The representation to print: `ast` (parsed, JSON), `hir` (checked and typed, JSON), `ir`
         /// (the dataflow graph with the loss gradient, readable text), `ir-json`, `plan` (the fused
         /// kernel passes, readable text), `plan-json`, `torch` (a PyTorch module for verl and TRL,
-        /// docs/scale.md) or `cuda` (the fused kernels as CUDA C, docs/gpu.md). Without --emit,
+        /// docs/scale.md), `cuda` (the fused kernels as CUDA C, docs/gpu.md) or `clif` (the JIT's
+        /// cranelift IR and machine code per pass, docs/kernels.md). Without --emit,
         /// `-o FILE.rlxc` writes the compiled artifact (the checked IR, its kernel plan and metadata;
         /// docs/formats.md), which `rlx score` accepts in place of the recipe.
         #[arg(long, value_enum)]

@@ -110,7 +110,7 @@ fn main() -> candle_core::Result<()> {
         temperature: 1.0,
         top_p: 1.0,
         max_new_tokens: 64,
-        stop: None,
+        stop: Vec::new(),
     };
     let mut rng = Rng::new(1);
     let t = Instant::now();
@@ -160,7 +160,7 @@ fn main() -> candle_core::Result<()> {
             temperature: 1.0,
             top_p: 1.0,
             max_new_tokens: 64,
-            stop: Some(tok.eos),
+            stop: tok.stop_ids().to_vec(),
         };
         let out = generate(&policy, &prompts, 4, &settings, &mut rng, &device)?;
         let t_sample = t0.elapsed().as_secs_f64();

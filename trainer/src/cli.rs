@@ -1,6 +1,6 @@
 //! What `rlx run` does with its arguments: the config (embedded default or `--config FILE`), `--set`
 //! split between config keys (`section.key`, or a top-level key) and recipe params, `--steps`/`--seed`/
-//! `--out`, `--resume`, all validated before anything trains.
+//! `--out`, `--resume`, `--device`, all validated before anything trains.
 
 use std::path::PathBuf;
 
@@ -21,6 +21,9 @@ pub struct RunArgs {
     pub out: Option<PathBuf>,
     /// Continue from a checkpoint (a run directory or its `checkpoint/`).
     pub resume: Option<PathBuf>,
+    /// `--device cuda:N`: evaluate the recipe with the CUDA kernels on GPU N (the model stays on the
+    /// CPU); `None` is `--device cpu`, the config's `backend`.
+    pub gpu: Option<usize>,
 }
 
 /// A run ready to start.
@@ -95,7 +98,13 @@ pub fn prepare(recipe: &Recipe, args: &RunArgs) -> Result<Prepared, String> {
         None => args.config_text.as_deref().unwrap_or(DEFAULT_CONFIG),
     };
     let config = Config::parse(text, &config_sets)?;
-    let plan = plan(recipe, &param_sets, &config)?;
+    let mut plan = plan(recipe, &param_sets, &config)?;
+    if let Some(ordinal) = args.gpu {
+        // The feature, the driver and the GPU, before anything is written (the kernels themselves
+        // are compiled when the run starts).
+        rlx_runtime::cuda::probe(ordinal)?;
+        plan.gpu = Some(ordinal);
+    }
     let resumed_out = loaded
         .as_ref()
         .and_then(|l| l.dir.parent().map(|p| p.to_path_buf()));

@@ -157,7 +157,10 @@ impl Config {
                 "config: task.kind = \"{}\" needs model.kind = \"smollm2\" (its prompts are written in that model's tokenizer and chat template)",
                 text.kind()
             )),
-            (ModelSection::Smollm2 {}, _) => Ok(()),
+            (ModelSection::Smollm2 {}, text) => match text.text() {
+                Some((_, config)) => config.validate(),
+                None => Ok(()),
+            },
         }
     }
 

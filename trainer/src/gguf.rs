@@ -231,6 +231,8 @@ impl Gguf {
             merges: strings("tokenizer.ggml.merges")?,
             bos: self.optional_id("tokenizer.ggml.bos_token_id")?,
             eos: self.usize("tokenizer.ggml.eos_token_id")? as u32,
+            eot: self.optional_id("tokenizer.ggml.eot_token_id")?,
+            eom: self.optional_id("tokenizer.ggml.eom_token_id")?,
             pad: self.optional_id("tokenizer.ggml.padding_token_id")?,
             chat_template: self.string("tokenizer.chat_template").ok(),
         })

@@ -8,7 +8,9 @@
 //! `P(yes) = Σ_{i∈Y} exp(l_i) / Σ_{i∈Y∪N} exp(l_i)`
 //!
 //! i.e. the softmax restricted to the yes/no tokens, so it does not depend on how much mass the model puts
-//! elsewhere. Questions are evaluated in left-padded batches (padding masked out of attention).
+//! elsewhere. Questions are evaluated in left-padded batches (padding masked out of attention) on the
+//! model's [`Model::no_grad`] view, so a batch holds one layer's activations at a time instead of the
+//! backpropagation graph of all of them.
 
 use candle_core::{Device, Result, Tensor};
 
@@ -16,8 +18,8 @@ use crate::model::{attention_mask, Model};
 use crate::sample::left_pad;
 use crate::tokenizer::{ChatTokenizer, Message};
 
-/// Questions per forward pass.
-pub const BATCH: usize = 16;
+/// Questions per forward pass unless the caller says otherwise (`task.judge_batch`).
+pub const DEFAULT_BATCH: usize = 16;
 
 /// The instruction appended to each question.
 pub const INSTRUCTION: &str = "Answer with yes or no.";
@@ -74,16 +76,22 @@ pub fn judge_prompt(question: &str) -> String {
     )
 }
 
-/// P(yes) for each question, in order. Errors (not NaN) for a logit that is not finite.
+/// P(yes) for each question, in order, `batch` questions per forward pass (≥ 1). Errors (not NaN) for
+/// a logit that is not finite.
 pub fn p_yes(
     model: &Model,
     tokenizer: &ChatTokenizer,
     questions: &[String],
+    batch: usize,
     device: &Device,
 ) -> Result<Vec<f64>> {
+    if batch == 0 {
+        candle_core::bail!("judge: the batch size must be at least 1");
+    }
     let yes_no = YesNo::new(tokenizer)?;
+    let model = &model.no_grad();
     let mut out = Vec::with_capacity(questions.len());
-    for chunk in questions.chunks(BATCH) {
+    for chunk in questions.chunks(batch) {
         let prompts: Vec<Vec<u32>> = chunk
             .iter()
             .map(|q| tokenizer.encode(&judge_prompt(q)))

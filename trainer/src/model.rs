@@ -371,15 +371,81 @@ impl Model {
         map
     }
 
+    /// The weight tensors by name, in [`parameter_names`] order (the LM head only when untied).
+    fn named_tensors(&self) -> Vec<(String, &Tensor)> {
+        let mut out = vec![("embed".to_string(), &self.embed)];
+        for (l, b) in self.blocks.iter().enumerate() {
+            for (part, t) in [
+                ("attn_norm", &b.attn_norm),
+                ("q", &b.q),
+                ("k", &b.k),
+                ("v", &b.v),
+                ("o", &b.o),
+                ("mlp_norm", &b.mlp_norm),
+                ("gate", &b.gate),
+                ("up", &b.up),
+                ("down", &b.down),
+            ] {
+                out.push((format!("layers.{l}.{part}"), t));
+            }
+        }
+        out.push(("norm".into(), &self.norm));
+        if !self.tied {
+            out.push(("lm_head".into(), &self.lm_head));
+        }
+        out
+    }
+
     /// A detached copy with the same weights (the frozen reference model).
     pub fn frozen_copy(&self) -> Result<Model> {
         let device = self.embed.device().clone();
         let weights = self
-            .vars
-            .iter()
-            .map(|(name, var)| Ok((name.clone(), var.as_tensor().detach().copy()?)))
+            .named_tensors()
+            .into_iter()
+            .map(|(name, t)| Ok((name, t.detach().copy()?)))
             .collect::<Result<Vec<_>>>()?;
         Model::from_weights(&self.config, weights, self.tied, &device)
+    }
+
+    /// A view of this model for forward passes that are never differentiated (sampling, the judge,
+    /// reference log-probs, evaluation): every weight is `detach()`ed — the same storage, no copy, so an
+    /// optimizer step on the model is visible through a view made before it — and nothing it computes
+    /// is recorded for backpropagation. candle records an op whenever an input is a `Var` or tracks one,
+    /// and keeps every input of every recorded op alive until the result is dropped; through this view no
+    /// input does, so each intermediate is freed as soon as the forward pass moves on. The logits are
+    /// bit-identical to the tracked forward's. The view has no `vars()` (nothing of it can be trained).
+    pub fn no_grad(&self) -> Model {
+        Model {
+            config: self.config.clone(),
+            embed: self.embed.detach(),
+            blocks: self
+                .blocks
+                .iter()
+                .map(|b| Block {
+                    attn_norm: b.attn_norm.detach(),
+                    q: b.q.detach(),
+                    k: b.k.detach(),
+                    v: b.v.detach(),
+                    o: b.o.detach(),
+                    mlp_norm: b.mlp_norm.detach(),
+                    gate: b.gate.detach(),
+                    up: b.up.detach(),
+                    down: b.down.detach(),
+                })
+                .collect(),
+            norm: self.norm.detach(),
+            lm_head: self.lm_head.detach(),
+            tied: self.tied,
+            cos: self.cos.clone(),
+            sin: self.sin.clone(),
+            vars: Vec::new(),
+        }
+    }
+
+    /// Whether forward passes of this model record a backpropagation graph (false for a
+    /// [`Model::no_grad`] view).
+    pub fn tracks_gradients(&self) -> bool {
+        self.embed.track_op()
     }
 
     /// Hidden states after the final norm, `[batch, t, hidden]`, for `ids: [batch, t]` (u32) at

@@ -1,19 +1,22 @@
 //! The compiled recipe as a candle custom op: `logp.apply_op1(RecipeOp)` is the recipe's loss, and its
-//! backward pass hands the recipe's ∂loss/∂logp (from the interpreter or the JIT kernel) to candle, so
-//! `loss.backward()` flows into the policy's parameters.
+//! backward pass hands the recipe's ∂loss/∂logp (from the interpreter, the JIT kernel or the CUDA
+//! kernels on a GPU) to candle, so `loss.backward()` flows into the policy's parameters.
 
 use std::sync::{Arc, Mutex};
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use rlx_compiler::ir::Graph;
 use rlx_runtime::batch::Batch;
+use rlx_runtime::cuda::GpuKernel;
 use rlx_runtime::interp::{evaluate, Context, EvalError, Outcome};
 use rlx_runtime::kernel::{Kernel, Options};
 
-/// How a compiled recipe is evaluated: the f64 reference interpreter or the cranelift kernel.
+/// How a compiled recipe is evaluated: the f64 reference interpreter, the cranelift kernel, or the
+/// same kernel plan as CUDA C on a GPU (`rlx run --device cuda:N`, docs/gpu.md).
 pub enum Objective {
     Interpreter(Graph),
     Kernel(Box<Kernel>),
+    Gpu(Box<GpuKernel>),
 }
 
 impl Objective {
@@ -30,10 +33,21 @@ impl Objective {
         )?)))
     }
 
+    /// The kernel (options as [`Objective::kernel`]'s) on GPU `ordinal`; an error without the `cuda`
+    /// feature, a driver or the GPU, or for a recipe the CUDA generator cannot express (no fallback).
+    pub fn gpu(graph: &Graph, ordinal: usize) -> Result<Objective, String> {
+        Ok(Objective::Gpu(Box::new(GpuKernel::new(
+            graph,
+            &Options::default(),
+            ordinal,
+        )?)))
+    }
+
     pub fn graph(&self) -> &Graph {
         match self {
             Objective::Interpreter(graph) => graph,
             Objective::Kernel(kernel) => kernel.graph(),
+            Objective::Gpu(kernel) => kernel.graph(),
         }
     }
 
@@ -41,6 +55,7 @@ impl Objective {
         match self {
             Objective::Interpreter(_) => "interp",
             Objective::Kernel(_) => "jit",
+            Objective::Gpu(_) => "cuda",
         }
     }
 
@@ -48,6 +63,7 @@ impl Objective {
         match self {
             Objective::Interpreter(graph) => evaluate(graph, batch, context),
             Objective::Kernel(kernel) => kernel.run(batch, context),
+            Objective::Gpu(kernel) => kernel.run(batch, context),
         }
     }
 }

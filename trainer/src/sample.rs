@@ -1,6 +1,7 @@
-//! Batched generation with a KV cache: temperature, top-p, a stop token, max new tokens, n samples per
-//! prompt. Prompts of different lengths are left-padded and the padding is masked out of attention
-//! (rotary embeddings are relative, so the shift does not change what a row computes).
+//! Batched generation with a KV cache: temperature, top-p, a set of stop tokens, max new tokens, n samples
+//! per prompt. Prompts of different lengths are left-padded and the padding is masked out of attention
+//! (rotary embeddings are relative, so the shift does not change what a row computes). Generation runs on
+//! the model's [`Model::no_grad`] view: nothing is recorded for backpropagation.
 
 use candle_core::{Device, Result, Tensor};
 use serde::{Deserialize, Serialize};
@@ -20,9 +21,9 @@ pub struct SamplerConfig {
     pub max_new_tokens: usize,
 }
 
-/// One generated completion: its tokens (the stop token included when it was produced) and, for each,
-/// log π(token) under the sampling model at temperature 1 without top-p — the `old_logp` a trainer
-/// recomputes for the same weights.
+/// One generated completion: its tokens (ending with the first stop token produced, which is kept;
+/// nothing is generated after it) and, for each, log π(token) under the sampling model at temperature 1
+/// without top-p — the `old_logp` a trainer recomputes for the same weights.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Completion {
     pub tokens: Vec<u32>,
@@ -33,7 +34,9 @@ pub struct Settings {
     pub temperature: f64,
     pub top_p: f64,
     pub max_new_tokens: usize,
-    pub stop: Option<u32>,
+    /// The stop tokens: a row ends at the first token it produces that is one of these (kept as its
+    /// last token); empty = only `max_new_tokens` ends a row.
+    pub stop: Vec<u32>,
 }
 
 /// Left padding of each prompt to the longest, and the padded `[rows, len]` ids.
@@ -108,6 +111,16 @@ pub fn generate(
     rng: &mut Rng,
     device: &Device,
 ) -> Result<Vec<Completion>> {
+    let vocab = model.config.vocab;
+    if let Some(bad) = settings.stop.iter().find(|id| **id as usize >= vocab) {
+        candle_core::bail!("stop token {bad} is outside the model's vocabulary of {vocab}");
+    }
+    if let Some(i) = prompts.iter().position(Vec::is_empty) {
+        candle_core::bail!(
+            "prompt {i} is empty: generation needs at least one token to condition on"
+        );
+    }
+    let model = &model.no_grad();
     let rows: Vec<Vec<u32>> = prompts
         .iter()
         .flat_map(|p| std::iter::repeat_n(p.clone(), n))
@@ -132,7 +145,7 @@ pub fn generate(
         let mask = attention_mask(&pads, offset, t, device)?;
         let hidden = model.hidden(&input, offset, &mask, Some(&mut cache))?;
         let last = hidden.narrow(1, t - 1, 1)?.squeeze(1)?;
-        let logits = model.logits(&last)?.detach();
+        let logits = model.logits(&last)?;
         let logp = log_softmax(&logits)?.to_vec2::<f32>()?;
         let logits = logits.to_vec2::<f32>()?;
         let mut next = vec![PAD; batch];
@@ -144,7 +157,7 @@ pub fn generate(
             out[r].tokens.push(token);
             out[r].logp.push(logp[r][token as usize]);
             next[r] = token;
-            if Some(token) == settings.stop {
+            if settings.stop.contains(&token) {
                 done[r] = true;
             }
         }

@@ -86,8 +86,8 @@ pub trait Task {
     /// A short name for messages and metrics.
     fn name(&self) -> String;
 
-    /// The token that ends a completion.
-    fn stop_token(&self) -> Option<u32>;
+    /// The tokens that end a completion (the sampler stops a row at the first of them); empty = none.
+    fn stop_tokens(&self) -> Vec<u32>;
 
     /// The names of the recipe inputs this task fills (response-level `f32[resp]` ones unless
     /// [`Task::fills_any_shape`]).
@@ -265,8 +265,8 @@ impl Task for Arithmetic {
         )
     }
 
-    fn stop_token(&self) -> Option<u32> {
-        Some(EOS)
+    fn stop_tokens(&self) -> Vec<u32> {
+        vec![EOS]
     }
 
     fn signals(&self) -> Vec<String> {

@@ -67,6 +67,24 @@ pub struct TextTaskConfig {
     /// The yes/no judge of `judge` signals.
     #[serde(default)]
     pub judge: JudgeModel,
+    /// Judge questions per forward pass (≥ 1). The judge runs without a backpropagation graph, so a batch
+    /// costs its activations of one layer at a time; larger batches trade memory for fewer passes.
+    #[serde(default = "default_judge_batch")]
+    pub judge_batch: usize,
+}
+
+fn default_judge_batch() -> usize {
+    crate::judge::DEFAULT_BATCH
+}
+
+impl TextTaskConfig {
+    /// The checks that need no data or model.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.judge_batch == 0 {
+            return Err("config: task.judge_batch must be at least 1".into());
+        }
+        Ok(())
+    }
 }
 
 /// Maps a recipe input (the compiler's type) onto the registry's [`InputDecl`].
@@ -233,6 +251,7 @@ impl TextTask {
         max_positions: usize,
         max_new_tokens: usize,
     ) -> Result<TextTask, String> {
+        config.validate()?;
         let registry = bind_signals(graph, signals)?;
         let path = data_path(source, &config)?;
         let all: Vec<rlx_signals::Prompt> = match source {
@@ -342,23 +361,19 @@ impl TextTask {
 struct Judge<'a> {
     model: &'a Model,
     tokenizer: &'a ChatTokenizer,
+    batch: usize,
 }
-
-/// Judge questions per forward pass. The judge's weights are trainable `Var`s, so candle keeps every
-/// activation of a forward pass until its output is dropped: a HealthBench question (conversation,
-/// response, criterion: a few hundred tokens) costs about 1 GB per sequence at SmolLM2's size.
-const JUDGE_CHUNK: usize = 4;
 
 impl YesNo for Judge<'_> {
     fn p_yes(&self, prompts: &[String]) -> Result<Vec<f64>, String> {
-        let mut out = Vec::with_capacity(prompts.len());
-        for chunk in prompts.chunks(JUDGE_CHUNK) {
-            out.extend(
-                crate::judge::p_yes(self.model, self.tokenizer, chunk, &Device::Cpu)
-                    .map_err(|e| e.to_string())?,
-            );
-        }
-        Ok(out)
+        crate::judge::p_yes(
+            self.model,
+            self.tokenizer,
+            prompts,
+            self.batch,
+            &Device::Cpu,
+        )
+        .map_err(|e| e.to_string())
     }
 }
 
@@ -389,8 +404,9 @@ impl Task for TextTask {
         )
     }
 
-    fn stop_token(&self) -> Option<u32> {
-        Some(self.tokenizer.eos)
+    /// The tokenizer's end-of-generation tokens (SmolLM2: `<|endoftext|>` and `<|im_end|>`).
+    fn stop_tokens(&self) -> Vec<u32> {
+        self.tokenizer.stop_ids().to_vec()
     }
 
     fn signals(&self) -> Vec<String> {
@@ -427,7 +443,7 @@ impl Task for TextTask {
             let body: Vec<u32> = c
                 .iter()
                 .copied()
-                .filter(|t| *t != self.tokenizer.eos)
+                .filter(|t| !self.tokenizer.stop_ids().contains(t))
                 .collect();
             texts.push(SignalCompletion {
                 text: self.text(&body)?,
@@ -453,6 +469,7 @@ impl Task for TextTask {
         let judge = judge_model.map(|model| Judge {
             model,
             tokenizer: &self.tokenizer,
+            batch: self.config.judge_batch,
         });
         if self.registry.needs_judge() && judge.is_none() {
             return Err(
@@ -501,7 +518,7 @@ impl Task for TextTask {
         let body: Vec<u32> = completion
             .iter()
             .copied()
-            .filter(|t| *t != self.tokenizer.eos)
+            .filter(|t| !self.tokenizer.stop_ids().contains(t))
             .collect();
         let text = self.text(&body).ok()?;
         Some(

@@ -18,6 +18,23 @@ const CONTROL: i32 = 3;
 /// GGUF token type of a user-defined token (also matched as a whole in text).
 const USER_DEFINED: i32 = 4;
 
+/// Texts of tokens that end a generation wherever they appear in a vocabulary: the list llama.cpp's
+/// vocabulary loader matches to fill its end-of-generation set (`special_eog_ids`, `llama-vocab.cpp`).
+pub const END_OF_GENERATION: [&str; 12] = [
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+];
+
 /// The default system prompt of SmolLM2's chat template (used when the conversation has none).
 pub const SMOLLM2_SYSTEM: &str =
     "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
@@ -50,6 +67,10 @@ pub struct GgufVocab {
     pub merges: Vec<String>,
     pub bos: Option<u32>,
     pub eos: u32,
+    /// `tokenizer.ggml.eot_token_id` (end of turn), when the file has one.
+    pub eot: Option<u32>,
+    /// `tokenizer.ggml.eom_token_id` (end of message), when the file has one.
+    pub eom: Option<u32>,
     pub pad: Option<u32>,
     /// `tokenizer.chat_template` (Jinja), kept for the record; [`ChatTokenizer::chat_prompt`] implements
     /// the ChatML template SmolLM2 uses.
@@ -60,8 +81,10 @@ pub struct GgufVocab {
 pub struct ChatTokenizer {
     tokenizer: Tokenizer,
     pub bos: Option<u32>,
-    /// End of a turn (`<|im_end|>` for SmolLM2): the stop token when sampling a reply.
+    /// `tokenizer.ggml.eos_token_id` (`<|im_end|>` for SmolLM2), the end of a turn.
     pub eos: u32,
+    /// Every token that ends a generation, sorted (see [`ChatTokenizer::stop_ids`]).
+    stop: Vec<u32>,
     /// The id used to pad batches (masked out of attention, so any id works).
     pub pad: u32,
     vocab_size: usize,
@@ -91,6 +114,8 @@ impl ChatTokenizer {
         for (what, id) in [
             ("bos", vocab.bos),
             ("eos", Some(vocab.eos)),
+            ("eot", vocab.eot),
+            ("eom", vocab.eom),
             ("pad", vocab.pad),
         ] {
             if let Some(id) = id {
@@ -161,13 +186,36 @@ impl ChatTokenizer {
                 "building the BPE tokenizer from GGUF metadata: {e}"
             ))
         })?;
+        let mut stop: Vec<u32> = [Some(vocab.eos), vocab.eot, vocab.eom]
+            .into_iter()
+            .flatten()
+            .chain(
+                vocab
+                    .tokens
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, text)| END_OF_GENERATION.contains(&text.as_str()))
+                    .map(|(id, _)| id as u32),
+            )
+            .collect();
+        stop.sort_unstable();
+        stop.dedup();
         Ok(ChatTokenizer {
             tokenizer,
             bos: vocab.bos,
             eos: vocab.eos,
+            stop,
             pad: vocab.pad.unwrap_or(vocab.eos),
             vocab_size: n,
         })
+    }
+
+    /// The tokens that end a generation, sorted: `eos`, `eot` and `eom` from the metadata where present,
+    /// and every token written as one of llama.cpp's end-of-generation markers ([`END_OF_GENERATION`]) —
+    /// llama.cpp's rule for its `special_eog_ids`. SmolLM2: `<|endoftext|>` (0)
+    /// and `<|im_end|>` (2). The sampler stops a reply at the first of them.
+    pub fn stop_ids(&self) -> &[u32] {
+        &self.stop
     }
 
     /// The underlying `tokenizers` tokenizer (e.g. to save it as tokenizer.json).

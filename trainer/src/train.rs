@@ -219,7 +219,7 @@ pub fn accuracy(
         temperature: 0.0,
         top_p: 1.0,
         max_new_tokens,
-        stop: task.stop_token(),
+        stop: task.stop_tokens(),
     };
     let mut rng = Rng::new(0);
     let mut correct = 0.0;
@@ -297,6 +297,9 @@ pub struct Summary {
 /// Everything a run needs, checked: the graph, how its inputs are filled, the sampler settings.
 pub struct Plan {
     pub graph: Graph,
+    /// `Some(N)`: the recipe runs as the CUDA kernels on GPU N (`rlx run --device cuda:N`), whatever
+    /// the config's `backend`; the model stays on the CPU.
+    pub gpu: Option<usize>,
     fills: Vec<Fill>,
     pub group_size: usize,
     pub temperature: f64,
@@ -332,6 +335,7 @@ pub fn plan(recipe: &Recipe, overrides: &[(String, f64)], config: &Config) -> Re
     };
     Ok(Plan {
         graph,
+        gpu: None,
         fills,
         group_size,
         temperature,
@@ -391,8 +395,10 @@ pub fn loss_and_gradients(
         .position(|i| i.name == logp_input)
         .ok_or_else(|| format!("the recipe has no input `{logp_input}`"))?;
     let mut values = Vec::with_capacity(batch.layout.tokens());
+    // Forward only: the view records no backpropagation graph (the same values, bit for bit).
+    let view = policy.no_grad();
     for (r, t) in rows.chunks(size).zip(tokens.chunks(size)) {
-        let logp = completion_logp(policy, r, t, device).map_err(err)?;
+        let logp = completion_logp(&view, r, t, device).map_err(err)?;
         values.extend(
             logp.to_vec1::<f32>()
                 .map_err(err)?
@@ -480,9 +486,10 @@ pub fn run_with(
     let config_path = out.join("config.toml");
     std::fs::write(&config_path, &resolved).map_err(|e| write_err(&config_path, e))?;
 
-    let objective = Arc::new(match config.backend.as_str() {
-        "jit" => Objective::kernel(&plan.graph)?,
-        _ => Objective::interpreter(plan.graph.clone()),
+    let objective = Arc::new(match (plan.gpu, config.backend.as_str()) {
+        (Some(ordinal), _) => Objective::gpu(&plan.graph, ordinal)?,
+        (None, "jit") => Objective::kernel(&plan.graph)?,
+        (None, _) => Objective::interpreter(plan.graph.clone()),
     });
     let task = task_from_config(config, &plan.graph)?;
     let max_new = config.sampler.max_new_tokens;
@@ -608,7 +615,7 @@ pub fn run_with(
         temperature: plan.temperature,
         top_p: config.sampler.top_p,
         max_new_tokens: max_new,
-        stop: task.stop_token(),
+        stop: task.stop_tokens(),
     };
     let n = plan.group_size;
     let (mut sample_tokens, mut sample_time) = (0usize, 0f64);
@@ -706,7 +713,7 @@ pub fn run_with(
         .map_err(|e| e.to_string())?;
         let ref_logp: Option<Vec<f64>> = match &reference {
             Some(reference) => Some(
-                completion_logp(reference, &rows, &tokens, &device)
+                completion_logp(&reference.no_grad(), &rows, &tokens, &device)
                     .and_then(|t| t.to_vec1::<f32>())
                     .map_err(err)?
                     .into_iter()

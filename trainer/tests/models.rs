@@ -14,7 +14,7 @@ use candle_core::{Device, Tensor};
 use rlx_trainer::embed::{cosine, MiniLm};
 use rlx_trainer::gguf::load_smollm2;
 use rlx_trainer::judge;
-use rlx_trainer::model::Model;
+use rlx_trainer::model::{attention_mask, Model};
 use rlx_trainer::rng::Rng;
 use rlx_trainer::sample::{generate, Settings};
 use rlx_trainer::tokenizer::{ChatTokenizer, GgufVocab, Message};
@@ -86,6 +86,8 @@ fn synthetic_vocab() -> GgufVocab {
         merges: vec!["a b".into(), "Ġ ab".into(), "1 2".into()],
         bos: Some(1),
         eos: 2,
+        eot: None,
+        eom: None,
         pad: Some(2),
         chat_template: None,
     }
@@ -115,6 +117,17 @@ fn synthetic_bpe_merges_splits_digits_and_keeps_control_tokens() {
         assert_eq!(tok.decode(&ids, false).unwrap(), text);
     }
     assert_eq!(tok.decode(&[1, id("a"), 2], true).unwrap(), "a");
+    // Stop ids: eos (`<|im_end|>`) and `<|endoftext|>` by its text; an eot id joins them, sorted.
+    assert_eq!(tok.stop_ids(), [0, 2]);
+    let mut with_eot = synthetic_vocab();
+    with_eot.eot = Some(id("ab"));
+    with_eot.eom = Some(2);
+    let tok = ChatTokenizer::from_gguf_vocab(&with_eot).unwrap();
+    assert_eq!(tok.stop_ids(), [0, 2, id("ab")]);
+    let mut plain = synthetic_vocab();
+    plain.tokens[0] = "<|begin|>".into();
+    let tok = ChatTokenizer::from_gguf_vocab(&plain).unwrap();
+    assert_eq!(tok.stop_ids(), [2]);
 }
 
 #[test]
@@ -148,6 +161,13 @@ fn tokenizer_metadata_errors_name_the_problem() {
         .unwrap()
         .to_string();
     assert!(err.contains("eos_token_id 100000 is outside"), "{err}");
+    let mut bad = synthetic_vocab();
+    bad.eot = Some(70_000);
+    let err = ChatTokenizer::from_gguf_vocab(&bad)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("eot_token_id 70000 is outside"), "{err}");
 
     let mut bad = synthetic_vocab();
     bad.model = "llama".into();
@@ -216,6 +236,12 @@ fn smollm2_config_and_weights() {
     assert_eq!(
         (tok.vocab_size(), tok.eos, tok.pad, tok.bos),
         (49152, 2, 2, Some(1))
+    );
+    // The file has no eot/eom ids; llama.cpp's end-of-generation texts add `<|endoftext|>` to eos.
+    assert_eq!(tok.stop_ids(), [0, 2]);
+    assert_eq!(
+        tok.decode(&[0, 2], false).unwrap(),
+        "<|endoftext|><|im_end|>"
     );
 }
 
@@ -326,7 +352,7 @@ fn smollm2_greedy_answer_names_paris_and_is_batch_invariant() {
         temperature: 0.0,
         top_p: 1.0,
         max_new_tokens: 24,
-        stop: Some(tok.eos),
+        stop: tok.stop_ids().to_vec(),
     };
     let question = tok.chat_ids("What is the capital of France?").unwrap();
     // A longer second prompt: the first is left-padded in the batch.
@@ -423,7 +449,7 @@ fn judge_puts_a_true_statement_above_a_false_one() {
         "Is Paris the capital of France?".to_string(),
         "Is the Pacific Ocean a desert in Africa?".to_string(),
     ];
-    let p = judge::p_yes(model, tok, &questions, &Device::Cpu).unwrap();
+    let p = judge::p_yes(model, tok, &questions, 2, &Device::Cpu).unwrap();
     let _ = writeln!(
         std::io::stderr(),
         "judge P(yes): true {:.4}, false {:.4}",
@@ -432,9 +458,33 @@ fn judge_puts_a_true_statement_above_a_false_one() {
     );
     assert!(p.iter().all(|p| (0.0..=1.0).contains(p)));
     assert!(p[0] > p[1], "{p:?}");
-    // Batched equals one at a time.
-    let alone = judge::p_yes(model, tok, &questions[1..], &Device::Cpu).unwrap();
+    // Batched equals one at a time, whether one question is asked or both in batches of 1.
+    let alone = judge::p_yes(model, tok, &questions[1..], 2, &Device::Cpu).unwrap();
     assert!((alone[0] - p[1]).abs() < 1e-3, "{alone:?} vs {p:?}");
+    let singles = judge::p_yes(model, tok, &questions, 1, &Device::Cpu).unwrap();
+    for (a, b) in singles.iter().zip(&p) {
+        assert!((a - b).abs() < 1e-3, "{singles:?} vs {p:?}");
+    }
+    // The judge's answer is the tracked forward's: the no-grad view changes nothing.
+    let ids = tok.encode(&judge::judge_prompt(&questions[0])).unwrap();
+    let x = Tensor::new(ids.as_slice(), &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let mask = attention_mask(&[0], 0, ids.len(), &Device::Cpu).unwrap();
+    let hidden = model.hidden(&x, 0, &mask, None).unwrap();
+    let logits = model
+        .logits(&hidden.narrow(1, ids.len() - 1, 1).unwrap())
+        .unwrap();
+    assert!(logits.track_op(), "the policy's own forward is recorded");
+    let last: Vec<f32> = logits.flatten_all().unwrap().to_vec1().unwrap();
+    let tracked = judge::YesNo::new(tok).unwrap().p_yes(&last);
+    assert_eq!(tracked, singles[0]);
+    let err = judge::p_yes(model, tok, &questions, 0, &Device::Cpu).unwrap_err();
+    assert!(
+        err.to_string().contains("batch size must be at least 1"),
+        "{err}"
+    );
     let yn = judge::YesNo::new(tok).unwrap();
     assert!(!yn.yes.is_empty() && !yn.no.is_empty());
 }

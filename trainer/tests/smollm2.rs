@@ -193,6 +193,20 @@ fn kind_and_signal_errors() {
         "config: unknown variant `teacher`, expected `policy` or `reference`"
     );
     assert_eq!(
+        parse(&edited("judge_batch = 16", "judge_batch = 0")),
+        "config: task.judge_batch must be at least 1"
+    );
+    // Left out, the judge batch is the default; `--set` changes it.
+    let judge_batch = |config: &Config| config.task.text().map(|(_, c)| c.judge_batch);
+    let config = Config::parse(&edited("judge_batch = 16", ""), &[]).unwrap();
+    assert_eq!(
+        judge_batch(&config),
+        Some(rlx_trainer::judge::DEFAULT_BATCH)
+    );
+    let set = [("task.judge_batch".to_string(), "64".to_string())];
+    let config = Config::parse(&smollm2, &set).unwrap();
+    assert_eq!(judge_batch(&config), Some(64));
+    assert_eq!(
         parse(&edited("threshold = 0.9", "treshold = 0.9")),
         "config: [signals.cluster]: unknown field `treshold`, expected `threshold` or `text`"
     );
