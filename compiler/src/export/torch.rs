@@ -153,15 +153,7 @@ impl<'a> Emitter<'a> {
     fn new(symbolic: &'a SymbolicGraph, info: &'a ModuleInfo) -> Emitter<'a> {
         let graph = &symbolic.graph;
         let count = graph.nodes.len();
-        let mut active = vec![false; count];
-        for (index, node) in graph.nodes.iter().enumerate() {
-            active[index] = match &node.op {
-                Op::Input(i) => graph.inputs[*i as usize].differentiable,
-                op if Op::passes_gradient(op) => node.args.iter().any(|a| active[a.0 as usize]),
-                Op::Scan { .. } | Op::Shift { .. } => active[node.args[0].0 as usize],
-                _ => false,
-            };
-        }
+        let active = crate::ir::autodiff::active_nodes(graph);
         // Variable names: the recipe's names where it has them.
         let mut preferred: HashMap<NodeId, String> = HashMap::new();
         for (index, node) in graph.nodes.iter().enumerate() {

@@ -12,6 +12,21 @@ use std::collections::HashMap;
 
 use super::{Builder, Elem, Graph, NodeId, Op, Shape};
 
+/// Which nodes depend on a differentiable input through differentiable ops (by node index): the nodes
+/// a gradient flows through. The torch exporter uses the same set to decide what autograd must see.
+pub fn active_nodes(graph: &Graph) -> Vec<bool> {
+    let mut active = vec![false; graph.nodes.len()];
+    for (index, node) in graph.nodes.iter().enumerate() {
+        active[index] = match &node.op {
+            Op::Input(i) => graph.inputs[*i as usize].differentiable,
+            op if Op::passes_gradient(op) => node.args.iter().any(|a| active[a.0 as usize]),
+            Op::Scan { .. } | Op::Shift { .. } => active[node.args[0].0 as usize],
+            _ => false,
+        };
+    }
+    active
+}
+
 /// Add the gradient of the loss w.r.t. each differentiable input to `graph.outputs.gradients`.
 pub fn differentiate(graph: Graph) -> Graph {
     let Some(loss) = graph.outputs.loss else {
@@ -19,17 +34,7 @@ pub fn differentiate(graph: Graph) -> Graph {
     };
     let mut builder = Builder::from_graph(graph);
     let count = builder.graph.nodes.len();
-    // Which nodes depend on a differentiable input through differentiable ops.
-    let mut active = vec![false; count];
-    for index in 0..count {
-        let node = &builder.graph.nodes[index];
-        active[index] = match &node.op {
-            Op::Input(i) => builder.graph.inputs[*i as usize].differentiable,
-            op if Op::passes_gradient(op) => node.args.iter().any(|a| active[a.0 as usize]),
-            Op::Scan { .. } | Op::Shift { .. } => active[node.args[0].0 as usize],
-            _ => false,
-        };
-    }
+    let active = active_nodes(&builder.graph);
     let mut adjoint: HashMap<NodeId, NodeId> = HashMap::new();
     if active[loss.0 as usize] {
         let one = builder.constant(1.0, Elem::F32);
