@@ -812,8 +812,9 @@ fn inline_exp_matches_libm() {
     }
 }
 
-/// `exp` of token values goes through the vectorised loop (lanes) and its scalar tail: responses of 5
-/// tokens (two f64×2 steps and a tail; one f32×4 step and a tail). `loss = Σ exp(x)` has the gradient
+/// `exp` of token values goes through the vectorised loop (lanes) and its scalar tail: responses of 11
+/// tokens (two steps of two f64×2 vectors and a tail of 3; one step of two f32×4 vectors and a tail
+/// of 3). `loss = Σ exp(x)` has the gradient
 /// exp(x) per token, stored in f64 (or f32) storage. Values are packed into batches whose sum stays
 /// finite; a value whose exp overflows is an error.
 #[test]
@@ -898,7 +899,7 @@ fn exp_in_vector_lanes(source: &str, within: f64) {
         }
         let mut checked = 0;
         for values in batches.iter().filter(|b| !b.is_empty()) {
-            let lengths: Vec<usize> = values.chunks(5).map(|c| c.len()).collect();
+            let lengths: Vec<usize> = values.chunks(11).map(|c| c.len()).collect();
             let layout = Layout::from_counts(&[lengths.len()], &lengths, &[], 0).unwrap();
             let batch = Batch {
                 layout,

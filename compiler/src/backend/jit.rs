@@ -1706,7 +1706,8 @@ impl Gen<'_, '_> {
         self.b.ins().jump(header, &[]);
         self.b.switch_to_block(header);
         let t = self.b.use_var(counter);
-        let end = self.b.ins().iadd_imm_s(t, lanes);
+        let step = lanes * VECTORS_PER_STEP as i64;
+        let end = self.b.ins().iadd_imm_s(t, step);
         let done = self.b.ins().icmp(IntCC::UnsignedGreaterThan, end, te);
         self.b.ins().brif(done, exit, &[], body, &[]);
         self.b.switch_to_block(body);
@@ -1714,15 +1715,23 @@ impl Gen<'_, '_> {
         let saved_values = self.values.clone();
         let saved_conds = self.conds.clone();
         let saved_t = self.c.t;
-        self.c.t = Some(t);
+        let copies: Vec<ClifValue> = (0..VECTORS_PER_STEP)
+            .map(|k| {
+                if k == 0 {
+                    t
+                } else {
+                    self.b.ins().iadd_imm_s(t, lanes * k as i64)
+                }
+            })
+            .collect();
         self.vector = Some(vt);
-        let generated = self.vector_body(body_depth, &lane_accumulators);
+        let generated = self.vector_body(body_depth, &lane_accumulators, &copies);
         self.vector = None;
         self.values = saved_values;
         self.conds = saved_conds;
         self.c.t = saved_t;
         generated?;
-        let next = self.b.ins().iadd_imm_s(t, lanes);
+        let next = self.b.ins().iadd_imm_s(t, step);
         self.b.def_var(counter, next);
         self.b.ins().jump(header, &[]);
 
@@ -1753,17 +1762,56 @@ impl Gen<'_, '_> {
         Ok(self.b.use_var(counter))
     }
 
-    /// The entries and actions of a vectorised token loop body (`simd_type` admitted them).
+    /// The entries and actions of a vectorised token loop body (`simd_type` admitted them), for
+    /// the vectors of tokens starting at each of `copies`, interleaved entry by entry (so a constant
+    /// loaded for one serves all; each copy has its own values).
     fn vector_body(
+        &mut self,
+        depth: usize,
+        lane_accumulators: &[(usize, Reduction, Accumulator)],
+        copies: &[ClifValue],
+    ) -> GenResult<()> {
+        let pass = self.pass;
+        let mut scopes: Vec<(HashMap<NodeId, ClifValue>, HashMap<NodeId, ClifValue>)> = copies
+            .iter()
+            .map(|_| (self.values.clone(), self.conds.clone()))
+            .collect();
+        let mut in_copy = |gen: &mut Self,
+                           k: usize,
+                           work: &mut dyn FnMut(&mut Self) -> GenResult<()>|
+         -> GenResult<()> {
+            std::mem::swap(&mut gen.values, &mut scopes[k].0);
+            std::mem::swap(&mut gen.conds, &mut scopes[k].1);
+            gen.c.t = Some(copies[k]);
+            let result = work(gen);
+            std::mem::swap(&mut gen.values, &mut scopes[k].0);
+            std::mem::swap(&mut gen.conds, &mut scopes[k].1);
+            result
+        };
+        for entry in pass.entries.iter().filter(|e| e.depth == depth) {
+            for k in 0..copies.len() {
+                in_copy(self, k, &mut |gen| {
+                    let value = gen.entry(entry)?;
+                    gen.values.insert(entry.node, value);
+                    Ok(())
+                })?;
+            }
+        }
+        for k in 0..copies.len() {
+            in_copy(self, k, &mut |gen| {
+                gen.vector_actions(depth, lane_accumulators)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The stores and reductions of one vector of tokens.
+    fn vector_actions(
         &mut self,
         depth: usize,
         lane_accumulators: &[(usize, Reduction, Accumulator)],
     ) -> GenResult<()> {
         let pass = self.pass;
-        for entry in pass.entries.iter().filter(|e| e.depth == depth) {
-            let value = self.entry(entry)?;
-            self.values.insert(entry.node, value);
-        }
         for (position, action) in pass.actions.iter().enumerate() {
             match action {
                 Action::Store {
@@ -1808,6 +1856,9 @@ impl Gen<'_, '_> {
         Ok(())
     }
 }
+
+/// Vectors of tokens per iteration of a vectorised token loop.
+const VECTORS_PER_STEP: usize = 2;
 
 /// Below this magnitude `exp` needs no range handling (`Gen::exp_f64`).
 const EXP_FAST_RANGE: f64 = 700.0;
