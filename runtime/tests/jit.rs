@@ -303,6 +303,18 @@ fn extra_recipes() -> Vec<(String, String)> {
 }
 const KERNEL_CASES: &str = "../tests/kernels";
 
+/// Every recipe of recipes/ and tests/gradients/, and every kernel case, by name.
+fn all_sources() -> Vec<(String, Graph)> {
+    let mut sources: Vec<(String, Graph)> = recipe_files()
+        .iter()
+        .filter_map(|p| graph_of(p).map(|g| (p.display().to_string(), g)))
+        .collect();
+    for (name, text) in &extra_recipes() {
+        sources.push((name.to_string(), graph_of_source(name, text)));
+    }
+    sources
+}
+
 #[test]
 fn inline_recipes_cover_the_remaining_ops() {
     let mut failures = Vec::new();
@@ -472,13 +484,7 @@ fn degenerate_layouts_agree() {
         Layout::from_counts(&[1], &[0], &[1], 2).unwrap(),
         Layout::from_counts(&[0, 2], &[1, 1], &[0, 2], 1).unwrap(),
     ];
-    let mut sources: Vec<(String, Graph)> = recipe_files()
-        .iter()
-        .filter_map(|p| graph_of(p).map(|g| (p.display().to_string(), g)))
-        .collect();
-    for (name, text) in &extra_recipes() {
-        sources.push((name.to_string(), graph_of_source(name, text)));
-    }
+    let sources = all_sources();
     let mut failures = Vec::new();
     for (name, graph) in &sources {
         let kernel = Kernel::compile(graph, &Options::default()).unwrap();
@@ -603,13 +609,7 @@ fn results_are_bit_identical_for_one_and_four_threads() {
         .num_threads(4)
         .build()
         .unwrap();
-    let mut sources: Vec<(String, Graph)> = recipe_files()
-        .iter()
-        .filter_map(|p| graph_of(p).map(|g| (p.display().to_string(), g)))
-        .collect();
-    for (name, text) in &extra_recipes() {
-        sources.push((name.to_string(), graph_of_source(name, text)));
-    }
+    let sources = all_sources();
     for accumulate in [Precision::F64, Precision::F32] {
         let options = Options {
             accumulate,
@@ -943,13 +943,7 @@ fn exp_in_vector_lanes(source: &str, within: f64) {
 /// results up to the order of additions (lanes are summed separately, then added in lane order).
 #[test]
 fn vectorised_and_scalar_code_agree() {
-    let mut sources: Vec<(String, Graph)> = recipe_files()
-        .iter()
-        .filter_map(|p| graph_of(p).map(|g| (p.display().to_string(), g)))
-        .collect();
-    for (name, text) in &extra_recipes() {
-        sources.push((name.to_string(), graph_of_source(name, text)));
-    }
+    let sources = all_sources();
     let mut failures = Vec::new();
     let mut scalar_only: Vec<String> = Vec::new();
     for (accumulate, tolerance) in [

@@ -285,38 +285,24 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
                         print!("{}", rlx_compiler::ir::print::to_text(&graph));
                         ExitCode::SUCCESS
                     }
-                    Ok(graph) if emit == Emit::Cuda => {
-                        let options = rlx_compiler::backend::Options::default();
-                        let source = rlx_compiler::backend::plan::plan(&graph, &options)
-                            .map_err(|e| format!("no kernel plan: {e}"))
-                            .and_then(|plan| {
-                                rlx_compiler::backend::cuda::generate(&graph, &plan)
-                                    .map_err(|e| format!("no CUDA kernel: {e}"))
-                            });
-                        match source {
-                            Ok(source) => {
-                                print!("{}", source.source);
-                                ExitCode::SUCCESS
-                            }
-                            Err(message) => {
-                                eprintln!("error: {message}");
-                                ExitCode::from(1)
-                            }
-                        }
-                    }
-                    Ok(graph) if emit == Emit::Clif => {
+                    Ok(graph) if matches!(emit, Emit::Cuda | Emit::Clif) => {
                         let options = rlx_compiler::backend::Options::default();
                         let code = rlx_compiler::backend::plan::plan(&graph, &options)
                             .map_err(|e| format!("no kernel plan: {e}"))
                             .and_then(|plan| {
-                                rlx_compiler::backend::jit::compile(&graph, &plan, true)
-                                    .map_err(|e| format!("no JIT kernel: {e}"))
+                                if emit == Emit::Cuda {
+                                    rlx_compiler::backend::cuda::generate(&graph, &plan)
+                                        .map(|source| source.source)
+                                        .map_err(|e| format!("no CUDA kernel: {e}"))
+                                } else {
+                                    rlx_compiler::backend::jit::compile(&graph, &plan, true)
+                                        .map(|kernel| kernel.clif.join("\n") + "\n")
+                                        .map_err(|e| format!("no JIT kernel: {e}"))
+                                }
                             });
                         match code {
-                            Ok(kernel) => {
-                                for function in &kernel.clif {
-                                    println!("{function}");
-                                }
+                            Ok(code) => {
+                                print!("{code}");
                                 ExitCode::SUCCESS
                             }
                             Err(message) => {
