@@ -898,6 +898,7 @@ fn exp_in_vector_lanes(source: &str, within: f64) {
             batches.last_mut().unwrap().push(*x);
         }
         let mut checked = 0;
+        let mut differing = 0;
         for values in batches.iter().filter(|b| !b.is_empty()) {
             let lengths: Vec<usize> = values.chunks(11).map(|c| c.len()).collect();
             let layout = Layout::from_counts(&[lengths.len()], &lengths, &[], 0).unwrap();
@@ -932,10 +933,23 @@ fn exp_in_vector_lanes(source: &str, within: f64) {
                     (got - expected).abs() <= ulp,
                     "{accumulate:?}: exp({x}): {got} vs libm {expected}"
                 );
+                if *got != expected {
+                    differing += 1;
+                }
                 checked += 1;
             }
         }
         assert_eq!(checked, xs.len());
+        // Within 1 ulp always; equal to libm's (glibc: correctly rounded in practice) in about 90% of
+        // cases. Measured: 1133 of 12013 differ (the Taylor/Estrin polynomial); fdlibm's rational
+        // form, the code before it, differed in 1144 — the same accuracy.
+        if std::env::var_os("RLX_DEBUG_AGREE").is_some() {
+            eprintln!("{accumulate:?}: {differing} of {checked} differ from libm by 1 ulp");
+        }
+        assert!(
+            differing * 100 <= checked * 12,
+            "{accumulate:?}: {differing} of {checked} differ from libm"
+        );
     }
 }
 
