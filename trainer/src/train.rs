@@ -297,6 +297,9 @@ pub struct Summary {
 /// Everything a run needs, checked: the graph, how its inputs are filled, the sampler settings.
 pub struct Plan {
     pub graph: Graph,
+    /// The task built from the config given to [`plan`] (loaded once: a text task reads and
+    /// tokenizes its prompts); [`run`] must be given the same config.
+    pub task: Box<dyn Task>,
     /// `Some(N)`: the recipe runs as the CUDA kernels on GPU N (`rlx run --device cuda:N`), whatever
     /// the config's `backend`; the model stays on the CPU.
     pub gpu: Option<usize>,
@@ -335,6 +338,7 @@ pub fn plan(recipe: &Recipe, overrides: &[(String, f64)], config: &Config) -> Re
     };
     Ok(Plan {
         graph,
+        task,
         gpu: None,
         fills,
         group_size,
@@ -491,7 +495,7 @@ pub fn run_with(
         (None, "jit") => Objective::kernel(&plan.graph)?,
         (None, _) => Objective::interpreter(plan.graph.clone()),
     });
-    let task = task_from_config(config, &plan.graph)?;
+    let task = plan.task;
     let max_new = config.sampler.max_new_tokens;
     let policy = config.model.build(config.seed, &device)?;
     let eval = task.eval_prompts(config.seed)?;
