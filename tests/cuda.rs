@@ -21,38 +21,23 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use rlx_compiler::backend::cuda::{self, CudaSource};
-use rlx_compiler::ir::{Elem, Graph};
-use rlx_runtime::batch::Batch;
+use rlx_compiler::ir::Graph;
 use rlx_runtime::cuda::{Device, DeviceKernel};
 use rlx_runtime::interp::{evaluate, Context, Outcome};
 use rlx_runtime::kernel::{Kernel, Options, Precision};
 use rlx_runtime::synthetic::{self, Spec};
 
-/// f64 accumulation: |cuda − interp| ≤ 1e-5 · max(|cuda|, |interp|) + 1e-9 (as the JIT's: the f32
-/// rounding of stored gradients dominates; reductions split across threads only reorder f64 sums).
-const F64_TOLERANCE: (f64, f64) = (1e-5, 1e-9);
-/// f32 accumulation: 1e-3 relative + 1e-5 absolute (as the JIT's).
-const F32_TOLERANCE: (f64, f64) = (1e-3, 1e-5);
+#[path = "../runtime/tests/common/agreement.rs"]
+mod agreement;
+
+use agreement::{close, graph_of, rounded, F32_TOLERANCE, F64_TOLERANCE};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 fn recipe_files() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = ["recipes", "tests/gradients"]
-        .iter()
-        .flat_map(|folder| std::fs::read_dir(root().join(folder)).unwrap().flatten())
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "rlx"))
-        .collect();
-    files.sort();
-    files
-}
-
-fn graph_of(path: &Path) -> Option<Graph> {
-    let checked = rlx_compiler::check_path(path).expect("readable recipe");
-    let recipe = checked.recipe?;
-    Some(rlx_compiler::compile_graph(&recipe, &[]).expect("lowers"))
+    agreement::recipe_files(&root())
 }
 
 fn name_of(path: &Path) -> String {
@@ -251,78 +236,9 @@ impl Device for HostDevice {
 // ---------------------------------------------------------------------------------------------------
 // Agreement.
 
-/// The batch with every `f32` input rounded to f32 (what the kernel stores).
-fn rounded(graph: &Graph, batch: &Batch) -> Batch {
-    let mut batch = batch.clone();
-    for (info, values) in graph.inputs.iter().zip(&mut batch.inputs) {
-        if info.elem == Elem::F32 {
-            for v in values.iter_mut() {
-                *v = f64::from(*v as f32);
-            }
-        }
-    }
-    batch
-}
-
-fn close(a: f64, b: f64, (relative, absolute): (f64, f64)) -> bool {
-    if a == b || (a.is_nan() && b.is_nan()) {
-        return true;
-    }
-    (a - b).abs() <= relative * a.abs().max(b.abs()) + absolute
-}
-
+/// Differences between the interpreter's and the CUDA kernels' outcomes.
 fn compare(e: &Outcome, a: &Outcome, tolerance: (f64, f64)) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut scalar = |what: &str, x: f64, y: f64| {
-        if !close(x, y, tolerance) {
-            out.push(format!("{what}: interp {x}, cuda {y}"));
-        }
-    };
-    match (e.loss, a.loss) {
-        (Some(x), Some(y)) => scalar("loss", x, y),
-        (None, None) => {}
-        (x, y) => out.push(format!("loss: interp {x:?}, cuda {y:?}")),
-    }
-    if e.metrics.len() != a.metrics.len() {
-        out.push("metric count".into());
-    }
-    for ((name, x), (_, y)) in e.metrics.iter().zip(&a.metrics) {
-        if !close(*x, *y, tolerance) {
-            out.push(format!("metric {name}: interp {x}, cuda {y}"));
-        }
-    }
-    type Pair<'a> = (String, Option<&'a Vec<f64>>, Option<&'a Vec<f64>>);
-    let mut vectors: Vec<Pair> = vec![
-        ("reward".into(), e.reward.as_ref(), a.reward.as_ref()),
-        (
-            "advantage".into(),
-            e.advantage.as_ref(),
-            a.advantage.as_ref(),
-        ),
-    ];
-    if e.gradients.len() != a.gradients.len() {
-        out.push("gradient count".into());
-    }
-    for ((name, x), (_, y)) in e.gradients.iter().zip(&a.gradients) {
-        vectors.push((format!("grad {name}"), Some(x), Some(y)));
-    }
-    for (what, x, y) in vectors {
-        match (x, y) {
-            (Some(x), Some(y)) => {
-                if x.len() != y.len() {
-                    out.push(format!("{what}: {} values vs {}", x.len(), y.len()));
-                } else if let Some(i) = (0..x.len()).find(|&i| !close(x[i], y[i], tolerance)) {
-                    out.push(format!("{what}[{i}]: interp {}, cuda {}", x[i], y[i]));
-                }
-            }
-            (None, None) => {}
-            _ => out.push(format!("{what}: present in one outcome only")),
-        }
-    }
-    if e.kept != a.kept {
-        out.push(format!("kept: interp {:?}, cuda {:?}", e.kept, a.kept));
-    }
-    out
+    agreement::compare(e, a, tolerance, "cuda")
 }
 
 fn specs() -> Vec<Spec> {
@@ -433,30 +349,9 @@ fn host_c_kernels_agree_with_the_interpreter_in_f32_accumulation() {
     check(Precision::F32, F32_TOLERANCE, &[4]);
 }
 
-/// Ops and situations the shipped recipes do not reach yet: the recipes in tests/kernels/ (`keep resp`
-/// with `n`/`resp_index` and `distinct_ngrams`, pairs under filters, every element-wise function,
-/// forward and reverse scans, `shift`, rubric indexing, `crit`, `dim`, batch-level feature values).
 fn extra_recipes() -> Vec<(String, String)> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(KERNEL_CASES);
-    let mut cases: Vec<(String, String)> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .flatten()
-        .map(|entry| entry.path())
-        .filter(|path| path.extension().is_some_and(|e| e == "rlx"))
-        .map(|path| {
-            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-            (name, std::fs::read_to_string(&path).expect("readable"))
-        })
-        .collect();
-    cases.sort();
-    assert!(
-        cases.len() >= 5,
-        "expected the kernel cases in {}",
-        dir.display()
-    );
-    cases
+    agreement::kernel_cases(&root())
 }
-const KERNEL_CASES: &str = "tests/kernels";
 
 #[test]
 fn inline_recipes_cover_the_remaining_ops() {

@@ -13,7 +13,7 @@
 //! - **Determinism.** Results are bit-identical on 1 and 4 threads.
 //! - **Validation.** Malformed batches are rejected before any kernel runs.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use rlx_compiler::ir::{Elem, Graph};
 use rlx_runtime::batch::{Batch, Layout};
@@ -21,34 +21,25 @@ use rlx_runtime::interp::{evaluate, Context, Outcome};
 use rlx_runtime::kernel::{Column, Kernel, Options, PackedBatch, Precision};
 use rlx_runtime::synthetic::{self, Spec};
 
-/// f64 accumulation: |jit − interp| ≤ 1e-5 · max(|jit|, |interp|) + 1e-9.
-const F64_TOLERANCE: (f64, f64) = (1e-5, 1e-9);
-/// f32 accumulation (registers, reductions and the kernel's buffers in f32): 1e-3 relative + 1e-5
-/// absolute. Measured on these batches: everything passes at 1e-4 + 1e-6; the worst case is a loss that
-/// cancels to ~3e-4 (SAPO), where f32 sums lose the 4th digit.
-const F32_TOLERANCE: (f64, f64) = (1e-3, 1e-5);
+mod common;
+
+use common::agreement::{graph_of, kernel_cases, rounded, F32_TOLERANCE, F64_TOLERANCE};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// Every `.rlx` in the folders, read now (recipes may be added while the suite evolves).
 fn recipe_files() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = ["recipes", "tests/gradients"]
-        .iter()
-        .flat_map(|folder| std::fs::read_dir(root().join(folder)).unwrap().flatten())
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "rlx"))
-        .collect();
-    files.sort();
-    files
+    common::agreement::recipe_files(&root())
 }
 
-fn graph_of(path: &Path) -> Option<Graph> {
-    let checked = rlx_compiler::check_path(path).expect("readable recipe");
-    // A recipe being edited concurrently may not check; the checker's own tests report it.
-    let recipe = checked.recipe?;
-    Some(rlx_compiler::compile_graph(&recipe, &[]).expect("lowers"))
+fn extra_recipes() -> Vec<(String, String)> {
+    kernel_cases(&root())
+}
+
+/// Differences between the interpreter's and the JIT's outcomes.
+fn compare(expected: &Outcome, actual: &Outcome, tolerance: (f64, f64)) -> Vec<String> {
+    common::agreement::compare(expected, actual, tolerance, "jit")
 }
 
 fn graph_of_source(name: &str, text: &str) -> Graph {
@@ -57,87 +48,6 @@ fn graph_of_source(name: &str, text: &str) -> Graph {
         .recipe
         .unwrap_or_else(|| panic!("{name} does not check: {:?}", checked.diagnostics));
     rlx_compiler::compile_graph(&recipe, &[]).expect("lowers")
-}
-
-/// The batch with every `f32` input rounded to f32 (what the kernel stores).
-fn rounded(graph: &Graph, batch: &Batch) -> Batch {
-    let mut batch = batch.clone();
-    for (info, values) in graph.inputs.iter().zip(&mut batch.inputs) {
-        if info.elem == Elem::F32 {
-            for v in values.iter_mut() {
-                *v = f64::from(*v as f32);
-            }
-        }
-    }
-    batch
-}
-
-fn close(a: f64, b: f64, (relative, absolute): (f64, f64)) -> bool {
-    if a == b || (a.is_nan() && b.is_nan()) {
-        return true;
-    }
-    (a - b).abs() <= relative * a.abs().max(b.abs()) + absolute
-}
-
-fn scalar(out: &mut Vec<String>, what: &str, e: f64, a: f64, tolerance: (f64, f64)) {
-    if !close(e, a, tolerance) {
-        out.push(format!("{what}: interp {e}, jit {a}"));
-    }
-}
-
-fn vector(out: &mut Vec<String>, what: &str, e: &[f64], a: &[f64], tolerance: (f64, f64)) {
-    if e.len() != a.len() {
-        out.push(format!("{what}: {} values vs {}", e.len(), a.len()));
-        return;
-    }
-    if let Some(i) = (0..e.len()).find(|&i| !close(e[i], a[i], tolerance)) {
-        out.push(format!("{what}[{i}]: interp {}, jit {}", e[i], a[i]));
-    }
-}
-
-/// Differences between two outcomes, as messages (empty when they agree).
-fn compare(expected: &Outcome, actual: &Outcome, tolerance: (f64, f64)) -> Vec<String> {
-    let mut out = Vec::new();
-    match (expected.loss, actual.loss) {
-        (Some(e), Some(a)) => scalar(&mut out, "loss", e, a, tolerance),
-        (None, None) => {}
-        (e, a) => out.push(format!("loss: interp {e:?}, jit {a:?}")),
-    }
-    if expected.metrics.len() != actual.metrics.len() {
-        out.push("metric count".into());
-    }
-    for ((name, e), (other, a)) in expected.metrics.iter().zip(&actual.metrics) {
-        if name != other {
-            out.push(format!("metric order: {name} vs {other}"));
-        }
-        scalar(&mut out, &format!("metric {name}"), *e, *a, tolerance);
-    }
-    for (what, e, a) in [
-        ("reward", &expected.reward, &actual.reward),
-        ("advantage", &expected.advantage, &actual.advantage),
-    ] {
-        match (e, a) {
-            (Some(e), Some(a)) => vector(&mut out, what, e, a, tolerance),
-            (None, None) => {}
-            _ => out.push(format!("{what}: present in one outcome only")),
-        }
-    }
-    if expected.kept != actual.kept {
-        out.push(format!(
-            "kept: interp {:?}, jit {:?}",
-            expected.kept, actual.kept
-        ));
-    }
-    if expected.gradients.len() != actual.gradients.len() {
-        out.push("gradient count".into());
-    }
-    for ((name, e), (other, a)) in expected.gradients.iter().zip(&actual.gradients) {
-        if name != other {
-            out.push(format!("gradient order: {name} vs {other}"));
-        }
-        vector(&mut out, &format!("grad {name}"), e, a, tolerance);
-    }
-    out
 }
 
 fn worst(e: &Outcome, a: &Outcome) -> f64 {
@@ -277,31 +187,6 @@ fn every_recipe_agrees_with_the_interpreter_in_f32_accumulation() {
         F32_TOLERANCE,
     );
 }
-
-/// Ops and situations the shipped recipes do not reach yet: the recipes in tests/kernels/ (`keep resp`
-/// with `n`/`resp_index` and `distinct_ngrams`, pairs under filters, every element-wise function,
-/// forward and reverse scans, `shift`, rubric indexing, `crit`, `dim`, batch-level feature values).
-fn extra_recipes() -> Vec<(String, String)> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(KERNEL_CASES);
-    let mut cases: Vec<(String, String)> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .flatten()
-        .map(|entry| entry.path())
-        .filter(|path| path.extension().is_some_and(|e| e == "rlx"))
-        .map(|path| {
-            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-            (name, std::fs::read_to_string(&path).expect("readable"))
-        })
-        .collect();
-    cases.sort();
-    assert!(
-        cases.len() >= 5,
-        "expected the kernel cases in {}",
-        dir.display()
-    );
-    cases
-}
-const KERNEL_CASES: &str = "../tests/kernels";
 
 /// Every recipe of recipes/ and tests/gradients/, and every kernel case, by name.
 fn all_sources() -> Vec<(String, Graph)> {
