@@ -14,10 +14,9 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use rayon::prelude::*;
 
 use rlx_runtime::interp::{evaluate, Context};
-use rlx_runtime::kernel::{Column, Kernel, Options, PackedBatch};
+use rlx_runtime::kernel::{Column, Kernel, Options};
 use rlx_runtime::synthetic::{self, Spec};
 
 fn recipe_graph(name: &str) -> Option<rlx_compiler::ir::Graph> {
@@ -30,31 +29,6 @@ fn recipe_graph(name: &str) -> Option<rlx_compiler::ir::Graph> {
     let checked = rlx_compiler::check_path(&path).expect("recipe is readable");
     let recipe = checked.recipe.expect("recipe checks clean");
     Some(rlx_compiler::compile_graph(&recipe, &[]).expect("recipe compiles"))
-}
-
-/// Read every input once, write one gradient-sized buffer once.
-fn bandwidth(batch: &PackedBatch, gradient: &mut [f32], parallel: bool) -> f64 {
-    let chunk = 1 << 14;
-    let mut total = 0.0f64;
-    for column in &batch.inputs {
-        total += match column {
-            Column::F32(values) if parallel => values
-                .par_chunks(chunk)
-                .map(|c| c.iter().map(|x| f64::from(*x)).sum::<f64>())
-                .sum::<f64>(),
-            Column::F32(values) => values.iter().map(|x| f64::from(*x)).sum::<f64>(),
-            Column::F64(values) => values.iter().sum::<f64>(),
-        };
-    }
-    let value = total as f32;
-    if parallel {
-        gradient
-            .par_chunks_mut(chunk)
-            .for_each(|c| c.iter_mut().for_each(|g| *g = value));
-    } else {
-        gradient.iter_mut().for_each(|g| *g = value);
-    }
-    total
 }
 
 fn kernels(c: &mut Criterion) {
@@ -123,10 +97,22 @@ fn kernels(c: &mut Criterion) {
         });
         let mut gradient = vec![0f32; tokens];
         group.bench_function("bandwidth bound 1 thread", |b| {
-            b.iter(|| black_box(bandwidth(&packed, &mut gradient, false)))
+            b.iter(|| {
+                black_box(rlx_runtime::bench::read_inputs_write_gradient(
+                    &packed,
+                    &mut gradient,
+                    false,
+                ))
+            })
         });
         group.bench_function("bandwidth bound all threads", |b| {
-            b.iter(|| black_box(bandwidth(&packed, &mut gradient, true)))
+            b.iter(|| {
+                black_box(rlx_runtime::bench::read_inputs_write_gradient(
+                    &packed,
+                    &mut gradient,
+                    true,
+                ))
+            })
         });
         group.finish();
     }

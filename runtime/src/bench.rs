@@ -192,6 +192,37 @@ pub fn memcpy_bandwidth(pool: &rayon::ThreadPool) -> f64 {
     (2 * len * 4) as f64 / best
 }
 
+/// The criterion benches' bandwidth bound: read every input column of `batch` once and write one
+/// gradient-sized buffer once, with plain loops (on rayon's threads with `parallel`). Returns the sum
+/// read, so the work cannot be optimised away.
+pub fn read_inputs_write_gradient(
+    batch: &PackedBatch,
+    gradient: &mut [f32],
+    parallel: bool,
+) -> f64 {
+    let chunk = 1 << 14;
+    let mut total = 0.0f64;
+    for column in &batch.inputs {
+        total += match column {
+            Column::F32(values) if parallel => values
+                .par_chunks(chunk)
+                .map(|c| c.iter().map(|x| f64::from(*x)).sum::<f64>())
+                .sum::<f64>(),
+            Column::F32(values) => values.iter().map(|x| f64::from(*x)).sum::<f64>(),
+            Column::F64(values) => values.iter().sum::<f64>(),
+        };
+    }
+    let value = total as f32;
+    if parallel {
+        gradient
+            .par_chunks_mut(chunk)
+            .for_each(|c| c.iter_mut().for_each(|g| *g = value));
+    } else {
+        gradient.iter_mut().for_each(|g| *g = value);
+    }
+    total
+}
+
 fn pool(threads: usize) -> Result<rayon::ThreadPool, String> {
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)

@@ -16,12 +16,11 @@ use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor, Var};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use rayon::prelude::*;
 
 use candle_objectives::Padded;
 use rlx_runtime::bench::{peak_during, CountingAllocator};
 use rlx_runtime::interp::{evaluate, Context};
-use rlx_runtime::kernel::{Column, Kernel, Options, PackedBatch};
+use rlx_runtime::kernel::{Kernel, Options};
 use rlx_runtime::synthetic::{self, Spec};
 
 #[global_allocator]
@@ -96,31 +95,6 @@ fn candle_step(recipe: &str, inputs: &CandleInputs) -> (Tensor, Tensor) {
     (objective.loss, gradient)
 }
 
-/// Read every input column once, write one gradient-sized buffer once.
-fn bandwidth(batch: &PackedBatch, gradient: &mut [f32], parallel: bool) -> f64 {
-    let chunk = 1 << 14;
-    let mut total = 0.0f64;
-    for column in &batch.inputs {
-        total += match column {
-            Column::F32(values) if parallel => values
-                .par_chunks(chunk)
-                .map(|c| c.iter().map(|x| f64::from(*x)).sum::<f64>())
-                .sum::<f64>(),
-            Column::F32(values) => values.iter().map(|x| f64::from(*x)).sum::<f64>(),
-            Column::F64(values) => values.iter().sum::<f64>(),
-        };
-    }
-    let value = total as f32;
-    if parallel {
-        gradient
-            .par_chunks_mut(chunk)
-            .for_each(|c| c.iter_mut().for_each(|g| *g = value));
-    } else {
-        gradient.iter_mut().for_each(|g| *g = value);
-    }
-    total
-}
-
 fn baseline(c: &mut Criterion) {
     let spec = Spec {
         groups: GROUPS,
@@ -179,10 +153,22 @@ fn baseline(c: &mut Criterion) {
         });
         let mut gradient = vec![0f32; tokens];
         group.bench_function("bandwidth bound, 1 thread", |b| {
-            b.iter(|| black_box(bandwidth(&packed, &mut gradient, false)))
+            b.iter(|| {
+                black_box(rlx_runtime::bench::read_inputs_write_gradient(
+                    &packed,
+                    &mut gradient,
+                    false,
+                ))
+            })
         });
         group.bench_function("bandwidth bound, all threads", |b| {
-            b.iter(|| black_box(bandwidth(&packed, &mut gradient, true)))
+            b.iter(|| {
+                black_box(rlx_runtime::bench::read_inputs_write_gradient(
+                    &packed,
+                    &mut gradient,
+                    true,
+                ))
+            })
         });
         group.finish();
     }
