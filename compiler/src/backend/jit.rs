@@ -532,15 +532,8 @@ impl Gen<'_, '_> {
 
     /// A constant in the register type (splatted in a vector body).
     fn fconst(&mut self, value: f64) -> ClifValue {
-        let scalar = if self.ft == types::F64 {
-            self.b.ins().f64const(value)
-        } else {
-            self.b.ins().f32const(value as f32)
-        };
-        match self.vector {
-            Some(vt) => self.b.ins().splat(vt, scalar),
-            None => scalar,
-        }
+        let ty = self.vector.unwrap_or(self.ft);
+        self.const_of(ty, value)
     }
 
     /// A constant of `ty` (a float type or a float vector type).
@@ -1723,8 +1716,7 @@ impl Gen<'_, '_> {
         self.b.ins().brif(done, exit, &[], body, &[]);
         self.b.switch_to_block(body);
 
-        let saved_values = self.values.clone();
-        let saved_conds = self.conds.clone();
+        // `vector_body` works on per-copy scopes; the outer values stay as they are.
         let saved_t = self.c.t;
         let copies: Vec<ClifValue> = (0..VECTORS_PER_STEP)
             .map(|k| {
@@ -1738,8 +1730,6 @@ impl Gen<'_, '_> {
         self.vector = Some(vt);
         let generated = self.vector_body(body_depth, &lane_accumulators, &copies);
         self.vector = None;
-        self.values = saved_values;
-        self.conds = saved_conds;
         self.c.t = saved_t;
         generated?;
         let next = self.b.ins().iadd_imm_s(t, step);
