@@ -174,6 +174,98 @@ fn score_on_the_artifact_equals_score_on_the_recipe() {
     std::fs::remove_dir_all(&directory).ok();
 }
 
+/// `rlx run` on an artifact trains exactly as on its recipe: the same metrics at every step (timings
+/// aside) and the same sampler settings from the recipe's `rollout { … }` block.
+#[test]
+fn run_on_the_artifact_equals_run_on_the_recipe() {
+    let directory = scratch("run");
+    let recipe = directory.join("grpo_rollout.rlx");
+    let text = std::fs::read_to_string(root().join("recipes/grpo.rlx")).unwrap();
+    let text = text.replace(
+        "rollout {\n    n = 8\n    temperature = 1.0\n}",
+        "rollout {\n    n = 3\n    temperature = 0.8\n    top_p = 0.9\n    max_new_tokens = 99\n}",
+    );
+    assert!(text.contains("n = 3"), "grpo.rlx's rollout block changed");
+    std::fs::write(&recipe, text).unwrap();
+    let artifact = directory.join("grpo_rollout.rlxc");
+    let compiled = run(
+        env!("CARGO_BIN_EXE_rlxc"),
+        &[
+            "compile",
+            recipe.to_str().unwrap(),
+            "-o",
+            artifact.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        compiled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&compiled.stderr)
+    );
+    let train = |file: &Path, out: &Path| {
+        let output = run(
+            env!("CARGO_BIN_EXE_rlx"),
+            &[
+                "run",
+                file.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+                "--steps",
+                "2",
+                "--set",
+                "sft.steps=1",
+                "--set",
+                "task.eval_questions=4",
+                "--set",
+                "train.prompts_per_step=2",
+                "--set",
+                "backend=jit",
+            ],
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(output.status.success(), "{}: {stderr}", file.display());
+        let lines: Vec<Value> = std::fs::read_to_string(out.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|line| {
+                let mut line: Value = serde_json::from_str(line).unwrap();
+                for key in rlx_trainer::train::TIMING_KEYS {
+                    line.as_object_mut().unwrap().remove(key);
+                }
+                line
+            })
+            .collect();
+        let summary: Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap())
+                .unwrap();
+        (lines, summary, stderr)
+    };
+    let (from_recipe, summary, stderr) = train(&recipe, &directory.join("from-recipe"));
+    let (from_artifact, artifact_summary, artifact_stderr) =
+        train(&artifact, &directory.join("from-artifact"));
+    assert_eq!(from_recipe.len(), 2);
+    assert_eq!(from_artifact, from_recipe);
+    for summary in [&summary, &artifact_summary] {
+        assert_eq!(
+            (
+                &summary["group_size"],
+                &summary["temperature"],
+                &summary["top_p"]
+            ),
+            (&Value::from(3), &Value::from(0.8), &Value::from(0.9))
+        );
+    }
+    for stderr in [&stderr, &artifact_stderr] {
+        assert!(
+            stderr.contains(
+                "note: the recipe's `rollout { max_new_tokens }` is not applied by `rlx run`"
+            ),
+            "{stderr}"
+        );
+    }
+    std::fs::remove_dir_all(&directory).ok();
+}
+
 #[test]
 fn set_on_an_artifact_must_repeat_the_compiled_value() {
     let directory = scratch("set");
@@ -273,13 +365,19 @@ fn foreign_and_damaged_files_are_rejected_by_name() {
         "malformed header",
     );
     // Another format version.
-    let mut future = header.replacen("RLXC 1 ", "RLXC 2 ", 1).into_bytes();
+    let mut future = header
+        .replacen(
+            &format!("RLXC {FORMAT_VERSION} "),
+            &format!("RLXC {} ", FORMAT_VERSION + 1),
+            1,
+        )
+        .into_bytes();
     future.push(b'\n');
     future.extend_from_slice(&body);
     expect_error(
         Artifact::from_bytes(&future),
         ErrorKind::Version,
-        "format version 2",
+        &format!("format version {}", FORMAT_VERSION + 1),
     );
     // Truncated, in the body and in the header.
     expect_error(

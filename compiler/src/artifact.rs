@@ -26,14 +26,14 @@ use crate::backend::Options;
 use crate::check::types::{Feature as TyFeature, Level as TyLevel, Ty};
 use crate::export::sha256::hex_digest;
 use crate::hir;
-use crate::ir::{json_float, Elem, Feature, Graph, InputInfo, Level};
+use crate::ir::{json_float, Elem, Feature, Graph, InputInfo, Level, RolloutInfo};
 use crate::syntax::ast::{InputRole, Span};
 use crate::{Checked, Origin};
 
 /// The first bytes of every artifact.
 pub const MAGIC: &str = "RLXC";
 /// The layout and schema version this compiler writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// The compiler that writes (and the only one that reads) an artifact: the IR and the plan are
 /// internal representations, so an artifact from another version is rejected, never reinterpreted.
 pub const COMPILER: &str = concat!("rlx-compiler ", env!("CARGO_PKG_VERSION"));
@@ -128,6 +128,9 @@ pub struct Artifact {
     pub params: Vec<ParamInfo>,
     /// Rubric names and criteria, in declaration order (equal to `graph.rubrics`).
     pub rubrics: Vec<crate::ir::RubricInfo>,
+    /// The recipe's `rollout { … }` settings, params at their compiled values (`rlx run` reads `n`
+    /// and `temperature`).
+    pub rollout: Vec<RolloutInfo>,
     /// The IR: forward values and the loss gradient.
     pub graph: Graph,
     /// The kernel plan of `graph` with `options` (`rlxc compile --emit plan-json`).
@@ -187,6 +190,7 @@ impl Artifact {
             inputs: graph.inputs.clone(),
             params,
             rubrics: graph.rubrics.clone(),
+            rollout: crate::ir::rollout_settings(recipe, &graph),
             graph,
             plan,
         })

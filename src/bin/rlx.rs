@@ -53,7 +53,7 @@ enum Command {
     /// a generated arithmetic task, after a short supervised warm start. Metrics go to
     /// OUT/metrics.jsonl, one line per step (see docs/training.md).
     Run {
-        /// The recipe (.rlx).
+        /// The recipe (.rlx), or its compiled artifact (.rlxc).
         recipe: PathBuf,
         /// A TOML config replacing the embedded default (every key required, unknown keys are errors).
         #[arg(long)]
@@ -329,8 +329,22 @@ fn run(
     resume: Option<PathBuf>,
     gpu: Option<usize>,
 ) -> ExitCode {
-    let Some(hir) = checked_recipe(recipe) else {
-        return ExitCode::from(1);
+    let (hir, artifact);
+    let source: rlx_trainer::cli::Source = if rlx_compiler::artifact::is_artifact_path(recipe) {
+        artifact = match rlx_compiler::artifact::load(recipe) {
+            Ok(artifact) => artifact,
+            Err(error) => {
+                eprintln!("error: {error}");
+                return ExitCode::from(1);
+            }
+        };
+        (&artifact).into()
+    } else {
+        let Some(checked) = checked_recipe(recipe) else {
+            return ExitCode::from(1);
+        };
+        hir = checked;
+        (&hir).into()
     };
     let config_text = match config {
         None => None,
@@ -355,13 +369,16 @@ fn run(
         resume,
         gpu,
     };
-    let prepared = match rlx_trainer::cli::prepare(&hir, &args) {
+    let prepared = match rlx_trainer::cli::prepare(source, &args) {
         Ok(prepared) => prepared,
         Err(message) => {
             eprintln!("error: {message}");
             return ExitCode::from(1);
         }
     };
+    for note in &prepared.notes {
+        eprintln!("note: {note}");
+    }
     eprintln!("rlx run: writing {}", prepared.out.display());
     let mut progress = rlx_trainer::progress::Progress::stderr();
     let result = rlx_trainer::train::run_with(

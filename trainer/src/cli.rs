@@ -4,11 +4,12 @@
 
 use std::path::PathBuf;
 
+use rlx_compiler::artifact::Artifact;
 use rlx_compiler::hir::Recipe;
 
 use crate::checkpoint;
 use crate::config::{config_keys, Config, DEFAULT_CONFIG};
-use crate::train::{plan, Plan, RunOptions};
+use crate::train::{plan, plan_graph, unused_rollout_settings, Plan, RunOptions};
 
 /// The command line of `rlx run`, parsed by the binary.
 #[derive(Clone, Debug, Default)]
@@ -26,12 +27,67 @@ pub struct RunArgs {
     pub gpu: Option<usize>,
 }
 
+/// What `rlx run` trains: a checked recipe (`.rlx`) or a compiled one (`.rlxc`).
+#[derive(Clone, Copy)]
+pub enum Source<'a> {
+    Recipe(&'a Recipe),
+    Artifact(&'a Artifact),
+}
+
+impl<'a> From<&'a Recipe> for Source<'a> {
+    fn from(recipe: &'a Recipe) -> Source<'a> {
+        Source::Recipe(recipe)
+    }
+}
+
+impl<'a> From<&'a Artifact> for Source<'a> {
+    fn from(artifact: &'a Artifact) -> Source<'a> {
+        Source::Artifact(artifact)
+    }
+}
+
+impl Source<'_> {
+    fn has_param(&self, name: &str) -> bool {
+        match self {
+            Source::Recipe(recipe) => recipe.params.iter().any(|p| p.name == name),
+            Source::Artifact(artifact) => artifact.params.iter().any(|p| p.name == name),
+        }
+    }
+
+    /// The message for `--set NAME=…` naming neither a config key nor a param.
+    fn unknown_param(&self, name: &str) -> String {
+        let message = match self {
+            Source::Recipe(recipe) => {
+                rlx_compiler::ir::lower::param_values(recipe, &[(name.into(), 0.0)]).err()
+            }
+            Source::Artifact(artifact) => artifact
+                .graph_with(&[(name.into(), 0.0)])
+                .err()
+                .map(|e| e.message),
+        };
+        message.unwrap_or_else(|| format!("unknown param `{name}`"))
+    }
+
+    fn plan(&self, overrides: &[(String, f64)], config: &Config) -> Result<Plan, String> {
+        match self {
+            Source::Recipe(recipe) => plan(recipe, overrides, config),
+            Source::Artifact(artifact) => {
+                let graph = artifact.graph_with(overrides).map_err(|e| e.message)?;
+                plan_graph(graph.clone(), artifact.rollout.clone(), config)
+            }
+        }
+    }
+}
+
 /// A run ready to start.
 pub struct Prepared {
     pub config: Config,
     pub plan: Plan,
     pub out: PathBuf,
     pub options: RunOptions,
+    /// Notes for the user before the run starts: the recipe's rollout settings `rlx run` does not
+    /// apply.
+    pub notes: Vec<String>,
 }
 
 fn parse_number(name: &str, value: &str) -> Result<f64, String> {
@@ -44,7 +100,8 @@ fn parse_number(name: &str, value: &str) -> Result<f64, String> {
     }
 }
 
-pub fn prepare(recipe: &Recipe, args: &RunArgs) -> Result<Prepared, String> {
+pub fn prepare<'a>(source: impl Into<Source<'a>>, args: &RunArgs) -> Result<Prepared, String> {
+    let source = source.into();
     let top_level: Vec<String> = config_keys()
         .into_iter()
         .filter(|k| !k.contains('.'))
@@ -58,12 +115,10 @@ pub fn prepare(recipe: &Recipe, args: &RunArgs) -> Result<Prepared, String> {
         let (name, value) = (name.trim(), value.trim());
         if name.contains('.') || top_level.iter().any(|k| k == name) {
             config_sets.push((name.to_string(), value.to_string()));
-        } else if recipe.params.iter().any(|p| p.name == name) {
+        } else if source.has_param(name) {
             param_sets.push((name.to_string(), parse_number(name, value)?));
         } else {
-            let message = rlx_compiler::ir::lower::param_values(recipe, &[(name.into(), 0.0)])
-                .err()
-                .unwrap_or_else(|| format!("unknown param `{name}`"));
+            let message = source.unknown_param(name);
             return Err(format!(
                 "--set {name}: {message}; config keys are written `section.key` (e.g. `train.lr`)"
             ));
@@ -98,7 +153,7 @@ pub fn prepare(recipe: &Recipe, args: &RunArgs) -> Result<Prepared, String> {
         None => args.config_text.as_deref().unwrap_or(DEFAULT_CONFIG),
     };
     let config = Config::parse(text, &config_sets)?;
-    let mut plan = plan(recipe, &param_sets, &config)?;
+    let mut plan = source.plan(&param_sets, &config)?;
     if let Some(ordinal) = args.gpu {
         // The feature, the driver and the GPU, before anything is written (the kernels themselves
         // are compiled when the run starts).
@@ -124,10 +179,12 @@ pub fn prepare(recipe: &Recipe, args: &RunArgs) -> Result<Prepared, String> {
         resume: loaded.map(|l| l.dir),
         stop_after: None,
     };
+    let notes = unused_rollout_settings(&plan.rollout);
     Ok(Prepared {
         config,
         plan,
         out,
         options,
+        notes,
     })
 }

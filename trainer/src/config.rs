@@ -122,9 +122,9 @@ impl Config {
         if self.sampler.max_new_tokens == 0 {
             return Err("config: sampler.max_new_tokens must be positive".into());
         }
-        if !(self.sampler.top_p > 0.0 && self.sampler.top_p <= 1.0) {
+        if !(self.sampler.top_p >= 0.0 && self.sampler.top_p <= 1.0) {
             return Err(format!(
-                "config: sampler.top_p = {} must be in (0, 1]",
+                "config: sampler.top_p = {} must be in [0, 1] (0 = the recipe's)",
                 self.sampler.top_p
             ));
         }

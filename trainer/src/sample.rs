@@ -17,6 +17,7 @@ pub struct SamplerConfig {
     pub n: usize,
     /// 0 means greedy; negative takes the recipe's `rollout { temperature }` (else 1).
     pub temperature: f64,
+    /// 0 takes the recipe's `rollout { top_p }` (else 1).
     pub top_p: f64,
     pub max_new_tokens: usize,
 }

@@ -14,8 +14,8 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 use serde_json::{json, Map, Value};
 
-use rlx_compiler::hir::{ExprKind, Recipe, RolloutValue};
-use rlx_compiler::ir::{Graph, Level};
+use rlx_compiler::hir::Recipe;
+use rlx_compiler::ir::{Graph, Level, RolloutInfo, RolloutValueInfo};
 use rlx_runtime::batch::{Batch, Layout};
 use rlx_runtime::geometry::Geometry;
 use rlx_runtime::interp::{Context, Outcome};
@@ -149,24 +149,53 @@ fn plan_inputs(graph: &Graph, signals: &[String], any_shape: bool) -> Result<Vec
     Ok(fills)
 }
 
-/// The settings the recipe's `rollout { … }` block gives, as numbers.
-fn rollout_setting(recipe: &Recipe, graph: &Graph, key: &str) -> Option<f64> {
-    let setting = recipe.rollout.iter().find(|s| s.key == key)?;
-    let RolloutValue::Expr(expr) = &setting.value else {
-        return None;
+/// A number the recipe's `rollout { … }` block gives for `key`, if it sets it: an error when it is an
+/// expression of the sampling state (`rlx run` samples a whole step with one setting) or outside
+/// `valid`, which describes the values allowed.
+fn rollout_number(
+    rollout: &[RolloutInfo],
+    key: &str,
+    valid: (fn(f64) -> bool, &str),
+) -> Result<Option<f64>, Error> {
+    let Some(setting) = rollout.iter().find(|s| s.key == key) else {
+        return Ok(None);
     };
-    match &expr.kind {
-        ExprKind::Const(v) => Some(*v),
-        ExprKind::Param(id) => {
-            let name = &recipe.params.get(id.0 as usize)?.name;
-            graph
-                .params
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| *v)
-        }
-        _ => None,
+    match &setting.value {
+        RolloutValueInfo::Number(v) if valid.0(*v) => Ok(Some(*v)),
+        RolloutValueInfo::Number(v) => Err(format!(
+            "the recipe's `rollout {{ {key} = {v} }}` must be {}",
+            valid.1
+        )),
+        _ => Err(format!(
+            "the recipe's `rollout {{ {key} }}` is an expression; `rlx run` takes a constant or a param there (or set `sampler.{key}` in the config)"
+        )),
     }
+}
+
+/// One line for each of the recipe's rollout settings that `rlx run` does not apply (it samples with
+/// the config's `sampler.max_new_tokens` and the task's stop tokens, and has no RuscaRL scaffold or
+/// MoDA modes).
+pub fn unused_rollout_settings(rollout: &[RolloutInfo]) -> Vec<String> {
+    rollout
+        .iter()
+        .filter_map(|setting| {
+            let why = match setting.key.as_str() {
+                "n" | "temperature" | "top_p" => return None,
+                "max_new_tokens" => "the config's `sampler.max_new_tokens` bounds completions",
+                "top_k" => "the sampler has no top-k (it samples with temperature and top-p)",
+                "stop" => "the task's stop tokens end a completion",
+                "scaffold" => {
+                    "the trainer gives no RuscaRL scaffold (partial solutions in prompts)"
+                }
+                "modes" => "the trainer gives no MoDA mode lines",
+                _ => "the trainer has no such setting",
+            };
+            Some(format!(
+                "the recipe's `rollout {{ {} }}` is not applied by `rlx run`: {why}",
+                setting.key
+            ))
+        })
+        .collect()
 }
 
 /// log π(token) of each completion token under `model`, packed (responses in order, tokens contiguous),
@@ -306,6 +335,9 @@ pub struct Plan {
     fills: Vec<Fill>,
     pub group_size: usize,
     pub temperature: f64,
+    pub top_p: f64,
+    /// The recipe's `rollout { … }` settings ([`unused_rollout_settings`] names those not applied).
+    pub rollout: Vec<RolloutInfo>,
 }
 
 /// The task the config describes (`[task] kind`): the built-in arithmetic task or a text task bound to
@@ -321,6 +353,13 @@ pub fn task_from_config(config: &Config, graph: &Graph) -> Result<Box<dyn Task>,
 /// Compile the recipe with its param overrides and check that the trainer can feed it.
 pub fn plan(recipe: &Recipe, overrides: &[(String, f64)], config: &Config) -> Result<Plan, Error> {
     let graph = rlx_compiler::compile_graph(recipe, overrides)?;
+    let rollout = rlx_compiler::ir::rollout_settings(recipe, &graph);
+    plan_graph(graph, rollout, config)
+}
+
+/// [`plan`] for a compiled recipe: its graph and rollout settings (a `.rlxc` artifact's `graph` and
+/// `rollout`).
+pub fn plan_graph(graph: Graph, rollout: Vec<RolloutInfo>, config: &Config) -> Result<Plan, Error> {
     if graph.outputs.loss.is_none() {
         return Err("the recipe has no `loss` section: there is nothing to train".into());
     }
@@ -329,22 +368,36 @@ pub fn plan(recipe: &Recipe, overrides: &[(String, f64)], config: &Config) -> Re
     let group_size = if config.sampler.n > 0 {
         config.sampler.n
     } else {
-        rollout_setting(recipe, &graph, "n").map_or(8, |n| n.max(1.0) as usize)
+        let whole = |n: f64| n.fract() == 0.0 && (1.0..=MAX_GROUP_SIZE as f64).contains(&n);
+        rollout_number(&rollout, "n", (whole, "a whole number from 1 to 4096"))?
+            .map_or(8, |n| n as usize)
     };
     let temperature = if config.sampler.temperature >= 0.0 {
         config.sampler.temperature
     } else {
-        rollout_setting(recipe, &graph, "temperature").unwrap_or(1.0)
+        let valid = |t: f64| t.is_finite() && t >= 0.0;
+        rollout_number(&rollout, "temperature", (valid, "a finite number ≥ 0"))?.unwrap_or(1.0)
+    };
+    let top_p = if config.sampler.top_p > 0.0 {
+        config.sampler.top_p
+    } else {
+        let valid = |p: f64| p > 0.0 && p <= 1.0;
+        rollout_number(&rollout, "top_p", (valid, "in (0, 1]"))?.unwrap_or(1.0)
     };
     Ok(Plan {
         graph,
+        rollout,
         task,
         gpu: None,
         fills,
         group_size,
         temperature,
+        top_p,
     })
 }
+
+/// The largest group a recipe's `rollout { n }` may ask for.
+const MAX_GROUP_SIZE: usize = 4096;
 
 /// How a run starts and stops beyond its config.
 #[derive(Clone, Debug, Default)]
@@ -617,7 +670,7 @@ pub fn run_with(
 
     let settings = Settings {
         temperature: plan.temperature,
-        top_p: config.sampler.top_p,
+        top_p: plan.top_p,
         max_new_tokens: max_new,
         stop: task.stop_tokens(),
     };
@@ -955,6 +1008,7 @@ pub fn run_with(
         "objective": objective.name(),
         "group_size": n,
         "temperature": plan.temperature,
+        "top_p": plan.top_p,
     });
     let summary_path = out.join("summary.json");
     std::fs::write(&summary_path, format!("{document:#}\n"))

@@ -117,9 +117,9 @@ fn out_of_range_values() {
             "config: steps must be at least 1",
         ),
         (
-            "top_p = 1.0",
+            "top_p = 0.0",
             "top_p = 1.5",
-            "config: sampler.top_p = 1.5 must be in (0, 1]",
+            "config: sampler.top_p = 1.5 must be in [0, 1] (0 = the recipe's)",
         ),
         (
             "grad_clip = 1.0",
@@ -236,4 +236,91 @@ fn recipe_inputs_the_trainer_cannot_fill() {
         message,
         "recipe input `judge` (f32[resp]) cannot be filled by the trainer: it fills logp (f32[tok] policy), old_logp (f32[tok]), ref_logp (f32[tok]), score (f32[resp]), length (f32[resp]), and inputs with a default"
     );
+}
+
+/// `recipes/grpo.rlx` with its `rollout { … }` block replaced by `rollout` (and `extra` declarations).
+fn grpo_with_rollout(extra: &str, rollout: &str) -> rlx_compiler::hir::Recipe {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let text = std::fs::read_to_string(root.join("recipes/grpo.rlx")).unwrap();
+    let start = text
+        .find("rollout {")
+        .expect("grpo.rlx has a rollout block");
+    let text = format!("{extra}\n{}{rollout}\n", &text[..start]);
+    let checked = rlx_compiler::check_source("grpo_variant.rlx", &text);
+    assert!(!checked.has_errors(), "{:?}", checked.diagnostics);
+    checked.recipe.expect("recipe checks")
+}
+
+#[test]
+fn the_recipe_rollout_drives_the_sampler_unless_the_config_sets_it() {
+    let recipe = grpo_with_rollout(
+        "",
+        "rollout {\n n = 3\n temperature = 0.5\n top_p = 0.9\n max_new_tokens = 99\n stop = [\"</a>\"]\n}",
+    );
+    let prepared = prepare(&recipe, &args(&[])).unwrap();
+    let plan = &prepared.plan;
+    assert_eq!(
+        (plan.group_size, plan.temperature, plan.top_p),
+        (3, 0.5, 0.9)
+    );
+    // What the trainer does not apply is said, not silently dropped.
+    assert_eq!(prepared.notes.len(), 2, "{:?}", prepared.notes);
+    assert!(prepared.notes[0].contains("`rollout { max_new_tokens }` is not applied by `rlx run`"));
+    assert!(prepared.notes[1].contains("`rollout { stop }` is not applied"));
+    let prepared = prepare(
+        &recipe,
+        &args(&[
+            "sampler.n=5",
+            "sampler.temperature=0.7",
+            "sampler.top_p=0.8",
+        ]),
+    )
+    .unwrap();
+    let plan = &prepared.plan;
+    assert_eq!(
+        (plan.group_size, plan.temperature, plan.top_p),
+        (5, 0.7, 0.8)
+    );
+    // A param follows `--set`; no rollout block means 8 samples at temperature 1 and top-p 1.
+    let recipe = grpo_with_rollout("param tau = 0.3", "rollout {\n temperature = tau\n}");
+    assert_eq!(prepare(&recipe, &args(&[])).unwrap().plan.temperature, 0.3);
+    assert_eq!(
+        prepare(&recipe, &args(&["tau=0.6"]))
+            .unwrap()
+            .plan
+            .temperature,
+        0.6
+    );
+    let recipe = grpo_with_rollout("", "");
+    let plan = prepare(&recipe, &args(&[])).unwrap().plan;
+    assert_eq!(
+        (plan.group_size, plan.temperature, plan.top_p),
+        (8, 1.0, 1.0)
+    );
+}
+
+#[test]
+fn rollout_settings_the_trainer_cannot_honour_are_errors() {
+    let error = |rollout: &str| match prepare(&grpo_with_rollout("", rollout), &args(&[])) {
+        Ok(_) => panic!("expected an error for {rollout}"),
+        Err(message) => message,
+    };
+    assert_eq!(
+        error("rollout {\n temperature = 1.0 - 0.5 * progress\n}"),
+        "the recipe's `rollout { temperature }` is an expression; `rlx run` takes a constant or a param there (or set `sampler.temperature` in the config)"
+    );
+    assert_eq!(
+        error("rollout {\n n = 0\n}"),
+        "the recipe's `rollout { n = 0 }` must be a whole number from 1 to 4096"
+    );
+    assert_eq!(
+        error("rollout {\n top_p = 1.5\n}"),
+        "the recipe's `rollout { top_p = 1.5 }` must be in (0, 1]"
+    );
+    // The config's own setting makes the recipe's unnecessary.
+    let recipe = grpo_with_rollout("", "rollout {\n temperature = 1.0 - 0.5 * progress\n}");
+    let plan = prepare(&recipe, &args(&["sampler.temperature=1"]))
+        .unwrap()
+        .plan;
+    assert_eq!(plan.temperature, 1.0);
 }

@@ -329,6 +329,55 @@ pub struct RubricInfo {
     pub criteria: Vec<String>,
 }
 
+/// A `rollout { … }` setting as a sampler reads it (`rollout_settings`): what a trainer needs of the
+/// recipe's rollout block, kept in `.rlxc` artifacts beside the graph.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RolloutInfo {
+    pub key: String,
+    pub value: RolloutValueInfo,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RolloutValueInfo {
+    /// A constant, or a param with the value compiled into the graph.
+    Number(#[serde(with = "json_float")] f64),
+    /// A list of strings (`stop`, `modes`).
+    Strings(Vec<String>),
+    /// Any other expression (of params, `step`, `progress`, `n`, `resp_index`): evaluated by a sampler
+    /// that implements it, per step or per response; the expression itself is not kept.
+    Expression,
+}
+
+/// The recipe's rollout settings, in declaration order, with params at their values in `graph`.
+pub fn rollout_settings(recipe: &crate::hir::Recipe, graph: &Graph) -> Vec<RolloutInfo> {
+    use crate::hir::{ExprKind, RolloutValue};
+    recipe
+        .rollout
+        .iter()
+        .map(|setting| {
+            let value = match &setting.value {
+                RolloutValue::Strings(strings) => RolloutValueInfo::Strings(strings.clone()),
+                RolloutValue::Expr(expr) => match &expr.kind {
+                    ExprKind::Const(v) => RolloutValueInfo::Number(*v),
+                    ExprKind::Param(id) => recipe
+                        .params
+                        .get(id.0 as usize)
+                        .and_then(|p| graph.params.iter().find(|(n, _)| *n == p.name))
+                        .map_or(RolloutValueInfo::Expression, |(_, v)| {
+                            RolloutValueInfo::Number(*v)
+                        }),
+                    _ => RolloutValueInfo::Expression,
+                },
+            };
+            RolloutInfo {
+                key: setting.key.clone(),
+                value,
+            }
+        })
+        .collect()
+}
+
 /// JSON for the graph's floats: finite values as numbers, `inf`, `-inf` and `nan` as those strings
 /// (plain JSON has no non-finite numbers, and a recipe may use `inf`; the `.rlxc` artifact relies on
 /// the graph surviving a round trip exactly).
