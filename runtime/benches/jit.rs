@@ -9,7 +9,9 @@
 //! - `jit scalar 1 thread`: the same kernel with scalar token loops (`Kernel::compile_with(…, false)`),
 //!   the code before vectorisation.
 //! - `bandwidth bound`: read every input column once and write a gradient-sized f32 buffer once (what
-//!   any implementation must at least do), on 1 thread and on all threads.
+//!   any implementation must at least do), on 1 thread and on all threads. Criterion repeats it on the
+//!   same ~10 MB, so it measures the caches' bandwidth; `rlx bench`'s bound is the `memcpy` bandwidth
+//!   over buffers far larger than the caches.
 
 use std::hint::black_box;
 
