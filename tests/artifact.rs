@@ -7,6 +7,8 @@ use std::process::Command;
 
 use serde_json::Value;
 
+mod common;
+
 use rlx_compiler::artifact::{self, Artifact, ErrorKind, COMPILER, FORMAT_VERSION};
 use rlx_compiler::backend::Options;
 use rlx_compiler::export::sha256::hex_digest;
@@ -203,25 +205,16 @@ fn run_on_the_artifact_equals_run_on_the_recipe() {
         String::from_utf8_lossy(&compiled.stderr)
     );
     let train = |file: &Path, out: &Path| {
-        let output = run(
-            env!("CARGO_BIN_EXE_rlx"),
-            &[
-                "run",
-                file.to_str().unwrap(),
-                "--out",
-                out.to_str().unwrap(),
-                "--steps",
-                "2",
-                "--set",
-                "sft.steps=1",
-                "--set",
-                "task.eval_questions=4",
-                "--set",
-                "train.prompts_per_step=2",
-                "--set",
-                "backend=jit",
-            ],
-        );
+        let mut args = vec![
+            "run",
+            file.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--steps",
+            "2",
+        ];
+        args.extend(common::QUICK_RUN);
+        let output = run(env!("CARGO_BIN_EXE_rlx"), &args);
         let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
         assert!(output.status.success(), "{}: {stderr}", file.display());
         let lines: Vec<Value> = std::fs::read_to_string(out.join("metrics.jsonl"))

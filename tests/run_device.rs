@@ -7,21 +7,14 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+mod common;
+
 /// One step after a one-step warm start on a tiny batch: about a second.
-const QUICK: [&str; 12] = [
-    "--steps",
-    "1",
-    "--set",
-    "sft.steps=1",
-    "--set",
-    "task.eval_questions=4",
-    "--set",
-    "train.prompts_per_step=2",
-    "--set",
-    "train.eval_every=0",
-    "--set",
-    "backend=jit",
-];
+fn quick() -> Vec<&'static str> {
+    let mut args = vec!["--steps", "1"];
+    args.extend(common::QUICK_RUN);
+    args
+}
 
 fn rlx_run(out: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rlx"))
@@ -52,7 +45,7 @@ fn first_metrics(out: &Path) -> Value {
 fn run_device_cpu_trains_with_the_configured_backend() {
     let out = out_dir("cpu");
     let mut args = vec!["--device", "cpu"];
-    args.extend(QUICK);
+    args.extend(quick());
     let output = rlx_run(&out, &args);
     assert!(
         output.status.success(),
@@ -69,7 +62,7 @@ fn run_rejects_a_malformed_device_before_anything_is_written() {
     for device in ["tpu", "cuda:x", "cuda:", "CUDA"] {
         let out = out_dir("bad");
         let mut args = vec!["--device", device];
-        args.extend(QUICK);
+        args.extend(quick());
         let output = rlx_run(&out, &args);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{device}: {stderr}");
@@ -86,8 +79,8 @@ fn run_rejects_a_malformed_device_before_anything_is_written() {
 /// `cuda`. Elsewhere: exit status 1, an error naming what is missing, and no output directory.
 #[test]
 fn run_on_cuda_matches_the_cpu_kernel_or_says_what_is_missing() {
-    // A longer warm start than QUICK so that the first step has rewards, a loss and a gradient.
-    let mut args: Vec<&str> = QUICK.to_vec();
+    // A longer warm start than quick()'s so that the first step has rewards, a loss and a gradient.
+    let mut args: Vec<&str> = quick();
     args.extend(["--set", "sft.steps=60", "--set", "train.prompts_per_step=4"]);
     let gpu_out = out_dir("cuda");
     let mut gpu_args = vec!["--device", "cuda"];
