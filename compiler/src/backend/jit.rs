@@ -855,7 +855,7 @@ impl Gen<'_, '_> {
     /// rounding; within 1 ulp of libm (as accurate as fdlibm's form: tested). Overflow gives +∞, underflow 0, NaN stays NaN. `x` is an `f64`
     /// or an `f64x2`: rounding and 2ᵏ use the 1.5·2⁵² trick (adding it rounds to an integer, whose
     /// bits are then in the low mantissa), so no float-to-integer conversion is needed.
-    fn exp_f64(&mut self, x: ClifValue, bounded: bool) -> ClifValue {
+    fn exp_f64(&mut self, x: ClifValue, bounded: bool, for_f32: bool) -> ClifValue {
         const INV_LN2: f64 = std::f64::consts::LOG2_E;
         const LN2_HI: f64 = 6.931_471_803_691_238e-1;
         const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
@@ -887,34 +887,50 @@ impl Gen<'_, '_> {
         let hi = self.b.ins().fsub(clamped, k_hi);
         let lo = self.b.ins().fmul(k, ln2_lo);
         let r = self.b.ins().fsub(hi, lo);
-        // e^r = 1 + r + r²·Q(r), Q(r) = Σ_{j=0}^{11} r^j/(j+2)! (the Taylor series to r¹³; the next
-        // term is below 5e-18 for |r| ≤ ln 2/2), Q by Estrin's scheme: a short dependency chain and
-        // no division. With r = hi − lo: 1 + (hi + (r²·Q − lo)).
+        // e^r = 1 + r + r²·Q(r), Q(r) = Σ_{j=0}^{m} r^j/(j+2)!, the Taylor series to r^(m+2): to r¹³
+        // for an f64 result (the next term is below 5e-18 for |r| ≤ ln 2/2), to r⁸ when the result
+        // is rounded to f32 (`for_f32`; the next term is below 2.1e-10, 0.004 of an f32 ulp, so the
+        // f32 result is the correctly rounded one to within that). Q by Estrin's scheme: a short
+        // dependency chain and no division. With r = hi − lo: 1 + (hi + (r²·Q − lo)).
+        let terms = if for_f32 { 7 } else { 12 };
         let mut factorial = 2.0;
-        let mut coefficients = Vec::with_capacity(12);
-        for j in 0..12 {
+        let mut coefficients = Vec::with_capacity(terms);
+        for j in 0..terms {
             coefficients.push(1.0 / factorial);
-            factorial *= f64::from(j + 3);
+            factorial *= (j + 3) as f64;
         }
         let r2 = self.b.ins().fmul(r, r);
-        let r4 = self.b.ins().fmul(r2, r2);
-        let r8 = self.b.ins().fmul(r4, r4);
-        let mut pairs = Vec::with_capacity(6);
+        let mut level = Vec::with_capacity(terms.div_ceil(2));
         for pair in coefficients.chunks(2) {
             let a = c(self, pair[0]);
-            let b = c(self, pair[1]);
-            let br = self.b.ins().fmul(b, r);
-            pairs.push(self.b.ins().fadd(a, br));
+            level.push(match pair.get(1) {
+                Some(&b) => {
+                    let b = c(self, b);
+                    let br = self.b.ins().fmul(b, r);
+                    self.b.ins().fadd(a, br)
+                }
+                None => a,
+            });
         }
-        let mut quads = Vec::with_capacity(3);
-        for pair in pairs.chunks(2) {
-            let high = self.b.ins().fmul(pair[1], r2);
-            quads.push(self.b.ins().fadd(pair[0], high));
+        // Level by level: pairs (a, b) become a + b·r^(2^k), r², r⁴, r⁸, ….
+        let mut power = r2;
+        while level.len() > 1 {
+            let mut next = Vec::with_capacity(level.len().div_ceil(2));
+            for pair in level.chunks(2) {
+                next.push(match pair.get(1) {
+                    Some(&high) => {
+                        let high = self.b.ins().fmul(high, power);
+                        self.b.ins().fadd(pair[0], high)
+                    }
+                    None => pair[0],
+                });
+            }
+            level = next;
+            if level.len() > 1 {
+                power = self.b.ins().fmul(power, power);
+            }
         }
-        let high = self.b.ins().fmul(quads[1], r4);
-        let low = self.b.ins().fadd(quads[0], high);
-        let top = self.b.ins().fmul(quads[2], r8);
-        let q = self.b.ins().fadd(low, top);
+        let q = level[0];
         let q = self.b.ins().fmul(r2, q);
         let q = self.b.ins().fsub(q, lo);
         let s = self.b.ins().fadd(hi, q);
@@ -962,24 +978,25 @@ impl Gen<'_, '_> {
         self.pick(over, infinity, result)
     }
 
-    /// eˣ in the register type: f64 and f64×2 directly; f32 through f64 (f32×4 as two f64×2 halves).
+    /// eˣ in the register type: f64 and f64×2 directly; f32 through f64 (f32×4 as two f64×2 halves),
+    /// with the shorter polynomial that an f32 result needs.
     fn exp(&mut self, x: ClifValue, bounded: bool) -> ClifValue {
         match self.type_of(x) {
-            types::F64 | types::F64X2 => self.exp_f64(x, bounded),
+            types::F64 | types::F64X2 => self.exp_f64(x, bounded, false),
             types::F32X4 => {
                 let low = self.b.ins().fvpromote_low(x);
                 // Lanes 2, 3 moved down to 0, 1.
                 let high = self.shuffle_halves(x, x, true);
                 let high = self.b.ins().fvpromote_low(high);
-                let low = self.exp_f64(low, bounded);
-                let high = self.exp_f64(high, bounded);
+                let low = self.exp_f64(low, bounded, true);
+                let high = self.exp_f64(high, bounded, true);
                 let low = self.b.ins().fvdemote(low);
                 let high = self.b.ins().fvdemote(high);
                 self.shuffle_halves(low, high, false)
             }
             _ => {
                 let wide = self.b.ins().fpromote(types::F64, x);
-                let e = self.exp_f64(wide, bounded);
+                let e = self.exp_f64(wide, bounded, true);
                 self.b.ins().fdemote(types::F32, e)
             }
         }
