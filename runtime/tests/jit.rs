@@ -825,14 +825,18 @@ fn exp_in_vector_lanes(source: &str, within: f64) {
             }
         }
         assert_eq!(checked, xs.len());
-        // Within 1 ulp always; equal to libm's (glibc: correctly rounded in practice) in about 90% of
-        // cases. Measured: 1133 of 12013 differ (the Taylor/Estrin polynomial); fdlibm's rational
-        // form, the code before it, differed in 1144 — the same accuracy.
+        // Within 1 ulp always. f64: equal to libm's (glibc: correctly rounded in practice) in about
+        // 90% of cases; measured: 1133 of 12013 differ (the Taylor/Estrin polynomial); fdlibm's
+        // rational form, the code before it, differed in 1144 — the same accuracy. f32 (an f64
+        // reduction and the polynomial to r⁸, rounded to f32): correctly rounded but for the rare
+        // value within 0.004 ulp of a rounding boundary; measured: 5 of 9518 differ. One term less
+        // (to r⁷, an error up to 0.09 ulp) misrounds 46 of 9518 and fails here (tried).
         if std::env::var_os("RLX_DEBUG_AGREE").is_some() {
             eprintln!("{accumulate:?}: {differing} of {checked} differ from libm by 1 ulp");
         }
+        let per_mille = if accumulate == Precision::F64 { 120 } else { 2 };
         assert!(
-            differing * 100 <= checked * 12,
+            differing * 1000 <= checked * per_mille,
             "{accumulate:?}: {differing} of {checked} differ from libm"
         );
     }
