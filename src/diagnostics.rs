@@ -2,11 +2,13 @@
 //! that knows about miette; the compiler's errors are plain data.
 
 use std::fmt;
+use std::io::IsTerminal;
+use std::path::Path;
 
 use miette::{GraphicalReportHandler, GraphicalTheme, LabeledSpan, NamedSource, SourceCode};
 use serde_json::{json, Value};
 
-use rlx_compiler::{Diagnostic, Severity, SourceMap};
+use rlx_compiler::{Checked, Diagnostic, Severity, SourceMap};
 
 /// One diagnostic with its source attached, as miette wants it.
 #[derive(Debug)]
@@ -202,4 +204,39 @@ pub fn to_json(diagnostic: &Diagnostic, sources: &SourceMap) -> Value {
         "help": diagnostic.help,
         "related": diagnostic.related.iter().map(|r| to_json(r, sources)).collect::<Vec<_>>(),
     })
+}
+
+/// Whether reports on stderr are coloured: stderr is a terminal and `NO_COLOR` is not set.
+pub fn stderr_color() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+}
+
+/// Print `checked`'s diagnostics, if any, to stderr as reports for people.
+pub fn report(path: &Path, checked: &Checked) {
+    if !checked.diagnostics.is_empty() {
+        eprint!(
+            "{}",
+            render_human(
+                &path.display().to_string(),
+                &checked.diagnostics,
+                &checked.sources,
+                stderr_color()
+            )
+        );
+    }
+}
+
+/// Check the recipe at `path` and [`report`] its diagnostics; `None` (after printing why) when it
+/// cannot be read. The recipe has errors when `checked.recipe` is `None`.
+pub fn check_reported(path: &Path) -> Option<Checked> {
+    match rlx_compiler::check_path(path) {
+        Ok(checked) => {
+            report(path, &checked);
+            Some(checked)
+        }
+        Err(error) => {
+            eprintln!("error: cannot read {}: {error}", path.display());
+            None
+        }
+    }
 }

@@ -1,12 +1,11 @@
 //! `rlx`: the rlx runtime's command line.
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use rlx::diagnostics::render_human;
+use rlx::diagnostics::check_reported;
 
 /// The rlx runtime: apply compiled recipes to rollouts.
 #[derive(Parser)]
@@ -296,26 +295,7 @@ fn bench(recipe: &Path, set: &[String], settings: &rlx_runtime::bench::Settings)
 
 /// Check the recipe, printing its diagnostics; `None` when it has errors or cannot be read.
 fn checked_recipe(recipe: &Path) -> Option<rlx_compiler::hir::Recipe> {
-    let checked = match rlx_compiler::check_path(recipe) {
-        Ok(checked) => checked,
-        Err(error) => {
-            eprintln!("error: cannot read {}: {error}", recipe.display());
-            return None;
-        }
-    };
-    if !checked.diagnostics.is_empty() {
-        let color = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-        eprint!(
-            "{}",
-            render_human(
-                &recipe.display().to_string(),
-                &checked.diagnostics,
-                &checked.sources,
-                color
-            )
-        );
-    }
-    checked.recipe
+    check_reported(recipe)?.recipe
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -429,26 +409,7 @@ fn score(
     if rlx_compiler::artifact::is_artifact_path(recipe) {
         return score_artifact(recipe, rollouts, &overrides, grad, out, backend);
     }
-    let checked = match rlx_compiler::check_path(recipe) {
-        Ok(checked) => checked,
-        Err(error) => {
-            eprintln!("error: cannot read {}: {error}", recipe.display());
-            return ExitCode::from(1);
-        }
-    };
-    if !checked.diagnostics.is_empty() {
-        let color = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-        eprint!(
-            "{}",
-            render_human(
-                &recipe.display().to_string(),
-                &checked.diagnostics,
-                &checked.sources,
-                color
-            )
-        );
-    }
-    let Some(hir) = checked.recipe else {
+    let Some(hir) = checked_recipe(recipe) else {
         return ExitCode::from(1);
     };
     let text = match std::fs::read_to_string(rollouts) {

@@ -1,13 +1,12 @@
 //! `rlxc`: the rlx compiler's command line.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::json;
 
-use rlx::diagnostics::{render_human, to_json};
+use rlx::diagnostics::{check_reported, render_human, report, stderr_color, to_json};
 
 /// The rlx compiler: check, format and compile `.rlx` recipes.
 #[derive(Parser)]
@@ -126,10 +125,6 @@ fn main() -> ExitCode {
     }
 }
 
-fn color() -> bool {
-    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none()
-}
-
 fn check(files: &[PathBuf], format: Format) -> ExitCode {
     let mut any_error = false;
     let mut io_error = false;
@@ -145,15 +140,7 @@ fn check(files: &[PathBuf], format: Format) -> ExitCode {
         };
         any_error |= checked.has_errors();
         match format {
-            Format::Human => {
-                if !checked.diagnostics.is_empty() {
-                    let name = path.display().to_string();
-                    eprint!(
-                        "{}",
-                        render_human(&name, &checked.diagnostics, &checked.sources, color())
-                    );
-                }
-            }
+            Format::Human => report(path, &checked),
             Format::Json => documents.push(json!({
                 "file": path.display().to_string(),
                 "ok": !checked.has_errors(),
@@ -197,7 +184,12 @@ fn fmt(files: &[PathBuf], check_only: bool) -> ExitCode {
             Err(diagnostics) => {
                 eprint!(
                     "{}",
-                    render_human(&path.display().to_string(), &diagnostics, &sources, color())
+                    render_human(
+                        &path.display().to_string(),
+                        &diagnostics,
+                        &sources,
+                        stderr_color()
+                    )
                 );
                 status = status.max(1);
             }
@@ -245,7 +237,12 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
                 Err(diagnostics) => {
                     eprint!(
                         "{}",
-                        render_human(&path.display().to_string(), &diagnostics, &sources, color())
+                        render_human(
+                            &path.display().to_string(),
+                            &diagnostics,
+                            &sources,
+                            stderr_color()
+                        )
                     );
                     ExitCode::from(1)
                 }
@@ -257,19 +254,9 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
         | Emit::Plan
         | Emit::PlanJson
         | Emit::Cuda
-        | Emit::Clif => match rlx_compiler::check_path(path) {
-            Err(error) => {
-                eprintln!("error: cannot read {}: {error}", path.display());
-                ExitCode::from(2)
-            }
-            Ok(checked) => {
-                if !checked.diagnostics.is_empty() {
-                    let name = path.display().to_string();
-                    eprint!(
-                        "{}",
-                        render_human(&name, &checked.diagnostics, &checked.sources, color())
-                    );
-                }
+        | Emit::Clif => match check_reported(path) {
+            None => ExitCode::from(2),
+            Some(checked) => {
                 let Some(recipe) = &checked.recipe else {
                     return ExitCode::from(1);
                 };
@@ -349,20 +336,9 @@ fn artifact(path: &std::path::Path, set: &[String], out: &std::path::Path) -> Ex
         );
         return ExitCode::from(2);
     }
-    let checked = match rlx_compiler::check_path(path) {
-        Ok(checked) => checked,
-        Err(error) => {
-            eprintln!("error: cannot read {}: {error}", path.display());
-            return ExitCode::from(2);
-        }
+    let Some(checked) = check_reported(path) else {
+        return ExitCode::from(2);
     };
-    if !checked.diagnostics.is_empty() {
-        let name = path.display().to_string();
-        eprint!(
-            "{}",
-            render_human(&name, &checked.diagnostics, &checked.sources, color())
-        );
-    }
     if checked.recipe.is_none() {
         return ExitCode::from(1);
     }
@@ -391,22 +367,16 @@ fn torch(path: &std::path::Path, set: &[String], out: Option<&std::path::Path>) 
             return ExitCode::from(2);
         }
     };
-    let (text, checked) = match std::fs::read_to_string(path)
-        .and_then(|text| Ok((text, rlx_compiler::check_path(path)?)))
-    {
-        Ok(read) => read,
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
         Err(error) => {
             eprintln!("error: cannot read {}: {error}", path.display());
             return ExitCode::from(2);
         }
     };
-    if !checked.diagnostics.is_empty() {
-        let name = path.display().to_string();
-        eprint!(
-            "{}",
-            render_human(&name, &checked.diagnostics, &checked.sources, color())
-        );
-    }
+    let Some(checked) = check_reported(path) else {
+        return ExitCode::from(2);
+    };
     let Some(recipe) = &checked.recipe else {
         return ExitCode::from(1);
     };
