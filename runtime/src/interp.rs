@@ -43,6 +43,11 @@ pub struct Outcome {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EvalError(pub String);
 
+/// The error message when a recipe's `keep` filters drop every response (nothing to compute
+/// advantages and the loss over); the trainer recognises it and skips the step.
+pub const ALL_FILTERED: &str =
+    "every response was filtered out by `keep`: there is nothing to compute advantages and the loss over";
+
 impl std::fmt::Display for EvalError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
@@ -158,10 +163,7 @@ pub fn evaluate(graph: &Graph, batch: &Batch, context: &Context) -> Result<Outco
         .map(|r| group_kept[response_group[r]] && response_kept[r])
         .collect();
     if !kept.iter().any(|k| *k) {
-        return Err(EvalError(
-            "every response was filtered out by `keep`: there is nothing to compute advantages and the loss over"
-                .into(),
-        ));
+        return Err(EvalError(ALL_FILTERED.into()));
     }
     let reward = outputs
         .reward

@@ -586,10 +586,7 @@ impl Kernel {
             .map(|r| group_kept[response_group[r]] && response_kept[r])
             .collect();
         if !kept.iter().any(|k| *k) {
-            return Err(EvalError(
-                "every response was filtered out by `keep`: there is nothing to compute advantages and the loss over"
-                    .into(),
-            ));
+            return Err(EvalError(crate::interp::ALL_FILTERED.into()));
         }
         let reward = match outputs.reward {
             Some(b) => Some(take(&mut first, b)?.to_f64()),

@@ -18,7 +18,7 @@ use rlx_compiler::hir::Recipe;
 use rlx_compiler::ir::{Graph, Level, RolloutInfo, RolloutValueInfo};
 use rlx_runtime::batch::{Batch, Layout};
 use rlx_runtime::geometry::Geometry;
-use rlx_runtime::interp::{Context, Outcome};
+use rlx_runtime::interp::{Context, Outcome, ALL_FILTERED};
 
 use crate::checkpoint::{self, State};
 use crate::config::Config;
@@ -826,7 +826,7 @@ pub fn run_with(
                     no_checkpoint(out, last_checkpoint)
                 )
             };
-            let (outcome, mut grads) = loss_and_gradients(
+            let (outcome, mut grads) = match loss_and_gradients(
                 &policy,
                 &objective,
                 &batch,
@@ -836,8 +836,13 @@ pub fn run_with(
                 &tokens,
                 config.train.micro_batch,
                 &device,
-            )
-            .map_err(fail)?;
+            ) {
+                // The recipe's `keep` dropped every group (DAPO's dynamic sampling when every
+                // group's responses score alike): no signal, no update; the step is logged as
+                // skipped. (Later epochs see the same rewards, so only the first can meet this.)
+                Err(message) if message.contains(ALL_FILTERED) => break,
+                result => result.map_err(fail)?,
+            };
             if let Some((name, value)) = grads.first_non_finite(policy.vars()) {
                 return Err(fail(format!(
                     "the gradient of parameter `{name}` has {value}"
@@ -860,14 +865,19 @@ pub fn run_with(
             first.get_or_insert(outcome);
         }
         let train_s = t1.elapsed().as_secs_f64();
+        let trained_tokens = if first.is_some() {
+            total_tokens * config.train.epochs
+        } else {
+            0
+        };
         train_time += train_s;
-        train_tokens += total_tokens * config.train.epochs;
-        let outcome = first.expect("at least one epoch");
+        train_tokens += trained_tokens;
+        let outcome: Option<Outcome> = first;
 
         let score_mean = signal_values.first().map(|(_, v)| mean(v));
         let reward_mean = outcome
-            .reward
             .as_ref()
+            .and_then(|o| o.reward.as_ref())
             .map(|r| mean(r))
             .or(score_mean)
             .unwrap_or(0.0);
@@ -878,9 +888,20 @@ pub fn run_with(
         if let Some(correct) = &correct {
             line.insert("accuracy".into(), json!(mean(correct)));
         }
-        line.insert("loss".into(), json!(outcome.loss));
-        for (name, value) in &outcome.metrics {
-            line.insert(format!("recipe/{name}"), json!(value));
+        match &outcome {
+            Some(outcome) => {
+                line.insert("loss".into(), json!(outcome.loss));
+                for (name, value) in &outcome.metrics {
+                    line.insert(format!("recipe/{name}"), json!(value));
+                }
+            }
+            None => {
+                line.insert("loss".into(), Value::Null);
+                line.insert(
+                    "skipped".into(),
+                    json!("the recipe's `keep` filtered out every group: no update"),
+                );
+            }
         }
         for (name, values) in &signal_values {
             line.insert(format!("signal/{name}/mean"), json!(mean(values)));
@@ -917,7 +938,7 @@ pub fn run_with(
         );
         line.insert(
             "train_tokens_per_s".into(),
-            json!((total_tokens * config.train.epochs) as f64 / train_s.max(1e-9)),
+            json!(trained_tokens as f64 / train_s.max(1e-9)),
         );
         let last = step + 1 == config.steps;
         let every = config.train.eval_every;
@@ -958,6 +979,7 @@ pub fn run_with(
             reward: reward_mean,
             kl: kl.or_else(|| {
                 outcome
+                    .as_ref()?
                     .metrics
                     .iter()
                     .find(|(n, _)| n == "kl")

@@ -536,3 +536,38 @@ fn a_short_grpo_run_on_arithmetic_raises_the_reward() {
     }
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// DAPO's dynamic sampling drops groups whose responses all score the same; when that drops every
+/// group (an untrained policy scores 0 everywhere) the step makes no update and says so, and the run
+/// goes on, where the recipe alone would have no loss to give.
+#[test]
+fn a_step_whose_groups_keep_filters_out_entirely_is_skipped() {
+    let out = out_dir("all-filtered");
+    let mut run_args = args(&[
+        "sft.steps=0",
+        "task.eval_questions=4",
+        "train.prompts_per_step=2",
+        "sampler.n=4",
+        "steps=2",
+        "backend=jit",
+    ]);
+    run_args.out = Some(out.clone());
+    let prepared = prepare(&recipe("recipes/dapo.rlx"), &run_args).unwrap();
+    let summary =
+        rlx_trainer::train::run(prepared.plan, &prepared.config, &prepared.out, |_| {}).unwrap();
+    assert_eq!(summary.steps_done, 2);
+    let lines = metrics(&out);
+    assert_eq!(lines.len(), 2);
+    for line in &lines {
+        assert_eq!(line["reward/mean"], serde_json::json!(0.0), "{line:?}");
+        assert_eq!(
+            line["skipped"],
+            "the recipe's `keep` filtered out every group: no update"
+        );
+        assert!(line["loss"].is_null());
+        assert_eq!(line["grad_norm"], serde_json::json!(0.0));
+        assert!(!line.contains_key("recipe/pg_clipfrac"));
+    }
+    assert!(out.join("checkpoint").exists());
+    let _ = std::fs::remove_dir_all(&out);
+}
