@@ -30,6 +30,9 @@ pub struct TrainConfig {
     pub eval_every: usize,
     /// Write a checkpoint every this many steps (0 = only at the end).
     pub checkpoint_every: usize,
+    /// DAPO's dynamic sampling: when the recipe's `keep` drops groups, sample more prompts, up to this
+    /// many rounds per step, until `prompts_per_step` groups are kept (1 = never resample).
+    pub max_sampling_rounds: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -115,6 +118,11 @@ impl Config {
         }
         if self.train.prompts_per_step == 0 || self.train.epochs == 0 {
             return Err("config: train.prompts_per_step and train.epochs must be positive".into());
+        }
+        if self.train.max_sampling_rounds == 0 {
+            return Err(
+                "config: train.max_sampling_rounds must be at least 1 (1 = never resample)".into(),
+            );
         }
         positive("train.lr", self.train.lr)?;
         non_negative("train.weight_decay", self.train.weight_decay)?;

@@ -409,6 +409,129 @@ pub struct RunOptions {
     pub stop_after: Option<usize>,
 }
 
+/// A step's samples and the batch the recipe sees for them.
+struct Samples {
+    prompts: Vec<Prompt>,
+    completions: Vec<Completion>,
+    rows: Vec<Vec<u32>>,
+    tokens: Vec<Vec<u32>>,
+    signal_values: Vec<(String, Vec<f64>)>,
+    correct: Option<Vec<f64>>,
+    lengths: Vec<usize>,
+    ref_logp: Option<Vec<f64>>,
+    old_logp: Vec<f64>,
+    batch: Batch,
+}
+
+/// The batch the recipe sees at `step` for `prompts` and their completions (`n` per prompt, in
+/// order): the task's signals, `old_logp`, the reference log-probs when the recipe reads them, and
+/// every input of `graph` (as `fills` says).
+#[allow(clippy::too_many_arguments)]
+fn build_samples(
+    task: &dyn Task,
+    models: &TaskModels,
+    (graph, fills): (&Graph, &[Fill]),
+    n: usize,
+    device: &Device,
+    step: usize,
+    prompts: Vec<Prompt>,
+    completions: Vec<Completion>,
+) -> Result<Samples, Error> {
+    let rows: Vec<Vec<u32>> = prompts
+        .iter()
+        .flat_map(|p| std::iter::repeat_n(p.ids.clone(), n))
+        .collect();
+    let tokens: Vec<Vec<u32>> = completions.iter().map(|c| c.tokens.clone()).collect();
+    let filled = task.fill(&prompts, &tokens, n, models)?;
+    if let Some(missing) = task
+        .signals()
+        .iter()
+        .find(|s| !filled.values.iter().any(|(n, _)| n == *s))
+    {
+        return Err(format!("step {step}: the task did not fill `{missing}`"));
+    }
+    let signal_values = filled.values;
+    let correct: Option<Vec<f64>> = completions
+        .iter()
+        .enumerate()
+        .map(|(r, c)| task.correct(&prompts[r / n], &c.tokens))
+        .collect();
+    let lengths: Vec<usize> = tokens.iter().map(Vec::len).collect();
+    let layout = Layout::from_counts(
+        &vec![n; prompts.len()],
+        &lengths,
+        filled.crit_counts.as_deref().unwrap_or(&[]),
+        filled.dim.unwrap_or(0),
+    )
+    .map_err(|e| e.to_string())?;
+    let ref_logp: Option<Vec<f64>> = match models.reference {
+        Some(reference) => Some(
+            completion_logp(&reference.no_grad(), &rows, &tokens, device)
+                .and_then(|t| t.to_vec1::<f32>())
+                .map_err(err)?
+                .into_iter()
+                .map(f64::from)
+                .collect(),
+        ),
+        None => None,
+    };
+    let old_logp: Vec<f64> = completions
+        .iter()
+        .flat_map(|c| c.logp.iter().map(|v| *v as f64))
+        .collect();
+    let inputs: Vec<Vec<f64>> = fills
+        .iter()
+        .zip(&graph.inputs)
+        .map(|(fill, input)| match fill {
+            Fill::Logp | Fill::OldLogp => old_logp.clone(),
+            Fill::RefLogp => ref_logp.clone().unwrap_or_default(),
+            Fill::Signal(name) => signal_values
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default(),
+            Fill::Length => lengths.iter().map(|l| *l as f64).collect(),
+            Fill::Default(v) => {
+                // Any shape, feature axes included (their lengths come from the layout).
+                let rubrics = graph.rubrics.iter().map(|r| r.criteria.len()).collect();
+                let size = Geometry::new(layout.clone(), rubrics).size(&input.shape);
+                vec![*v; size]
+            }
+        })
+        .collect();
+    Ok(Samples {
+        prompts,
+        completions,
+        rows,
+        tokens,
+        signal_values,
+        correct,
+        lengths,
+        ref_logp,
+        old_logp,
+        batch: Batch { layout, inputs },
+    })
+}
+
+/// Which groups of `batch` (`n` responses each) the recipe's `keep` filters keep (a group is kept
+/// when any of its responses is), from a forward evaluation with `logp` = `old_logp`, as the first
+/// epoch sees it.
+fn kept_groups(
+    objective: &Objective,
+    batch: &Batch,
+    context: &Context,
+    n: usize,
+) -> Result<Vec<bool>, String> {
+    let groups = batch.layout.groups();
+    match objective.run(batch, context) {
+        Ok(outcome) => Ok((0..groups)
+            .map(|g| outcome.kept[g * n..(g + 1) * n].iter().any(|k| *k))
+            .collect()),
+        Err(e) if e.0 == ALL_FILTERED => Ok(vec![false; groups]),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// The loss of the recipe on the whole batch and the gradient of every parameter, backpropagated
 /// `micro_batch` responses at a time (0 = all at once).
 ///
@@ -680,7 +803,6 @@ pub fn run_with(
     let mut accuracy_after = accuracy_before;
     let mut last_checkpoint: Option<usize> = options.resume.as_ref().map(|_| first_step);
     let mut step_times = Vec::new();
-    let signals = task.signals();
 
     let save = |step: usize,
                 metrics_text: &str,
@@ -724,97 +846,83 @@ pub fn run_with(
             break;
         }
         let step_start = Instant::now();
-        let prompts = task.prompts(&mut prompt_rng, config.train.prompts_per_step)?;
-        let ids: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
-        let t0 = Instant::now();
-        let completions: Vec<Completion> =
-            generate(&policy, &ids, n, &settings, &mut sample_rng, &device).map_err(err)?;
-        let generated: usize = completions.iter().map(|c| c.tokens.len()).sum();
-        let sample_s = t0.elapsed().as_secs_f64();
-        sample_time += sample_s;
-        sample_tokens += generated;
-
-        let rows: Vec<Vec<u32>> = ids
-            .iter()
-            .flat_map(|p| std::iter::repeat_n(p.clone(), n))
-            .collect();
-        let tokens: Vec<Vec<u32>> = completions.iter().map(|c| c.tokens.clone()).collect();
-        let filled = task.fill(
-            &prompts,
-            &tokens,
-            n,
-            &TaskModels {
-                policy: &policy,
-                reference: reference.as_ref(),
-            },
-        )?;
-        if let Some(missing) = signals
-            .iter()
-            .find(|s| !filled.values.iter().any(|(n, _)| n == *s))
-        {
-            return Err(format!("step {step}: the task did not fill `{missing}`"));
-        }
-        let signal_values = filled.values;
-        let correct: Option<Vec<f64>> = completions
-            .iter()
-            .enumerate()
-            .map(|(r, c)| task.correct(&prompts[r / n], &c.tokens))
-            .collect();
-        let lengths: Vec<usize> = tokens.iter().map(Vec::len).collect();
-        let layout = Layout::from_counts(
-            &vec![n; prompts.len()],
-            &lengths,
-            filled.crit_counts.as_deref().unwrap_or(&[]),
-            filled.dim.unwrap_or(0),
-        )
-        .map_err(|e| e.to_string())?;
-        let ref_logp: Option<Vec<f64>> = match &reference {
-            Some(reference) => Some(
-                completion_logp(&reference.no_grad(), &rows, &tokens, &device)
-                    .and_then(|t| t.to_vec1::<f32>())
-                    .map_err(err)?
-                    .into_iter()
-                    .map(f64::from)
-                    .collect(),
-            ),
-            None => None,
-        };
-        let old_logp: Vec<f64> = completions
-            .iter()
-            .flat_map(|c| c.logp.iter().map(|v| *v as f64))
-            .collect();
-        let total_tokens = layout.tokens();
-        let inputs: Vec<Vec<f64>> = plan
-            .fills
-            .iter()
-            .zip(&plan.graph.inputs)
-            .map(|(fill, input)| match fill {
-                Fill::Logp | Fill::OldLogp => old_logp.clone(),
-                Fill::RefLogp => ref_logp.clone().unwrap_or_default(),
-                Fill::Signal(name) => signal_values
-                    .iter()
-                    .find(|(n, _)| n == name)
-                    .map(|(_, v)| v.clone())
-                    .unwrap_or_default(),
-                Fill::Length => lengths.iter().map(|l| *l as f64).collect(),
-                Fill::Default(v) => {
-                    // Any shape, feature axes included (their lengths come from the layout).
-                    let rubrics = plan
-                        .graph
-                        .rubrics
-                        .iter()
-                        .map(|r| r.criteria.len())
-                        .collect();
-                    let size = Geometry::new(layout.clone(), rubrics).size(&input.shape);
-                    vec![*v; size]
-                }
-            })
-            .collect();
-        let batch = Batch { layout, inputs };
         let context = Context {
             step: step as f64,
             progress: step as f64 / config.steps.max(1) as f64,
         };
+        // The batch the recipe sees, from prompts and their completions (n per prompt, in order).
+        let models = TaskModels {
+            policy: &policy,
+            reference: reference.as_ref(),
+        };
+        let build = |prompts: Vec<Prompt>, completions: Vec<Completion>| {
+            build_samples(
+                task.as_ref(),
+                &models,
+                (&plan.graph, &plan.fills),
+                n,
+                &device,
+                step,
+                prompts,
+                completions,
+            )
+        };
+        // Sampling rounds (DAPO's dynamic sampling): when the recipe's `keep` drops groups, sample
+        // more prompts, up to `train.max_sampling_rounds` rounds, until `prompts_per_step` groups are
+        // kept; the step trains on those (a first round that keeps every group is used as it is).
+        let wanted = config.train.prompts_per_step;
+        let (mut generated, mut sample_s, mut rounds) = (0usize, 0f64, 0usize);
+        let mut kept_prompts: Vec<Prompt> = Vec::new();
+        let mut kept_completions: Vec<Completion> = Vec::new();
+        let samples = loop {
+            rounds += 1;
+            let prompts = task.prompts(&mut prompt_rng, wanted)?;
+            let ids: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
+            let t0 = Instant::now();
+            let completions: Vec<Completion> =
+                generate(&policy, &ids, n, &settings, &mut sample_rng, &device).map_err(err)?;
+            sample_s += t0.elapsed().as_secs_f64();
+            generated += completions.iter().map(|c| c.tokens.len()).sum::<usize>();
+            let round = build(prompts, completions)?;
+            if config.train.max_sampling_rounds <= 1 || plan.graph.outputs.keeps.is_empty() {
+                break round;
+            }
+            let kept = kept_groups(&objective, &round.batch, &context, n)
+                .map_err(|e| format!("step {step}: recipe: {e}"))?;
+            if rounds == 1 && kept.iter().all(|k| *k) {
+                break round;
+            }
+            for (g, _) in kept.iter().enumerate().filter(|(_, k)| **k) {
+                if kept_prompts.len() < wanted {
+                    kept_prompts.push(round.prompts[g].clone());
+                    kept_completions.extend_from_slice(&round.completions[g * n..(g + 1) * n]);
+                }
+            }
+            if kept_prompts.len() >= wanted || rounds >= config.train.max_sampling_rounds {
+                if kept_prompts.is_empty() {
+                    // Nothing kept in any round: the step is skipped (below).
+                    break round;
+                }
+                break build(
+                    std::mem::take(&mut kept_prompts),
+                    std::mem::take(&mut kept_completions),
+                )?;
+            }
+        };
+        sample_time += sample_s;
+        sample_tokens += generated;
+        let Samples {
+            rows,
+            tokens,
+            signal_values,
+            correct,
+            lengths,
+            ref_logp,
+            old_logp,
+            batch,
+            ..
+        } = samples;
+        let total_tokens = batch.layout.tokens();
 
         let t1 = Instant::now();
         let mut first = None;
@@ -932,6 +1040,17 @@ pub fn run_with(
             json!(total_tokens as f64 / lengths.len() as f64),
         );
         line.insert("grad_norm".into(), json!(grad_norm));
+        if config.train.max_sampling_rounds > 1 && !plan.graph.outputs.keeps.is_empty() {
+            line.insert("sampling/rounds".into(), json!(rounds));
+            line.insert(
+                "sampling/kept_groups".into(),
+                json!(outcome.as_ref().map_or(0, |o| {
+                    (0..batch.layout.groups())
+                        .filter(|g| o.kept[g * n..(g + 1) * n].iter().any(|k| *k))
+                        .count()
+                })),
+            );
+        }
         line.insert(
             "sample_tokens_per_s".into(),
             json!(generated as f64 / sample_s.max(1e-9)),

@@ -567,7 +567,62 @@ fn a_step_whose_groups_keep_filters_out_entirely_is_skipped() {
         assert!(line["loss"].is_null());
         assert_eq!(line["grad_norm"], serde_json::json!(0.0));
         assert!(!line.contains_key("recipe/pg_clipfrac"));
+        // Every sampling round (the default config allows 4) came back uniform.
+        assert_eq!(line["sampling/rounds"], serde_json::json!(4));
+        assert_eq!(line["sampling/kept_groups"], serde_json::json!(0));
     }
     assert!(out.join("checkpoint").exists());
     let _ = std::fs::remove_dir_all(&out);
+}
+
+/// DAPO's dynamic sampling proper: when `keep` drops groups, the step samples more prompts (up to
+/// `train.max_sampling_rounds` rounds) until `prompts_per_step` groups are kept, and trains on exactly
+/// those; with one round it trains on what the first round kept.
+#[test]
+fn dynamic_sampling_refills_the_batch_with_kept_groups() {
+    let run = |name: &str, rounds: &str| {
+        let out = out_dir(name);
+        let mut run_args = args(&[
+            "sft.steps=40",
+            "task.eval_questions=4",
+            "train.prompts_per_step=4",
+            "train.eval_every=0",
+            "sampler.n=4",
+            "steps=4",
+            "backend=jit",
+            &format!("train.max_sampling_rounds={rounds}"),
+        ]);
+        run_args.out = Some(out.clone());
+        let prepared = prepare(&recipe("recipes/dapo.rlx"), &run_args).unwrap();
+        rlx_trainer::train::run(prepared.plan, &prepared.config, &prepared.out, |_| {}).unwrap();
+        let lines = metrics(&out);
+        let _ = std::fs::remove_dir_all(&out);
+        lines
+    };
+    let number = |line: &serde_json::Map<String, serde_json::Value>, key: &str| {
+        line[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{key}: {line:?}"))
+    };
+    let refilled = run("refill", "8");
+    let mut resampled = 0;
+    for line in &refilled {
+        let rounds = number(line, "sampling/rounds");
+        let kept = number(line, "sampling/kept_groups");
+        assert!((1..=8).contains(&rounds) && kept <= 4, "{line:?}");
+        if rounds < 8 {
+            assert_eq!(kept, 4, "stopped early without a full batch: {line:?}");
+        }
+        if rounds > 1 {
+            resampled += 1;
+            // The batch is exactly the kept groups: every one has both right and wrong answers.
+            let accuracy = line["accuracy"].as_f64().unwrap();
+            assert!(accuracy > 0.0 && accuracy < 1.0, "{line:?}");
+        }
+    }
+    assert!(resampled > 0, "no step needed a second round: {refilled:?}");
+    let once = run("once", "1");
+    for line in &once {
+        assert!(!line.contains_key("sampling/rounds"), "{line:?}");
+    }
 }
