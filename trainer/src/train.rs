@@ -522,14 +522,18 @@ fn kept_groups(
     context: &Context,
     n: usize,
 ) -> Result<Vec<bool>, String> {
-    let groups = batch.layout.groups();
     match objective.run(batch, context) {
-        Ok(outcome) => Ok((0..groups)
-            .map(|g| outcome.kept[g * n..(g + 1) * n].iter().any(|k| *k))
-            .collect()),
-        Err(e) if e.0 == ALL_FILTERED => Ok(vec![false; groups]),
+        Ok(outcome) => Ok(by_group(&outcome.kept, n)),
+        Err(e) if e.0 == ALL_FILTERED => Ok(vec![false; batch.layout.groups()]),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// Per group of `n` responses: whether any of its responses is kept.
+fn by_group(kept: &[bool], n: usize) -> Vec<bool> {
+    kept.chunks(n)
+        .map(|group| group.iter().any(|k| *k))
+        .collect()
 }
 
 /// The loss of the recipe on the whole batch and the gradient of every parameter, backpropagated
@@ -1045,9 +1049,7 @@ pub fn run_with(
             line.insert(
                 "sampling/kept_groups".into(),
                 json!(outcome.as_ref().map_or(0, |o| {
-                    (0..batch.layout.groups())
-                        .filter(|g| o.kept[g * n..(g + 1) * n].iter().any(|k| *k))
-                        .count()
+                    by_group(&o.kept, n).iter().filter(|k| **k).count()
                 })),
             );
         }
