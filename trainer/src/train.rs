@@ -891,8 +891,12 @@ pub fn run_with(
             if config.train.max_sampling_rounds <= 1 || plan.graph.outputs.keeps.is_empty() {
                 break round;
             }
-            let kept = kept_groups(&objective, &round.batch, &context, n)
-                .map_err(|e| format!("step {step}: recipe: {e}"))?;
+            let kept = kept_groups(&objective, &round.batch, &context, n).map_err(|e| {
+                format!(
+                    "step {step} (sampling round {rounds}): recipe: {e}; the run stopped before the update; {}",
+                    no_checkpoint(out, last_checkpoint)
+                )
+            })?;
             if rounds == 1 && kept.iter().all(|k| *k) {
                 break round;
             }
