@@ -128,8 +128,8 @@ pub struct Artifact {
     pub params: Vec<ParamInfo>,
     /// Rubric names and criteria, in declaration order (equal to `graph.rubrics`).
     pub rubrics: Vec<crate::ir::RubricInfo>,
-    /// The recipe's `rollout { … }` settings, params at their compiled values (`rlx run` reads `n`
-    /// and `temperature`).
+    /// The recipe's `rollout { … }` settings, params at their compiled values (`rlx run` reads `n`,
+    /// `temperature` and `top_p`).
     pub rollout: Vec<RolloutInfo>,
     /// The IR: forward values and the loss gradient.
     pub graph: Graph,

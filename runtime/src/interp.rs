@@ -44,7 +44,7 @@ pub struct Outcome {
 pub struct EvalError(pub String);
 
 /// The error message when a recipe's `keep` filters drop every response (nothing to compute
-/// advantages and the loss over); the trainer recognises it and skips the step.
+/// advantages and the loss over); the trainer's dynamic sampling reads it as "no group kept".
 pub const ALL_FILTERED: &str =
     "every response was filtered out by `keep`: there is nothing to compute advantages and the loss over";
 

@@ -523,17 +523,14 @@ fn kept_groups(
     n: usize,
 ) -> Result<Vec<bool>, String> {
     match objective.run(batch, context) {
-        Ok(outcome) => Ok(by_group(&outcome.kept, n)),
+        Ok(outcome) => Ok(outcome
+            .kept
+            .chunks(n)
+            .map(|group| group.iter().any(|k| *k))
+            .collect()),
         Err(e) if e.0 == ALL_FILTERED => Ok(vec![false; batch.layout.groups()]),
         Err(e) => Err(e.to_string()),
     }
-}
-
-/// Per group of `n` responses: whether any of its responses is kept.
-fn by_group(kept: &[bool], n: usize) -> Vec<bool> {
-    kept.chunks(n)
-        .map(|group| group.iter().any(|k| *k))
-        .collect()
 }
 
 /// The loss of the recipe on the whole batch and the gradient of every parameter, backpropagated
@@ -875,10 +872,12 @@ pub fn run_with(
         // more prompts, up to `train.max_sampling_rounds` rounds, until `prompts_per_step` groups are
         // kept; the step trains on those (a first round that keeps every group is used as it is).
         let wanted = config.train.prompts_per_step;
+        let filtering = !plan.graph.outputs.keeps.is_empty();
         let (mut generated, mut sample_s, mut rounds) = (0usize, 0f64, 0usize);
         let mut kept_prompts: Vec<Prompt> = Vec::new();
         let mut kept_completions: Vec<Completion> = Vec::new();
-        let samples = loop {
+        // The samples and, when the recipe filters, how many of their groups it keeps.
+        let (samples, kept_count) = loop {
             rounds += 1;
             let prompts = task.prompts(&mut prompt_rng, wanted)?;
             let ids: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
@@ -888,8 +887,8 @@ pub fn run_with(
             sample_s += t0.elapsed().as_secs_f64();
             generated += completions.iter().map(|c| c.tokens.len()).sum::<usize>();
             let round = build(prompts, completions)?;
-            if config.train.max_sampling_rounds <= 1 || plan.graph.outputs.keeps.is_empty() {
-                break round;
+            if !filtering {
+                break (round, None);
             }
             let kept = kept_groups(&objective, &round.batch, &context, n).map_err(|e| {
                 format!(
@@ -897,8 +896,9 @@ pub fn run_with(
                     no_checkpoint(out, last_checkpoint)
                 )
             })?;
-            if rounds == 1 && kept.iter().all(|k| *k) {
-                break round;
+            let count = kept.iter().filter(|k| **k).count();
+            if config.train.max_sampling_rounds <= 1 || (rounds == 1 && count == kept.len()) {
+                break (round, Some(count));
             }
             for (g, _) in kept.iter().enumerate().filter(|(_, k)| **k) {
                 if kept_prompts.len() < wanted {
@@ -908,13 +908,14 @@ pub fn run_with(
             }
             if kept_prompts.len() >= wanted || rounds >= config.train.max_sampling_rounds {
                 if kept_prompts.is_empty() {
-                    // Nothing kept in any round: the step is skipped (below).
-                    break round;
+                    break (round, Some(0));
                 }
-                break build(
+                let count = kept_prompts.len();
+                let kept = build(
                     std::mem::take(&mut kept_prompts),
                     std::mem::take(&mut kept_completions),
                 )?;
+                break (kept, Some(count));
             }
         };
         sample_time += sample_s;
@@ -932,17 +933,24 @@ pub fn run_with(
         } = samples;
         let total_tokens = batch.layout.tokens();
 
+        // When the recipe's `keep` dropped every group (even after resampling) there is no signal:
+        // no update, and the step is logged as skipped.
+        let epochs = if kept_count == Some(0) {
+            0
+        } else {
+            config.train.epochs
+        };
         let t1 = Instant::now();
         let mut first = None;
         let mut grad_norm = 0.0;
-        for epoch in 0..config.train.epochs {
+        for epoch in 0..epochs {
             let fail = |what: String| {
                 format!(
                     "step {step} (epoch {epoch}): {what}; the run stopped before the update; {}",
                     no_checkpoint(out, last_checkpoint)
                 )
             };
-            let (outcome, mut grads) = match loss_and_gradients(
+            let (outcome, mut grads) = loss_and_gradients(
                 &policy,
                 &objective,
                 &batch,
@@ -952,13 +960,8 @@ pub fn run_with(
                 &tokens,
                 config.train.micro_batch,
                 &device,
-            ) {
-                // The recipe's `keep` dropped every group (DAPO's dynamic sampling when every
-                // group's responses score alike): no signal, no update; the step is logged as
-                // skipped. (Later epochs see the same rewards, so only the first can meet this.)
-                Err(message) if message.contains(ALL_FILTERED) => break,
-                result => result.map_err(fail)?,
-            };
+            )
+            .map_err(fail)?;
             if let Some((name, value)) = grads.first_non_finite(policy.vars()) {
                 return Err(fail(format!(
                     "the gradient of parameter `{name}` has {value}"
@@ -981,11 +984,7 @@ pub fn run_with(
             first.get_or_insert(outcome);
         }
         let train_s = t1.elapsed().as_secs_f64();
-        let trained_tokens = if first.is_some() {
-            total_tokens * config.train.epochs
-        } else {
-            0
-        };
+        let trained_tokens = total_tokens * epochs;
         train_time += train_s;
         train_tokens += trained_tokens;
         let outcome: Option<Outcome> = first;
@@ -1048,14 +1047,9 @@ pub fn run_with(
             json!(total_tokens as f64 / lengths.len() as f64),
         );
         line.insert("grad_norm".into(), json!(grad_norm));
-        if config.train.max_sampling_rounds > 1 && !plan.graph.outputs.keeps.is_empty() {
+        if config.train.max_sampling_rounds > 1 && filtering {
             line.insert("sampling/rounds".into(), json!(rounds));
-            line.insert(
-                "sampling/kept_groups".into(),
-                json!(outcome.as_ref().map_or(0, |o| {
-                    by_group(&o.kept, n).iter().filter(|k| **k).count()
-                })),
-            );
+            line.insert("sampling/kept_groups".into(), json!(kept_count));
         }
         line.insert(
             "sample_tokens_per_s".into(),

@@ -19,7 +19,8 @@
 //!
 //! # Numerics
 //! `exp`, the hot function of every ratio and KL term, is inlined (`Gen::exp_f64`: fdlibm's range
-//! reduction, a degree-13 polynomial by Estrin's scheme; within 1 ulp of libm). The other transcendental functions are calls to registered `extern "C"` shims
+//! reduction, a degree-13 polynomial by Estrin's scheme, degree 8 when the result is rounded to f32;
+//! within 1 ulp of libm). The other transcendental functions are calls to registered `extern "C"` shims
 //! around the Rust functions the interpreter uses (`f64::ln`…, `rlx_compiler::ir::{sigmoid,
 //! log_sigmoid, softplus, lgamma}`), so in f64 they give the interpreter's values bit for bit.
 //! `min`/`max` follow `f64::min`/`f64::max` (a NaN operand is ignored), comparisons, `and`/`or`/`not`
@@ -852,9 +853,11 @@ impl Gen<'_, '_> {
     /// two parts), e^r by its Taylor polynomial to r¹³ evaluated with Estrin's scheme (no division
     /// and a dependency chain about half as long as fdlibm's rational form with Horner's scheme: the
     /// exp dominated the token loops), then ·2ᵏ in two steps so that subnormal results stay exact to
-    /// rounding; within 1 ulp of libm (as accurate as fdlibm's form: tested). Overflow gives +∞, underflow 0, NaN stays NaN. `x` is an `f64`
-    /// or an `f64x2`: rounding and 2ᵏ use the 1.5·2⁵² trick (adding it rounds to an integer, whose
-    /// bits are then in the low mantissa), so no float-to-integer conversion is needed.
+    /// rounding; within 1 ulp of libm (as accurate as fdlibm's form: tested). Overflow gives +∞,
+    /// underflow 0, NaN stays NaN. `x` is an `f64` or an `f64x2`: rounding and 2ᵏ use the 1.5·2⁵²
+    /// trick (adding it rounds to an integer, whose bits are then in the low mantissa), so no
+    /// float-to-integer conversion is needed. `for_f32`: the result will be rounded to f32, so a
+    /// shorter polynomial suffices (below).
     fn exp_f64(&mut self, x: ClifValue, bounded: bool, for_f32: bool) -> ClifValue {
         const INV_LN2: f64 = std::f64::consts::LOG2_E;
         const LN2_HI: f64 = 6.931_471_803_691_238e-1;
