@@ -137,11 +137,7 @@ fn hand_worked_cases_match() {
             rlx_runtime::score::Backend::Jit,
         ] {
             let scored = match rlx_runtime::score::score_with_backend(
-                &recipe,
-                &rollouts,
-                &overrides,
-                true,
-                backend,
+                &recipe, &rollouts, &overrides, true, backend,
             ) {
                 Ok(scored) => scored.document,
                 Err(message) => {

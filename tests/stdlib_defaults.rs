@@ -88,8 +88,8 @@ fn every_stdlib_function_compiles_with_its_defaults_omitted() {
     let mut functions = 0;
     let mut with_defaults = 0;
     for (module, text) in stdlib::MODULES {
-        let parsed = parse_module(FileId(0), text)
-            .unwrap_or_else(|_| panic!("std/{module} does not parse"));
+        let parsed =
+            parse_module(FileId(0), text).unwrap_or_else(|_| panic!("std/{module} does not parse"));
         for item in &parsed.items {
             let ItemKind::Fn(decl) = &item.kind else {
                 continue;
@@ -119,8 +119,14 @@ fn every_stdlib_function_compiles_with_its_defaults_omitted() {
             }
         }
     }
-    assert!(functions > 100, "expected the stdlib's functions, found {functions}");
-    assert!(with_defaults > 30, "expected functions with defaults, found {with_defaults}");
+    assert!(
+        functions > 100,
+        "expected the stdlib's functions, found {functions}"
+    );
+    assert!(
+        with_defaults > 30,
+        "expected functions with defaults, found {with_defaults}"
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -132,7 +138,10 @@ fn the_search_finds_mixed_arguments_and_rejects_a_bad_default() {
         let args: Vec<&str> = assignment.iter().map(|&i| CANDIDATES[i]).collect();
         checks("rubric", "points_score", &args)
     });
-    assert!(found, "points_score(met, points) should check with some candidates");
+    assert!(
+        found,
+        "points_score(met, points) should check with some candidates"
+    );
     // The old `seq_mean_logp` body: a token sum of its default mask 1, a batch-level value.
     let source = format!(
         "{DECLARATIONS}fn old(logp, mask = 1) = sum(logp * mask over tok) / max(sum(mask over tok), 1)\n\

@@ -61,7 +61,17 @@ fn rubric() -> impl Strategy<Value = Rubric> {
         any::<bool>(),
     )
         .prop_map(
-            |(weights, tanh_k, cap_kappa, synergy, antagonism, shape, shape_arg, penalty, critical)| Rubric {
+            |(
+                weights,
+                tanh_k,
+                cap_kappa,
+                synergy,
+                antagonism,
+                shape,
+                shape_arg,
+                penalty,
+                critical,
+            )| Rubric {
                 weights,
                 tanh_k,
                 cap_kappa,

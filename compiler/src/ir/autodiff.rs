@@ -58,7 +58,8 @@ pub fn differentiate(graph: Graph) -> Graph {
             if !active[arg.0 as usize] {
                 continue;
             }
-            let Some(local) = local_gradient(&mut builder, &node.op, &node.args, id, position, gradient)
+            let Some(local) =
+                local_gradient(&mut builder, &node.op, &node.args, id, position, gradient)
             else {
                 continue;
             };
