@@ -498,6 +498,7 @@ fn every_construct_rubric() {
                             format!("levels [{}]", levels.join(","))
                         }
                         CriterionAttr::Veto(_) => "veto".to_string(),
+                        CriterionAttr::Critical(_) => "critical".to_string(),
                         CriterionAttr::Saturate(call) => format!("saturate {}", shape(call)),
                     })
                     .collect();
@@ -529,7 +530,7 @@ fn every_construct_rubric() {
             "criterion structure points -1.5 weight $eps_low",
             "criterion flattering veto",
             "criterion capped saturate cap(kappa=0.8,floor=$eps_low) veto",
-            "criterion plain",
+            "criterion plain critical",
             "interact voice,grounded: +0.5",
             "interact voice,structure:product 0.25",
             "interact grounded,structure:min $eps_high",

@@ -131,74 +131,76 @@ fn hand_worked_cases_match() {
                 .collect(),
             _ => Vec::new(),
         };
-        let scored = match rlx_runtime::score::score_with_backend(
-            &recipe,
-            &rollouts,
-            &overrides,
-            true,
+        // Both the interpreter (the oracle) and the kernels must give the hand-worked values.
+        for backend in [
+            rlx_runtime::score::Backend::Interp,
             rlx_runtime::score::Backend::Jit,
-        ) {
-            Ok(scored) => scored.document,
-            Err(message) => {
-                match expected.get("error").and_then(Value::as_str) {
-                    Some(wanted) if message.contains(wanted) => {}
-                    _ => failures.push(format!("{label}: {message}")),
+        ] {
+            let scored = match rlx_runtime::score::score_with_backend(
+                &recipe, &rollouts, &overrides, true, backend,
+            ) {
+                Ok(scored) => scored.document,
+                Err(message) => {
+                    match expected.get("error").and_then(Value::as_str) {
+                        Some(wanted) if message.contains(wanted) => {}
+                        _ => failures.push(format!("{label} ({backend:?}): {message}")),
+                    }
+                    continue;
                 }
+            };
+            if let Some(wanted) = expected.get("error") {
+                failures.push(format!(
+                    "{label} ({backend:?}): expected the error {wanted}, but scoring succeeded"
+                ));
                 continue;
             }
-        };
-        if let Some(wanted) = expected.get("error") {
-            failures.push(format!(
-                "{label}: expected the error {wanted}, but scoring succeeded"
-            ));
-            continue;
-        }
-        let tolerance = expected
-            .get("tolerance")
-            .and_then(Value::as_f64)
-            .unwrap_or(1e-9);
-        let responses = scored["responses"].as_array().cloned().unwrap_or_default();
-        for key in ["reward", "advantage", "kept"] {
-            if let Some(values) = expected.get(key) {
-                let actual = Value::Array(responses.iter().map(|r| r[key].clone()).collect());
+            let tolerance = expected
+                .get("tolerance")
+                .and_then(Value::as_f64)
+                .unwrap_or(1e-9);
+            let responses = scored["responses"].as_array().cloned().unwrap_or_default();
+            for key in ["reward", "advantage", "kept"] {
+                if let Some(values) = expected.get(key) {
+                    let actual = Value::Array(responses.iter().map(|r| r[key].clone()).collect());
+                    compare(
+                        &format!("{label} ({backend:?}): {key}"),
+                        values,
+                        &actual,
+                        tolerance,
+                        &mut failures,
+                    );
+                }
+            }
+            if let Some(loss) = expected.get("loss") {
                 compare(
-                    &format!("{label}: {key}"),
-                    values,
-                    &actual,
+                    &format!("{label} ({backend:?}): loss"),
+                    loss,
+                    &scored["loss"],
                     tolerance,
                     &mut failures,
                 );
             }
-        }
-        if let Some(loss) = expected.get("loss") {
-            compare(
-                &format!("{label}: loss"),
-                loss,
-                &scored["loss"],
-                tolerance,
-                &mut failures,
-            );
-        }
-        if let Some(Value::Object(metrics)) = expected.get("metrics") {
-            for (metric, value) in metrics {
-                compare(
-                    &format!("{label}: metric {metric}"),
-                    value,
-                    &scored["metrics"][metric],
-                    tolerance,
-                    &mut failures,
-                );
+            if let Some(Value::Object(metrics)) = expected.get("metrics") {
+                for (metric, value) in metrics {
+                    compare(
+                        &format!("{label} ({backend:?}): metric {metric}"),
+                        value,
+                        &scored["metrics"][metric],
+                        tolerance,
+                        &mut failures,
+                    );
+                }
             }
-        }
-        if let Some(Value::Object(gradients)) = expected.get("grad") {
-            for (input, values) in gradients {
-                compare(
-                    &format!("{label}: grad {input}"),
-                    values,
-                    &scored["grad"][input],
-                    tolerance,
-                    &mut failures,
-                );
+            if let Some(Value::Object(gradients)) = expected.get("grad") {
+                for (input, values) in gradients {
+                    compare(
+                        &format!("{label} ({backend:?}): grad {input}"),
+                        values,
+                        &scored["grad"][input],
+                        tolerance,
+                        &mut failures,
+                    );
+                }
             }
         }
     }

@@ -1,7 +1,9 @@
 //! Properties of `std/rubric` that no finite list of worked examples pins down: a vetoed response gets
 //! exactly the veto value, whatever its other judgments, the rubric's weights, saturations,
-//! interactions and shaping. Checked through `rubric` blocks (numeric and boolean judgments, the
-//! hard-zero and fixed-penalty forms) and through the functions on per-prompt `crit` data.
+//! interactions and shaping (a raised flag or a failed `critical` criterion). Checked through `rubric`
+//! blocks (numeric and boolean judgments, the hard-zero and fixed-penalty forms) and through the
+//! functions on per-prompt `crit` data; and a `rubric` block scores as the `std/rubric` functions called
+//! directly in the documented order (veto, levels, saturation, aggregate, interactions, clip, shaping).
 
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -42,6 +44,8 @@ struct Rubric {
     shape: usize,
     shape_arg: f64,
     penalty: Option<f64>,
+    /// Whether `grounded` is critical (a score below 0.5 vetoes).
+    critical: bool,
 }
 
 fn rubric() -> impl Strategy<Value = Rubric> {
@@ -54,9 +58,10 @@ fn rubric() -> impl Strategy<Value = Rubric> {
         0usize..4,
         1.1f64..3.0,
         prop::option::of(-5.0f64..5.0),
+        any::<bool>(),
     )
         .prop_map(
-            |(weights, tanh_k, cap_kappa, synergy, antagonism, shape, shape_arg, penalty)| Rubric {
+            |(
                 weights,
                 tanh_k,
                 cap_kappa,
@@ -65,6 +70,17 @@ fn rubric() -> impl Strategy<Value = Rubric> {
                 shape,
                 shape_arg,
                 penalty,
+                critical,
+            )| Rubric {
+                weights,
+                tanh_k,
+                cap_kappa,
+                synergy,
+                antagonism,
+                shape,
+                shape_arg,
+                penalty,
+                critical,
             },
         )
 }
@@ -104,11 +120,12 @@ impl Rubric {
                 "min ",
             )
         };
+        let critical = if self.critical { " critical" } else { "" };
         format!(
             "param veto_value = 0\n\
              rubric style {{\n\
                  {voice}\n\
-                 criterion grounded weight {w_grounded} saturate tanh(k = {})\n\
+                 criterion grounded weight {w_grounded} saturate tanh(k = {}){critical}\n\
                  {structure}\n\
                  criterion flattering veto\n\
                  criterion leaking veto\n\
@@ -121,6 +138,55 @@ impl Rubric {
              reward = style(judged)\n",
             self.tanh_k, self.synergy, self.antagonism
         )
+    }
+
+    /// The same score written with the `std/rubric` functions called directly, over the judgments as
+    /// separate f32[resp] inputs `voice` (a level index), `grounded`, `structure`, `flattering`, `leaking`.
+    fn function_form(&self) -> String {
+        let [w_voice, w_grounded, w_structure] = self.weights;
+        let shaped = match self.shape {
+            0 => format!("shape_power(score, {})", self.shape_arg),
+            1 => format!("shape_exp(score, {})", self.shape_arg),
+            2 => format!("shape_piecewise(score, 0.5, {})", self.shape_arg),
+            _ => "score".to_string(),
+        };
+        let vetoed = if self.critical {
+            "flattering >= 0.5 or leaking >= 0.5 or grounded < 0.5"
+        } else {
+            "flattering >= 0.5 or leaking >= 0.5"
+        };
+        let veto = match self.penalty {
+            Some(_) => "veto_penalty(shaped, vetoed, veto_value)",
+            None => "veto_zero(shaped, vetoed)",
+        };
+        format!(
+            "import std/rubric\n\
+             param veto_value = 0\n\
+             input voice : f32[resp]\n\
+             input grounded : f32[resp]\n\
+             input structure : f32[resp]\n\
+             input flattering : f32[resp]\n\
+             input leaking : f32[resp]\n\
+             let vetoed = {vetoed}\n\
+             let x_voice = level_linear(voice, 0, 4)\n\
+             let x_grounded = sat_tanh(grounded, {tanh_k})\n\
+             let x_structure = sat_cap(structure, {cap_kappa})\n\
+             let score = normalize_total({w_voice} * x_voice + {w_grounded} * x_grounded + {w_structure} * x_structure, \
+                 {w_voice} + {w_grounded} + {w_structure})\n\
+                 + interact_product(x_voice, x_grounded, {synergy})\n\
+                 + interact_min(x_grounded, x_structure, {antagonism})\n\
+             let shaped = {shaped}\n\
+             reward = {veto}\n",
+            tanh_k = self.tanh_k,
+            cap_kappa = self.cap_kappa,
+            synergy = self.synergy,
+            antagonism = self.antagonism,
+        )
+    }
+
+    /// Whether a numeric judgment (voice, grounded, structure, flattering, leaking) is vetoed.
+    fn vetoes(&self, judgment: &[f64; 5]) -> bool {
+        judgment[3] >= 0.5 || judgment[4] >= 0.5 || (self.critical && judgment[1] < 0.5)
     }
 
     /// The value a vetoed response must get.
@@ -165,9 +231,45 @@ proptest! {
         prop_assert_eq!(got.len(), judgments.len());
         for (judgment, reward) in judgments.iter().zip(&got) {
             prop_assert!(reward.is_finite());
-            if judgment[3] >= 0.5 || judgment[4] >= 0.5 {
+            if rubric.vetoes(judgment) {
                 // Exactly: not within a tolerance.
                 prop_assert_eq!(reward.to_bits(), rubric.veto_value().to_bits(), "judgment {:?}", judgment);
+            }
+        }
+    }
+
+    /// A `rubric` block gives what the `std/rubric` functions give when called directly in the
+    /// documented order: the block adds no formula of its own (levels as a table, the clip before
+    /// shaping, a critical criterion's veto). Judgments range beyond [0, 1] (a judge may overshoot) so
+    /// the clip matters, and the shaped score exceeds 1 for strong synergies.
+    #[test]
+    fn a_rubric_block_scores_as_its_functions(
+        rubric in rubric(),
+        judgments in prop::collection::vec(
+            (0u8..5, -0.5f64..=1.5, -0.5f64..=1.5, 0.0f64..=1.0, 0.0f64..=1.0)
+                .prop_map(|(level, a, b, c, d)| [f64::from(level), a, b, c, d]),
+            1..8,
+        ),
+    ) {
+        let block: Vec<Value> = judgments
+            .iter()
+            .map(|j| json!({"group": "p", "judged": j.to_vec()}))
+            .collect();
+        let separate: Vec<Value> = judgments
+            .iter()
+            .map(|j| json!({
+                "group": "p", "voice": j[0], "grounded": j[1], "structure": j[2],
+                "flattering": j[3], "leaking": j[4],
+            }))
+            .collect();
+        let by_block = rewards(&rubric.source("f32"), &jsonl(&block), &rubric.overrides());
+        let by_functions = rewards(&rubric.function_form(), &jsonl(&separate), &rubric.overrides());
+        for ((judgment, a), b) in judgments.iter().zip(&by_block).zip(&by_functions) {
+            prop_assert!((a - b).abs() <= 1e-12 * a.abs().max(1.0), "{:?}: block {} functions {}", judgment, a, b);
+            if rubric.shape < 3 && !rubric.vetoes(judgment) {
+                // Shaping maps the clipped score: never a power or exponential of a score above 1.
+                let cap = if rubric.shape == 2 { 0.5 + 0.5 * rubric.shape_arg } else { 1.0 };
+                prop_assert!((0.0..=cap + 1e-12).contains(a), "{:?}: shaped {}", judgment, a);
             }
         }
     }
@@ -185,7 +287,7 @@ proptest! {
         let got = rewards(&rubric.source("bool"), &jsonl(&lines), &rubric.overrides());
         for (judgment, reward) in judgments.iter().zip(&got) {
             prop_assert!(reward.is_finite());
-            if judgment[3] || judgment[4] {
+            if judgment[3] || judgment[4] || (rubric.critical && !judgment[1]) {
                 prop_assert_eq!(reward.to_bits(), rubric.veto_value().to_bits(), "judgment {:?}", judgment);
             }
         }

@@ -472,6 +472,7 @@ impl Artifact {
                         points: None,
                         levels: Vec::new(),
                         veto: false,
+                        critical: false,
                         saturate: None,
                     })
                     .collect(),

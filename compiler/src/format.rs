@@ -1326,6 +1326,7 @@ fn criterion_attr(attr: &CriterionAttr) -> String {
             format!("levels [{}]", levels.join(", "))
         }
         CriterionAttr::Veto(_) => "veto".to_string(),
+        CriterionAttr::Critical(_) => "critical".to_string(),
         CriterionAttr::Saturate(shape) => format!("saturate {}", shape_call(shape)),
     }
 }

@@ -369,6 +369,7 @@ impl<'p> Checker<'p> {
                 points: None,
                 levels: Vec::new(),
                 veto: false,
+                critical: false,
                 saturate: None,
             };
             let mut has_weight = false;
@@ -387,6 +388,7 @@ impl<'p> Checker<'p> {
                         checked.levels = levels.iter().map(|l| literal_number(&l.value)).collect()
                     }
                     ast::CriterionAttr::Veto(_) => checked.veto = true,
+                    ast::CriterionAttr::Critical(_) => checked.critical = true,
                     ast::CriterionAttr::Saturate(call) => {
                         checked.saturate = self.shape(call, SATURATIONS, "saturation", scope)
                     }

@@ -111,6 +111,8 @@ pub struct Criterion {
     pub points: Option<Number>,
     pub levels: Vec<f64>,
     pub veto: bool,
+    /// A scoring criterion whose failure (a score below 0.5, after `levels`) vetoes the response.
+    pub critical: bool,
     pub saturate: Option<Shape>,
 }
 

@@ -1,7 +1,9 @@
 //! Scoring a `rubric` block: `style(judged)` becomes an expression over the functions of `std/rubric`,
 //! generated as source text from the declaration and checked like user code. The formulas therefore
-//! live in the standard library only; this file only arranges them in the documented order:
-//! levels → saturation → aggregate (+ interactions) → shaping → veto.
+//! live in the standard library only; this file only arranges them in the documented order (Rubicon
+//! §2.3): the veto, decided from the judgments (a flag criterion ≥ 0.5, a critical criterion's score
+//! < 0.5) before anything else counts; levels → saturation → aggregate (+ interactions) → clip to
+//! [0, 1] and shaping (the `shape_*` functions clip) → the veto's value for a vetoed response.
 
 use std::fmt::Write as _;
 
@@ -91,6 +93,8 @@ impl Checker<'_> {
                 }
                 value = table;
             }
+            let _ = writeln!(out, "let __l{index} = {value}");
+            let mut value = format!("__l{index}");
             if let Some(saturate) = &criterion.saturate {
                 value = format!(
                     "sat_{}({value}{})",
@@ -147,11 +151,20 @@ impl Checker<'_> {
         if let Some(shape) = &rubric.shape {
             result = format!("shape_{}({result}{})", shape.name, shape_args(shape, bound));
         }
+        // A flag criterion vetoes when raised, a critical one when failed (its score, after levels).
         let vetoes: Vec<String> = rubric
             .criteria
             .iter()
-            .filter(|c| c.veto)
-            .map(|c| format!("__judged[{}] >= 0.5", c.name))
+            .enumerate()
+            .filter_map(|(index, c)| {
+                if c.veto {
+                    Some(format!("__judged[{}] >= 0.5", c.name))
+                } else if c.critical {
+                    Some(format!("__l{index} < 0.5"))
+                } else {
+                    None
+                }
+            })
             .collect();
         if !vetoes.is_empty() {
             result = format!(

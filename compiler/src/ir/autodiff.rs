@@ -7,6 +7,11 @@
 //! `where` passes it to the chosen branch, `clamp` (lowered to max/min) gives 1 inside and 0 outside.
 //! Comparisons, boolean ops, `floor`, `sign`, `lgamma`, `count`, `distinct_ngrams` and `stopgrad` pass
 //! none; `scan` passes none to its decay and `shift` none to its fill value.
+//!
+//! A zero adjoint stays zero: every product of an adjoint with a local derivative is emitted by one
+//! function (`scaled`), as `where(g != 0, g·∂, 0)`, so 0 × ∞ and 0 × NaN are 0. The gradient therefore
+//! flows through the branch `where` chooses only, even when the other branch's derivative is not finite
+//! there (`where(n > 0, s / n, 0)` at n = 0: the division's adjoint sees g = 0 and gives 0, not 0/0).
 
 use std::collections::HashMap;
 
@@ -53,10 +58,16 @@ pub fn differentiate(graph: Graph) -> Graph {
             if !active[arg.0 as usize] {
                 continue;
             }
-            let Some(contribution) =
+            let Some(local) =
                 local_gradient(&mut builder, &node.op, &node.args, id, position, gradient)
             else {
                 continue;
+            };
+            let contribution = match local {
+                Local::Routed(contribution) => contribution,
+                Local::Scaled { op, factor, only } => {
+                    scaled(&mut builder, gradient, op, factor, only, id)
+                }
             };
             let target = builder.shape(arg).clone();
             let contribution = sum_to(&mut builder, contribution, &target);
@@ -103,8 +114,59 @@ fn sum_to(builder: &mut Builder, contribution: NodeId, target: &Shape) -> NodeId
     }
 }
 
-/// ∂node/∂args[position] times the node's adjoint `g`, at the node's shape (or the arg's, for
-/// reductions' operands).
+/// One operand's share of a node's adjoint `g`.
+enum Local {
+    /// `g` moved without arithmetic on it (copied, negated, selected, summed, re-indexed, shifted,
+    /// scanned): zero where `g` is zero.
+    Routed(NodeId),
+    /// `g op factor` (`op` is `Mul` or `Div`), and 0 where `only` (a boolean) is false.
+    Scaled {
+        op: Op,
+        factor: NodeId,
+        only: Option<NodeId>,
+    },
+}
+
+/// `g op factor` where `g != 0` (and `only` holds), 0 elsewhere: the one place an adjoint is multiplied
+/// or divided, so a zero adjoint stays zero whatever the factor (∞, NaN, 0/0 from an unselected branch).
+fn scaled(
+    b: &mut Builder,
+    g: NodeId,
+    op: Op,
+    factor: NodeId,
+    only: Option<NodeId>,
+    node: NodeId,
+) -> NodeId {
+    let mut shape = b.shape(node).clone();
+    for operand in [g, factor].into_iter().chain(only) {
+        let s = b.shape(operand).clone();
+        if shape.broadcasts_to(&s) {
+            shape = Shape {
+                level: s.level,
+                feature: s.feature.clone().or(shape.feature.clone()),
+            };
+        }
+    }
+    let zero = b.constant(0.0, Elem::F32);
+    let product = b.add(op, vec![g, factor], shape.clone(), Elem::F32);
+    let nonzero = match b.constant_value(g) {
+        // The loss's own adjoint (1): no guard needed.
+        Some(value) if value != 0.0 => None,
+        Some(_) => return zero,
+        None => Some(b.add(Op::Ne, vec![g, zero], shape.clone(), Elem::Bool)),
+    };
+    let condition = match (nonzero, only) {
+        (Some(a), Some(c)) => Some(b.add(Op::And, vec![a, c], shape.clone(), Elem::Bool)),
+        (a, c) => a.or(c),
+    };
+    match condition {
+        Some(condition) => b.add(Op::Select, vec![condition, product, zero], shape, Elem::F32),
+        None => product,
+    }
+}
+
+/// ∂node/∂args[position] for the node's adjoint `g`: `g` routed (at the node's shape, or the arg's for
+/// reductions' operands), or the local derivative that `scaled` multiplies `g` by.
 fn local_gradient(
     b: &mut Builder,
     op: &Op,
@@ -112,7 +174,7 @@ fn local_gradient(
     node: NodeId,
     position: usize,
     g: NodeId,
-) -> Option<NodeId> {
+) -> Option<Local> {
     let shape = b.shape(node).clone();
     let f = Elem::F32;
     let map = |b: &mut Builder, op: Op, operands: Vec<NodeId>| {
@@ -132,25 +194,34 @@ fn local_gradient(
     let second = args.get(1).copied();
     let one = b.constant(1.0, f);
     let zero = b.constant(0.0, f);
+    let routed = Local::Routed;
+    let times = |factor: NodeId| Local::Scaled {
+        op: Op::Mul,
+        factor,
+        only: None,
+    };
+    let over = |factor: NodeId| Local::Scaled {
+        op: Op::Div,
+        factor,
+        only: None,
+    };
     Some(match (op, position) {
-        (Op::Copy, _) | (Op::Add, _) | (Op::Sub, 0) => g,
-        (Op::Sub, 1) | (Op::Neg, _) => map(b, Op::Neg, vec![g]),
-        (Op::Mul, 0) => map(b, Op::Mul, vec![g, second?]),
-        (Op::Mul, 1) => map(b, Op::Mul, vec![g, a?]),
-        (Op::Div, 0) => map(b, Op::Div, vec![g, second?]),
+        (Op::Copy, _) | (Op::Add, _) | (Op::Sub, 0) => routed(g),
+        (Op::Sub, 1) | (Op::Neg, _) => routed(map(b, Op::Neg, vec![g])),
+        (Op::Mul, 0) => times(second?),
+        (Op::Mul, 1) => times(a?),
+        (Op::Div, 0) => over(second?),
         (Op::Div, 1) => {
             // −g·y/b
             let ratio = map(b, Op::Div, vec![node, second?]);
-            let scaled = map(b, Op::Mul, vec![g, ratio]);
-            map(b, Op::Neg, vec![scaled])
+            times(map(b, Op::Neg, vec![ratio]))
         }
         (Op::Pow, 0) => {
             // g·e·a^(e−1)
             let exponent = second?;
             let e_minus_one = map(b, Op::Sub, vec![exponent, one]);
             let power = map(b, Op::Pow, vec![a?, e_minus_one]);
-            let scaled = map(b, Op::Mul, vec![exponent, power]);
-            map(b, Op::Mul, vec![g, scaled])
+            times(map(b, Op::Mul, vec![exponent, power]))
         }
         (Op::Pow, 1) => {
             // g·y·ln a, for a > 0 (0 elsewhere).
@@ -158,9 +229,11 @@ fn local_gradient(
             let positive = map(b, Op::Gt, vec![base, zero]);
             let safe = map(b, Op::Select, vec![positive, base, one]);
             let log = map(b, Op::Log, vec![safe]);
-            let scaled = map(b, Op::Mul, vec![node, log]);
-            let term = map(b, Op::Mul, vec![g, scaled]);
-            map(b, Op::Select, vec![positive, term, zero])
+            Local::Scaled {
+                op: Op::Mul,
+                factor: map(b, Op::Mul, vec![node, log]),
+                only: Some(positive),
+            }
         }
         (Op::Min, _) | (Op::Max, _) => {
             // The first operand wins ties.
@@ -172,50 +245,40 @@ fn local_gradient(
                 _ => Op::Lt,
             };
             let chosen = map(b, compare, vec![x, y]);
-            map(b, Op::Select, vec![chosen, g, zero])
+            routed(map(b, Op::Select, vec![chosen, g, zero]))
         }
         (Op::Select, 0) => return None,
-        (Op::Select, 1) => map(b, Op::Select, vec![a?, g, zero]),
-        (Op::Select, _) => map(b, Op::Select, vec![a?, zero, g]),
-        (Op::Exp, _) => map(b, Op::Mul, vec![g, node]),
-        (Op::Log, _) => map(b, Op::Div, vec![g, a?]),
-        (Op::Log1p, _) => {
-            let shifted = map(b, Op::Add, vec![a?, one]);
-            map(b, Op::Div, vec![g, shifted])
-        }
+        (Op::Select, 1) => routed(map(b, Op::Select, vec![a?, g, zero])),
+        (Op::Select, _) => routed(map(b, Op::Select, vec![a?, zero, g])),
+        (Op::Exp, _) => times(node),
+        (Op::Log, _) => over(a?),
+        (Op::Log1p, _) => over(map(b, Op::Add, vec![a?, one])),
         (Op::Sqrt, _) => {
             let positive = map(b, Op::Gt, vec![node, zero]);
             let safe = map(b, Op::Select, vec![positive, node, one]);
-            let twice = map(b, Op::Add, vec![safe, safe]);
-            let quotient = map(b, Op::Div, vec![g, twice]);
-            map(b, Op::Select, vec![positive, quotient, zero])
+            Local::Scaled {
+                op: Op::Div,
+                factor: map(b, Op::Add, vec![safe, safe]),
+                only: Some(positive),
+            }
         }
         (Op::Sigmoid, _) => {
             let complement = map(b, Op::Sub, vec![one, node]);
-            let slope = map(b, Op::Mul, vec![node, complement]);
-            map(b, Op::Mul, vec![g, slope])
+            times(map(b, Op::Mul, vec![node, complement]))
         }
         (Op::LogSigmoid, _) => {
             let negated = map(b, Op::Neg, vec![a?]);
-            let slope = map(b, Op::Sigmoid, vec![negated]);
-            map(b, Op::Mul, vec![g, slope])
+            times(map(b, Op::Sigmoid, vec![negated]))
         }
         (Op::Tanh, _) => {
             let square = map(b, Op::Mul, vec![node, node]);
-            let slope = map(b, Op::Sub, vec![one, square]);
-            map(b, Op::Mul, vec![g, slope])
+            times(map(b, Op::Sub, vec![one, square]))
         }
-        (Op::Softplus, _) => {
-            let slope = map(b, Op::Sigmoid, vec![a?]);
-            map(b, Op::Mul, vec![g, slope])
-        }
-        (Op::Abs, _) => {
-            let sign = map(b, Op::Sign, vec![a?]);
-            map(b, Op::Mul, vec![g, sign])
-        }
+        (Op::Softplus, _) => times(map(b, Op::Sigmoid, vec![a?])),
+        (Op::Abs, _) => times(map(b, Op::Sign, vec![a?])),
         (Op::ReduceSum, _) => {
             let arg_shape = b.shape(a?).clone();
-            b.add(Op::Copy, vec![g], arg_shape, f)
+            routed(b.add(Op::Copy, vec![g], arg_shape, f))
         }
         (Op::ReduceMax, _) | (Op::ReduceMin, _) => {
             let x = a?;
@@ -223,7 +286,7 @@ fn local_gradient(
             let result = b.add(Op::Copy, vec![node], arg_shape.clone(), f);
             let at_extreme = b.add(Op::Eq, vec![x, result], arg_shape.clone(), Elem::Bool);
             let spread = b.add(Op::Copy, vec![g], arg_shape.clone(), f);
-            b.add(Op::Select, vec![at_extreme, spread, zero], arg_shape, f)
+            routed(b.add(Op::Select, vec![at_extreme, spread, zero], arg_shape, f))
         }
         (Op::Index(k), _) => {
             let arg_shape = b.shape(a?).clone();
@@ -232,47 +295,43 @@ fn local_gradient(
                 feature: None,
             };
             let g = b.add(Op::Copy, vec![g], level_shape, f);
-            b.add(Op::Unindex(*k), vec![g], arg_shape, f)
+            routed(b.add(Op::Unindex(*k), vec![g], arg_shape, f))
         }
         (Op::Unindex(k), _) => {
             let arg_shape = b.shape(a?).clone();
-            b.add(Op::Index(*k), vec![g], arg_shape, f)
+            routed(b.add(Op::Index(*k), vec![g], arg_shape, f))
         }
         (Op::Other, _) => {
             let arg_shape = b.shape(a?).clone();
-            b.add(Op::SumByOther, vec![g], arg_shape, f)
+            routed(b.add(Op::SumByOther, vec![g], arg_shape, f))
         }
         (Op::SumByOther, _) => {
             let arg_shape = b.shape(a?).clone();
-            b.add(Op::Other, vec![g], arg_shape, f)
+            routed(b.add(Op::Other, vec![g], arg_shape, f))
         }
         (Op::Cos, _) => {
             let sine = map(b, Op::Sin, vec![a?]);
-            let slope = map(b, Op::Neg, vec![sine]);
-            map(b, Op::Mul, vec![g, slope])
+            times(map(b, Op::Neg, vec![sine]))
         }
-        (Op::Sin, _) => {
-            let slope = map(b, Op::Cos, vec![a?]);
-            map(b, Op::Mul, vec![g, slope])
-        }
+        (Op::Sin, _) => times(map(b, Op::Cos, vec![a?])),
         (Op::Shift { offset }, 0) => {
             // y_t = x_{t+k} ⇒ x_s receives g_{s−k}.
-            b.add(
+            routed(b.add(
                 Op::Shift { offset: -offset },
                 vec![g, zero],
                 shape.clone(),
                 f,
-            )
+            ))
         }
         (Op::Scan { reverse }, 0) => {
             // y = scan(x) is linear in x; its adjoint is the scan the other way with the same decay.
             let decay = second?;
-            b.add(
+            routed(b.add(
                 Op::Scan { reverse: !reverse },
                 vec![g, decay],
                 shape.clone(),
                 f,
-            )
+            ))
         }
         _ => return None,
     })

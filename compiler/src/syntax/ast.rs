@@ -215,6 +215,8 @@ pub enum CriterionAttr {
     Points(RubricValue),
     Levels(Vec<Literal>, Span),
     Veto(Span),
+    /// `critical`: the criterion scores, and failing it (a score below 0.5) vetoes the response.
+    Critical(Span),
     Saturate(ShapeCall),
 }
 

@@ -341,8 +341,9 @@ fn rule_description(rule: Rule) -> Option<&'static str> {
         | Rule::attr_points
         | Rule::attr_levels
         | Rule::attr_veto
+        | Rule::attr_critical
         | Rule::attr_saturate => {
-            "a criterion attribute (`weight`, `points`, `levels`, `veto`, `saturate`)"
+            "a criterion attribute (`weight`, `points`, `levels`, `veto`, `critical`, `saturate`)"
         }
         Rule::interact_mode => "`product` or `min`",
         Rule::shape_call => "a shape such as `tanh(k = 3)`",
@@ -402,6 +403,7 @@ fn rule_description(rule: Rule) -> Option<&'static str> {
         Rule::word_points => "`points`",
         Rule::word_levels => "`levels`",
         Rule::word_veto => "`veto`",
+        Rule::word_critical => "`critical`",
         Rule::word_saturate => "`saturate`",
         Rule::word_aggregate => "`aggregate`",
         Rule::word_on_veto => "`on_veto`",
@@ -820,6 +822,7 @@ impl Builder {
                                 attr_span,
                             ),
                             Rule::attr_veto => CriterionAttr::Veto(attr_span),
+                            Rule::attr_critical => CriterionAttr::Critical(attr_span),
                             Rule::attr_saturate => {
                                 CriterionAttr::Saturate(self.shape_call(next(&mut parts)))
                             }
