@@ -23,7 +23,10 @@ fn rollouts(name: &str, big: usize) -> PathBuf {
             ));
         }
     }
-    let path = std::env::temp_dir().join(format!("rlx-group-limit-{name}-{}.jsonl", std::process::id()));
+    let path = std::env::temp_dir().join(format!(
+        "rlx-group-limit-{name}-{}.jsonl",
+        std::process::id()
+    ));
     std::fs::write(&path, text).expect("the rollout file is written");
     path
 }
@@ -56,7 +59,10 @@ fn a_group_past_the_limit_is_refused_at_once() {
     for backend in ["jit", "interp"] {
         let (output, elapsed) = score(&file, None, &["--backend", backend]);
         let message = stderr(&output);
-        assert!(!output.status.success(), "{backend}: scored a group of 1025");
+        assert!(
+            !output.status.success(),
+            "{backend}: scored a group of 1025"
+        );
         assert!(
             message.contains(
                 "group \"big\" has 1025 responses, more than the 1024 per group that a recipe with \
@@ -121,7 +127,8 @@ fn a_recipe_without_pairwise_terms_ignores_the_limit() {
             r % 2
         ));
     }
-    let file = std::env::temp_dir().join(format!("rlx-group-limit-grpo-{}.jsonl", std::process::id()));
+    let file =
+        std::env::temp_dir().join(format!("rlx-group-limit-grpo-{}.jsonl", std::process::id()));
     std::fs::write(&file, text).unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_rlx"))
         .args(["score", "recipes/grpo.rlx", "--rollouts"])

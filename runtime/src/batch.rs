@@ -158,7 +158,11 @@ pub fn check_group_sizes_named(
     layout: &Layout,
     label: impl Fn(usize) -> String,
 ) -> Result<(), String> {
-    if !graph.nodes.iter().any(|node| node.shape.level == Level::Pair) {
+    if !graph
+        .nodes
+        .iter()
+        .any(|node| node.shape.level == Level::Pair)
+    {
         return Ok(());
     }
     check_group_sizes_within(layout, max_group()?, label)
@@ -243,8 +247,9 @@ mod tests {
             .expect_err("too large");
         for error in [interp.0, jit.0] {
             assert!(
-                error.starts_with("group 0 of the batch (counting from 0) has 1025 responses, more than the 1024")
-                    && error.contains("RLX_MAX_GROUP=1025"),
+                error.starts_with(
+                    "group 0 of the batch (counting from 0) has 1025 responses, more than the 1024"
+                ) && error.contains("RLX_MAX_GROUP=1025"),
                 "{error}"
             );
         }
@@ -254,18 +259,26 @@ mod tests {
     fn a_group_at_the_pairwise_limit_runs() {
         let (graph, batch) = pairwise(DEFAULT_MAX_GROUP);
         let kernel = Kernel::compile(&graph, &Options::default()).expect("the JIT compiles it");
-        let outcome = kernel.run(&batch, &Context::default()).expect("at the limit");
+        let outcome = kernel
+            .run(&batch, &Context::default())
+            .expect("at the limit");
         assert_eq!(outcome.kept.len(), DEFAULT_MAX_GROUP);
         assert!(evaluate(&graph, &batch, &Context::default()).is_ok());
     }
 
     #[test]
     fn a_recipe_without_pairwise_terms_has_no_group_limit() {
-        let layout = Layout::from_counts(&[DEFAULT_MAX_GROUP * 4], &[1; DEFAULT_MAX_GROUP * 4], &[], 0)
-            .expect("a layout");
-        let recipe = rlx_compiler::check_source("linear.rlx", "input score : f32[resp]\nreward = score\n")
-            .recipe
-            .expect("the recipe checks");
+        let layout = Layout::from_counts(
+            &[DEFAULT_MAX_GROUP * 4],
+            &[1; DEFAULT_MAX_GROUP * 4],
+            &[],
+            0,
+        )
+        .expect("a layout");
+        let recipe =
+            rlx_compiler::check_source("linear.rlx", "input score : f32[resp]\nreward = score\n")
+                .recipe
+                .expect("the recipe checks");
         let graph = rlx_compiler::compile_graph(&recipe, &[]).expect("it lowers");
         assert_eq!(check_group_sizes(&graph, &layout), Ok(()));
         assert!(check_group_sizes_within(&layout, DEFAULT_MAX_GROUP, |g| format!("g{g}")).is_err());

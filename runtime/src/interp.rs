@@ -67,8 +67,7 @@ pub fn check_batch(graph: &Graph, batch: &Batch) -> Result<(), EvalError> {
         .layout
         .validate()
         .map_err(|e| EvalError(format!("malformed batch: {e}")))?;
-    crate::batch::check_group_sizes(graph, &batch.layout)
-        .map_err(EvalError)?;
+    crate::batch::check_group_sizes(graph, &batch.layout).map_err(EvalError)?;
     if batch.inputs.len() != graph.inputs.len() {
         return Err(EvalError(format!(
             "malformed batch: {} input vectors for a recipe with {} inputs",

@@ -453,8 +453,7 @@ impl Kernel {
         layout
             .validate()
             .map_err(|e| EvalError(format!("malformed batch: {e}")))?;
-        crate::batch::check_group_sizes(&self.graph, layout)
-            .map_err(EvalError)?;
+        crate::batch::check_group_sizes(&self.graph, layout).map_err(EvalError)?;
         if lengths.len() != self.graph.inputs.len() {
             return Err(EvalError(format!(
                 "malformed batch: {} input vectors for a recipe with {} inputs",
