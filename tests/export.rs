@@ -911,6 +911,48 @@ fn check_case(
 }
 
 #[test]
+fn the_adapters_get_true_lengths_or_fail_loudly() {
+    // tests/export/lengths.py: without `response_mask` / `response_length` (evaluate, loss), a
+    // `response_length` (verl's compute_score) or `completion_ids` (TRL's reward_funcs), a recipe
+    // that reads tokens raises an error naming what is missing; with them the length penalty of
+    // dapo.rlx is applied.
+    let Some(python) = python_with("torch", "scripts/install-torch.sh") else {
+        return;
+    };
+    let dir = scratch("lengths");
+    let path = root().join("recipes/dapo.rlx");
+    let recipe = rlx_compiler::check_path(&path)
+        .expect("readable")
+        .recipe
+        .expect("dapo checks");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let overrides = [
+        ("max_len".to_string(), 10.0),
+        ("len_buffer".to_string(), 4.0),
+    ];
+    let module = recipe_to_torch(
+        &recipe,
+        &overrides,
+        &ModuleInfo::new("dapo", "recipes/dapo.rlx", &text),
+    )
+    .expect("dapo exports");
+    let file = dir.join("rlx_dapo.py");
+    std::fs::write(&file, module).unwrap();
+    let output = Command::new(&python)
+        .arg(root().join("tests/export/lengths.py"))
+        .arg(&file)
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("OK"),
+        "tests/export/lengths.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn verl_registry_serves_the_exported_loss() {
     let Some(python) = python_with(
         "verl.trainer.ppo.core_algos",

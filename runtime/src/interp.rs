@@ -60,12 +60,14 @@ pub(crate) fn rubric_lens(graph: &Graph) -> Vec<usize> {
     graph.rubrics.iter().map(|r| r.criteria.len()).collect()
 }
 
-/// Check that the batch fits the graph: a valid layout and one vector of the right length per input.
+/// Check that the batch fits the graph: a valid layout, groups within the pairwise limit
+/// (`batch::check_group_sizes`) and one vector of the right length per input.
 pub fn check_batch(graph: &Graph, batch: &Batch) -> Result<(), EvalError> {
     batch
         .layout
         .validate()
         .map_err(|e| EvalError(format!("malformed batch: {e}")))?;
+    crate::batch::check_group_sizes(graph, &batch.layout).map_err(EvalError)?;
     if batch.inputs.len() != graph.inputs.len() {
         return Err(EvalError(format!(
             "malformed batch: {} input vectors for a recipe with {} inputs",

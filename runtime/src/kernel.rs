@@ -9,7 +9,8 @@
 //!   `Kernel::run_packed` runs on a `PackedBatch` (the trainer's path: no conversion per step).
 //! - **Validation.** Before any kernel runs, the layout is validated and every input's length checked
 //!   against its shape (`interp::check_batch`'s rules, without building the interpreter's O(tokens)
-//!   index tables); a malformed batch is an error, never an out-of-bounds access.
+//!   index tables); a malformed batch is an error, never an out-of-bounds access. Groups larger than
+//!   the pairwise limit (`batch::check_group_sizes`) are refused before any table is sized.
 //! - **Threads.** Passes whose loop nest starts with groups are split into ranges of whole groups
 //!   across the current rayon pool. Every value is computed by one thread in a fixed order and
 //!   reductions to the batch go through per-group partials combined in a fixed pairwise order, so the
@@ -452,6 +453,7 @@ impl Kernel {
         layout
             .validate()
             .map_err(|e| EvalError(format!("malformed batch: {e}")))?;
+        crate::batch::check_group_sizes(&self.graph, layout).map_err(EvalError)?;
         if lengths.len() != self.graph.inputs.len() {
             return Err(EvalError(format!(
                 "malformed batch: {} input vectors for a recipe with {} inputs",

@@ -71,6 +71,9 @@ pub fn score_graph(
 ) -> Result<Scored, String> {
     let recipe = declarations;
     let read = read_rollouts(rollouts, recipe).map_err(|e| e.to_string())?;
+    crate::batch::check_group_sizes_named(graph, &read.batch.layout, |g| {
+        format!("group {}", read.groups[g])
+    })?;
     let context = Context::default();
     let mut fallback = None;
     let kernel = match backend {

@@ -168,7 +168,7 @@ def run_case(module, case):
         def compiled():
             """Each stage function under torch.compile(fullgraph=True), against eager execution."""
             batch, _ = build(module, case)
-            L, x = module._prepare(batch, case.get("config"), {}, module._ALL_INPUTS)
+            L, x = module._prepare(batch, case.get("config"), {}, module._ALL_INPUTS, module._ALL_TOKENS)
             difference = 0.0
             stages = [name for name in ("_reward", "_keep", "_advantage", "_loss") if getattr(module, name) is not None]
             stages += [f"_metric_{name}" for name in module.METRICS]

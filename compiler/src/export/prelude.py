@@ -448,9 +448,74 @@ def _params(config, overrides):
     return values
 
 
-def _layout(batch, needed):
-    """The layout of a padded batch: `response_mask` [B, T], `index` [B] (group ids), optional
-    `crit_mask` [B, C], `step` and `progress`."""
+def _lengths(value, device):
+    """`response_length` [B]: each response's token count, whole numbers >= 0."""
+    lengths = torch.as_tensor(value, device=device)
+    if lengths.dim() == 0:
+        lengths = lengths.reshape(1)
+    if lengths.dim() != 1 or lengths.dtype == torch.bool or lengths.is_complex():
+        raise ValueError(
+            f"`response_length` is one whole number of tokens per response, [B]; it is {lengths.dtype} "
+            f"of shape {tuple(lengths.shape)}"
+        )
+    if lengths.is_floating_point():
+        bad = ~torch.isfinite(lengths) | (lengths != torch.round(lengths))
+        if bool(bad.any()):
+            raise ValueError(f"`response_length` must hold whole numbers of tokens; it has {lengths[bad][0].item()}")
+    lengths = lengths.to(torch.long)
+    if bool((lengths < 0).any()):
+        raise ValueError(f"`response_length` must not be negative; it has {int(lengths.min())}")
+    return lengths
+
+
+def _token_mask(batch, needed, tokens, device):
+    """The tokens that exist, [B, T] bool: `response_mask`, or `response_length` (right padding), or
+    none at all when the recipe reads no token (`tokens` is None). Never guessed from the width of
+    the token-level inputs: that would count padding as tokens."""
+    mask = batch.get("response_mask")
+    lengths = batch.get("response_length")
+    if mask is not None:
+        mask = torch.as_tensor(mask, device=device)
+        if mask.dim() != 2:
+            raise ValueError(f"`response_mask` has shape {tuple(mask.shape)}; it is [B, T]")
+        mask = mask != 0
+        if lengths is not None and not torch.equal(mask.sum(1), _lengths(lengths, device)):
+            raise ValueError("`response_mask` and `response_length` disagree on the responses' token counts")
+        return mask
+    width = None
+    for name in needed:
+        if _parse(INPUTS[name][0])[0] == "tok" and batch.get(name) is not None:
+            width = int(torch.as_tensor(batch[name]).shape[-1])
+            break
+    if lengths is not None:
+        lengths = _lengths(lengths, device)
+        longest = int(lengths.max()) if lengths.numel() else 0
+        if width is None:
+            width = longest
+        elif longest > width:
+            raise ValueError(
+                f"`response_length` says a response has {longest} tokens, but the token-level inputs are {width} wide"
+            )
+        return torch.arange(width, device=device)[None, :] < lengths[:, None]
+    if tokens is not None:
+        raise ValueError(
+            f"recipe `{RECIPE}` reads {tokens}, so the batch needs `response_mask` [B, T] (the tokens that "
+            "exist: verl's `response_mask`, TRL's `completion_mask`) or `response_length` [B] (each "
+            "response's token count); without either, padding would count as tokens"
+        )
+    size = None
+    if batch.get("index") is not None:
+        size = len(batch["index"])
+    for name in needed:
+        if size is None and batch.get(name) is not None and _parse(INPUTS[name][0])[0] in ("resp", "group"):
+            size = int(torch.as_tensor(batch[name]).shape[0])
+    return torch.ones((size or 0, 0), dtype=torch.bool, device=device)
+
+
+def _layout(batch, needed, tokens):
+    """The layout of a padded batch: `response_mask` [B, T] (or `response_length` [B]; required when
+    the stage reads tokens: `tokens` says what it reads, None if nothing), `index` [B] (group ids),
+    optional `crit_mask` [B, C], `step` and `progress`."""
     tensors = [value for value in batch.values() if torch.is_tensor(value)]
     device = tensors[0].device if tensors else torch.device("cpu")
     # The inputs' floating dtype (at least float32); float64 when they are plain numbers.
@@ -458,21 +523,7 @@ def _layout(batch, needed):
     dtype = torch.float32 if floating else torch.float64
     for other in floating:
         dtype = torch.promote_types(dtype, other)
-    mask = batch.get("response_mask")
-    if mask is None:
-        for name in needed:
-            if _parse(INPUTS[name][0])[0] == "tok" and batch.get(name) is not None:
-                mask = torch.ones(torch.as_tensor(batch[name]).shape, dtype=torch.bool, device=device)
-                break
-    if mask is None:
-        size = None
-        if batch.get("index") is not None:
-            size = len(batch["index"])
-        for name in needed:
-            if size is None and batch.get(name) is not None and _parse(INPUTS[name][0])[0] in ("resp", "group"):
-                size = int(torch.as_tensor(batch[name]).shape[0])
-        mask = torch.ones((size or 0, 0), dtype=torch.bool, device=device)
-    mask = torch.as_tensor(mask, device=device) != 0
+    mask = _token_mask(batch, needed, tokens, device)
     crit_mask = batch.get("crit_mask")
     dim = 0
     for name in needed:
@@ -528,10 +579,11 @@ def _input(L, batch, name):
     return value
 
 
-def _prepare(batch, config, overrides, needed):
-    """The layout and the inputs `needed` (params included, as 0-d tensors)."""
+def _prepare(batch, config, overrides, needed, tokens):
+    """The layout and the inputs `needed` (params included, as 0-d tensors); `tokens` says what of
+    the tokens the stages read (None: nothing), which makes the token mask required."""
     params = _params(config, overrides)
-    L = _layout(batch, needed)
+    L = _layout(batch, needed, tokens)
     x = {name: L.scalar(value) for name, value in params.items()}
     for name in needed:
         x[name] = _input(L, batch, name)
@@ -647,7 +699,7 @@ def _loss_given(batch, config, params, advantages):
     for name, (_, metric_needs) in _LOSS_GIVEN_ADVANTAGE[2].items():
         if name in metric_runs:
             wanted.update(metric_needs)
-    L, x = _prepare(batch, config, params, [name for name in INPUTS if name in wanted])
+    L, x = _prepare(batch, config, params, [name for name in INPUTS if name in wanted], _LOSS_GIVEN_ADVANTAGE_TOKENS)
     v = {"advantage": _advantage_per_response(advantages, L.tmask).to(device=L.device, dtype=L.dtype)}
     value = _t(L, run(L, x, v))
     metrics = {}
@@ -738,7 +790,7 @@ def advantage_estimator(token_level_rewards, response_mask, index=None, config=N
     keep_run, advantage_run, shapes = _ADVANTAGE_GIVEN_REWARD
     mask = torch.as_tensor(response_mask)
     batch = {"response_mask": mask, "index": index}
-    L, x = _prepare(batch, None, {}, [name for name in INPUTS if INPUTS[name][1] is not None])
+    L, x = _prepare(batch, None, {}, [name for name in INPUTS if INPUTS[name][1] is not None], None)
     v = {"reward": token_level_rewards.sum(-1).to(L.dtype)}
     sel = None
     size = L.B
@@ -755,7 +807,12 @@ def make_compute_score(inputs_fn=None):
     returning the recipe's reward of one response. The reward's inputs are read from `inputs_fn(
     data_source, solution_str, ground_truth, extra_info)` (a dict, e.g. a verifier's or a judge's
     verdicts), then keyword arguments, then `extra_info` (dataset fields such as a prompt's rubric
-    points); token counts from `response_length`. Only for recipes whose reward is per response."""
+    points). Only for recipes whose reward is per response.
+
+    verl's reward managers pass no token count (`solution_str` is decoded text), so a reward that
+    reads tokens (`length`, a token-level input: REWARD_TOKENS) needs `response_length`, the
+    response's token count as sampled, from one of those sources; without it compute_score raises,
+    rather than scoring a response of no tokens."""
 
     def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
         if not REWARD_PER_RESPONSE:
@@ -771,9 +828,16 @@ def make_compute_score(inputs_fn=None):
         for source in sources:
             values.update({k: v for k, v in source.items() if k in INPUTS or k == "response_length"})
         length = values.pop("response_length", None)
+        if length is None and REWARD_TOKENS is not None:
+            raise ValueError(
+                f"the reward of recipe `{RECIPE}` reads {REWARD_TOKENS}, so compute_score needs "
+                "`response_length`, the response's token count as sampled, which verl's reward managers "
+                "do not pass: return it from inputs_fn (e.g. the length of the response's token ids), "
+                "or put it in extra_info or a keyword argument"
+            )
         batch = {name: [value] for name, value in values.items()}
         if length is not None:
-            batch["response_mask"] = torch.ones((1, int(length)), dtype=torch.bool)
+            batch["response_length"] = [length]
         batch["index"] = [0]
         return float(_reward_only(batch)[0])
 
@@ -791,7 +855,7 @@ def _reward_only(batch, config=None, **params):
         raise KeyError(
             f"the reward of recipe `{RECIPE}` needs {', '.join(f'`{n}`' for n in missing)}, which were not given"
         )
-    L, x = _prepare(batch, config, params, REWARD_INPUTS)
+    L, x = _prepare(batch, config, params, REWARD_INPUTS, REWARD_TOKENS)
     with torch.no_grad():
         return _per_response(L, _reward(L, x, {}), REWARD_SHAPE)
 
@@ -806,7 +870,7 @@ def _advantage_only(batch, config=None, **params):
             f"the advantage of recipe `{RECIPE}` needs {', '.join(f'`{n}`' for n in missing)}, which were not given"
         )
     with torch.no_grad():
-        L, x = _prepare(batch, config, params, _ADVANTAGE_INPUTS)
+        L, x = _prepare(batch, config, params, _ADVANTAGE_INPUTS, _ADVANTAGE_TOKENS)
         v = {}
         size, sel = L.B, None
         if _reward is not None:
@@ -822,8 +886,10 @@ def make_reward_func(inputs_fn=None, output="reward"):
     computing the recipe's reward. Completions with the same prompt form a group (so group terms
     such as diversity see the whole group when TRL scores it together). The reward's inputs come from
     `inputs_fn(prompts=…, completions=…, completion_ids=…, **kwargs)` (a dict of per-completion
-    lists), then the dataset columns TRL passes as keyword arguments; token counts from
-    `completion_ids`, and a token-level input named `ids` from the token ids.
+    lists; a token-level input as one list per completion, as long as its `completion_ids`), then
+    the dataset columns TRL passes as keyword arguments; token counts from `completion_ids` (TRL
+    passes each completion's ids, unpadded), and a token-level input named `ids` from the token ids.
+    A recipe that reads tokens (`length`, a token-level input) without `completion_ids` is an error.
 
     With output="advantage" it returns the recipe's advantage instead (0 for responses its `keep`
     filters drop): with GRPOConfig(scale_rewards="none"), TRL's centring leaves a zero-mean advantage
@@ -832,17 +898,40 @@ def make_reward_func(inputs_fn=None, output="reward"):
         raise ValueError("output is 'reward' or 'advantage'")
 
     def reward_func(prompts, completions, completion_ids=None, **kwargs):
+        tokens = REWARD_TOKENS if output == "reward" else _ADVANTAGE_TOKENS
+        if completion_ids is None and tokens is not None:
+            raise ValueError(
+                f"recipe `{RECIPE}` reads {tokens}, so its reward function needs `completion_ids` (TRL "
+                "passes them: each completion's token ids), which give the completions' token counts"
+            )
         columns = {k: v for k, v in kwargs.items() if k in INPUTS}
         if inputs_fn is not None:
             columns.update(
                 inputs_fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs) or {}
             )
         size = len(completions)
+        counts = None if completion_ids is None else [len(ids) for ids in completion_ids]
+        if counts is not None and len(counts) != size:
+            raise ValueError(f"{len(counts)} completion_ids for {size} completions")
+        longest = max(counts, default=0) if counts is not None else 0
         batch = {"index": [repr(prompt) for prompt in prompts]}
         for name, column in columns.items():
             level, feature = _parse(INPUTS[name][0])
             if level == "batch":
                 batch[name] = column[0] if isinstance(column, (list, tuple)) else column
+            elif level == "tok":  # ragged: one row per completion, as long as its completion_ids
+                if counts is None:
+                    raise ValueError(f"the token-level input `{name}` needs `completion_ids` for the completions' token counts")
+                rows = [list(row) for row in column]
+                if len(rows) != size:
+                    raise ValueError(f"the token-level input `{name}` has {len(rows)} rows for {size} completions")
+                for row, (values, count) in enumerate(zip(rows, counts)):
+                    if len(values) != count:
+                        raise ValueError(
+                            f"the token-level input `{name}` has {len(values)} values for completion {row}, "
+                            f"whose completion_ids have {count} tokens"
+                        )
+                batch[name] = [values + [0.0] * (longest - len(values)) for values in rows]
             elif feature == "crit":  # ragged: pad, and say which criteria each prompt has
                 rows = [list(row) for row in column]
                 width = max((len(row) for row in rows), default=0)
@@ -851,14 +940,11 @@ def make_reward_func(inputs_fn=None, output="reward"):
             else:
                 batch[name] = column
         if completion_ids is not None:
-            longest = max((len(ids) for ids in completion_ids), default=0)
-            mask = torch.zeros((size, longest), dtype=torch.bool)
-            ids = torch.zeros((size, longest), dtype=torch.float64)
-            for row, tokens in enumerate(completion_ids):
-                mask[row, : len(tokens)] = True
-                ids[row, : len(tokens)] = torch.as_tensor(list(tokens), dtype=torch.float64)
-            batch["response_mask"] = mask
+            batch["response_length"] = counts
             if "ids" in INPUTS and "ids" not in batch:
+                ids = torch.zeros((size, longest), dtype=torch.float64)
+                for row, tokens_of in enumerate(completion_ids):
+                    ids[row, : len(tokens_of)] = torch.as_tensor(list(tokens_of), dtype=torch.float64)
                 batch["ids"] = ids
         values = _reward_only(batch) if output == "reward" else _advantage_only(batch)
         return [float(r) for r in values]

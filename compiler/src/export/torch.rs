@@ -239,6 +239,42 @@ impl<'a> Emitter<'a> {
         live
     }
 
+    /// What of the tokens the cone of `roots` (not past `cut`, the cut nodes being given) reads, as
+    /// a Python literal for `_prepare`'s `tokens`: the first token-level input, else `length`, else
+    /// any other token-level value; `None` when it reads no token. A stage that reads tokens needs
+    /// the batch's true token counts (`response_mask` or `response_length`), never the padded width.
+    fn token_reason(&self, roots: &[NodeId], cut: &HashSet<NodeId>) -> String {
+        let live = self.cone(roots, cut);
+        let nodes: Vec<NodeId> = (0..live.len())
+            .filter(|&i| live[i])
+            .map(|i| NodeId(i as u32))
+            .filter(|id| !cut.contains(id))
+            .collect();
+        let input = nodes.iter().find_map(|id| match self.node(*id).op {
+            Op::Input(i) if self.node(*id).shape.level == Level::Tok => Some(format!(
+                "the token-level input `{}`",
+                self.graph.inputs[i as usize].name
+            )),
+            _ => None,
+        });
+        let length = || {
+            nodes
+                .iter()
+                .any(|id| matches!(self.node(*id).op, Op::Value(Value::Length)))
+                .then(|| "`length` (each response's token count)".to_string())
+        };
+        let other = || {
+            nodes
+                .iter()
+                .any(|id| self.node(*id).shape.level == Level::Tok)
+                .then(|| "token-level values (`token_index`, a reduction over `tok`)".to_string())
+        };
+        input
+            .or_else(length)
+            .or_else(other)
+            .map_or("None".into(), |reason| py_str(&reason))
+    }
+
     /// The nodes of `roots`' cone (not past `cut`) that need a line and are not in `done`.
     fn stage_nodes(&self, roots: &[NodeId], cut: &HashSet<NodeId>, done: &[bool]) -> Vec<NodeId> {
         self.cone(roots, cut)
@@ -782,8 +818,9 @@ impl<'a> Emitter<'a> {
         let all_inputs = self.inputs_read(&all_nodes, &returns);
         let _ = writeln!(
             out,
-            "\n\n# Recipe inputs the outputs read.\n_ALL_INPUTS = {}",
-            Self::tuple(&all_inputs)
+            "\n\n# Recipe inputs the outputs read, and what of the tokens (None: nothing).\n_ALL_INPUTS = {}\n_ALL_TOKENS = {}",
+            Self::tuple(&all_inputs),
+            self.token_reason(&returns, &HashSet::new())
         );
         let _ = writeln!(
             out,
@@ -805,8 +842,9 @@ impl<'a> Emitter<'a> {
             .collect();
         let _ = writeln!(
             out,
-            "# Recipe inputs the reward, keep and advantage stages read.\n_ADVANTAGE_INPUTS = {}",
-            Self::tuple(&self.inputs_read(&advantage_nodes, &advantage_roots))
+            "# Recipe inputs the reward, keep and advantage stages read, and what of the tokens.\n_ADVANTAGE_INPUTS = {}\n_ADVANTAGE_TOKENS = {}",
+            Self::tuple(&self.inputs_read(&advantage_nodes, &advantage_roots)),
+            self.token_reason(&advantage_roots, &HashSet::new())
         );
         let missing: Vec<&str> = [
             ("_reward", o.reward.is_some()),
@@ -855,8 +893,8 @@ impl<'a> Emitter<'a> {
 Do not edit: regenerate with `rlxc compile {} --emit torch -o {name}.py` (add `--set NAME=VALUE`
 to change a param's default).
 
-Inputs (a padded batch: [B, T] per token with `response_mask`, [B] per response, group-level
-inputs per response too, with `index` [B] naming each response's group):",
+Inputs (a padded batch: [B, T] per token with `response_mask` (or `response_length` [B]), [B] per
+response, group-level inputs per response too, with `index` [B] naming each response's group):",
             info.version, info.source, info.source_sha256, info.source
         );
         let width = g.inputs[..self.symbolic.recipe_inputs]
@@ -908,7 +946,7 @@ advantage_estimator (registered with verl as `{name}` when verl is importable), 
 
 def evaluate(batch, config=None, **params):
     """Every output of the recipe on a padded batch, gradients attached (see `compute_rewards`)."""
-    L, x = _prepare(batch, config, params, _ALL_INPUTS)
+    L, x = _prepare(batch, config, params, _ALL_INPUTS, _ALL_TOKENS)
     v = {}
     out = {}
     size = L.B
@@ -979,6 +1017,7 @@ def evaluate(batch, config=None, **params):
             let _ = writeln!(
                 out,
                 "_LOSS_GIVEN_ADVANTAGE = None
+_LOSS_GIVEN_ADVANTAGE_TOKENS = None
 _LOSS_GIVEN_ADVANTAGE_WHY = {}
 POLICY_LOSS_WHY = _LOSS_GIVEN_ADVANTAGE_WHY",
                 py_str(&format!("recipe `{}`: {why}", self.info.recipe))
@@ -1040,12 +1079,19 @@ _LOSS_GIVEN_ADVANTAGE = (
     {{{}
     }},
 )
+_LOSS_GIVEN_ADVANTAGE_TOKENS = {}
 _LOSS_GIVEN_ADVANTAGE_WHY = None",
             Self::tuple(&loss_needs),
             metrics
                 .iter()
                 .map(|m| format!("\n        {m},"))
-                .collect::<String>()
+                .collect::<String>(),
+            self.token_reason(
+                &std::iter::once(loss)
+                    .chain(o.metrics.iter().map(|(_, id)| *id))
+                    .collect::<Vec<_>>(),
+                &cut_set
+            )
         );
         // verl's PolicyLossFn receives the log-probs, the advantages and the mask, nothing else.
         let policy = self.policy_input();
@@ -1214,6 +1260,7 @@ _ADVANTAGE_GIVEN_REWARD_WHY = None",
                 out.push_str(
                     r#"REWARD_SHAPE = "resp"
 REWARD_INPUTS = ()
+REWARD_TOKENS = None
 REWARD_PER_RESPONSE = False
 REWARD_GROUP_WHY = "the recipe has no reward section"
 "#,
@@ -1229,9 +1276,10 @@ REWARD_GROUP_WHY = "the recipe has no reward section"
                 let reason = self.reward_group_reason(reward);
                 let _ = writeln!(
                     out,
-                    "REWARD_SHAPE = \"{}\"\nREWARD_INPUTS = {}\nREWARD_PER_RESPONSE = {}\nREWARD_GROUP_WHY = {}",
+                    "REWARD_SHAPE = \"{}\"\nREWARD_INPUTS = {}\nREWARD_TOKENS = {}\nREWARD_PER_RESPONSE = {}\nREWARD_GROUP_WHY = {}",
                     self.shape(reward),
                     Self::tuple(&inputs),
+                    self.token_reason(&[reward], &HashSet::new()),
                     if reason.is_none() { "True" } else { "False" },
                     reason.as_deref().map_or("None".into(), py_str)
                 );
