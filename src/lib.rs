@@ -2,15 +2,30 @@
 
 pub mod diagnostics;
 
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::process::ExitCode;
 
-/// Write through a temporary file and a rename, so an interrupted run never leaves half a file.
-pub fn write_atomically(path: &Path, contents: &str) -> std::io::Result<()> {
-    let mut temporary = path.as_os_str().to_owned();
-    temporary.push(".rlx-tmp");
-    let temporary = PathBuf::from(temporary);
-    std::fs::write(&temporary, contents)?;
-    std::fs::rename(&temporary, path)
+pub use rlx_compiler::files::write_output;
+
+/// Print `text` to standard output and say how that went: a full disk or a closed pipe is an exit
+/// status, never a panic (`print!` panics on a failed write). A closed pipe (`| head`) exits with
+/// status 1 quietly; any other failure prints one line on stderr.
+pub fn print_stdout(text: &str) -> ExitCode {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::from(1),
+        Err(error) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "error: cannot write standard output: {error}"
+            );
+            ExitCode::from(1)
+        }
+    }
 }
 
 /// Parse `--set NAME=VALUE`: a number, `true`, `false`, `inf` or `-inf`.

@@ -558,3 +558,42 @@ fn a_loaded_artifact_still_validates_every_batch() {
         "no kernel ran on the malformed batch"
     );
 }
+
+#[test]
+fn sources_are_only_rlx_files_in_the_recipes_folder() {
+    let folder = root().join("recipes").canonicalize().unwrap();
+    expect_error(
+        tampered(|d| d["sources"][0]["path"] = Value::from("/etc/passwd")),
+        ErrorKind::Invalid,
+        "source `/etc/passwd` is not a `.rlx` file",
+    );
+    expect_error(
+        tampered(|d| d["sources"][0]["path"] = Value::from("grpo.rlx")),
+        ErrorKind::Invalid,
+        "is not an absolute path",
+    );
+    let with_source = |path: String| {
+        tampered(move |d| {
+            let sha256 = d["sources"][0]["sha256"].clone();
+            d["sources"]
+                .as_array_mut()
+                .unwrap()
+                .push(serde_json::json!({ "path": path, "sha256": sha256 }));
+        })
+    };
+    expect_error(
+        with_source("/etc/shadow.rlx".into()),
+        ErrorKind::Invalid,
+        "is outside the recipe's folder",
+    );
+    expect_error(
+        with_source(format!("{}/../x.rlx", folder.display())),
+        ErrorKind::Invalid,
+        "leaves the recipe's folder",
+    );
+    expect_error(
+        with_source(format!("{}/zero", folder.display())),
+        ErrorKind::Invalid,
+        "is not a `.rlx` file",
+    );
+}

@@ -102,3 +102,9 @@ fn formatting_is_idempotent_and_keeps_the_syntax_of_every_module() {
         );
     }
 }
+
+#[test]
+fn a_leading_byte_order_mark_is_dropped() {
+    let text = "input score : f32[resp]\n// a comment\nreward = score\n";
+    assert_eq!(format(&format!("\u{feff}{text}")), format(text));
+}

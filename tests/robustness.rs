@@ -715,3 +715,134 @@ fn deep_call_chains_and_many_items() {
     let text = "param p = 1\n".repeat(50_000);
     check_any(&text);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Rendering for people: `rlxc check` and `rlx score` on inputs whose labels sit far to the right or
+// that have thousands of diagnostics (src/diagnostics.rs).
+
+mod child;
+
+/// Run `rlxc check` (human reports) and `rlx score` on `text` and expect a clean error exit with
+/// `code` on stderr: no panic, and no huge line echoed.
+fn expect_rendered(what: &str, text: &str, code: &str) -> String {
+    let directory = child::scratch(&format!("render-{}", what.replace(' ', "-")));
+    let recipe = directory.join("recipe.rlx");
+    std::fs::write(&recipe, text).unwrap();
+    let check = child::run_bounded(child::rlxc().arg("check").arg(&recipe));
+    let score = child::run_bounded(
+        child::rlx()
+            .arg("score")
+            .arg(&recipe)
+            .args(["--rollouts", "none.jsonl"]),
+    );
+    for output in [&check, &score] {
+        let stderr = child::stderr(output);
+        assert_eq!(output.status.code(), Some(1), "{what}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+        assert!(stderr.contains(code), "{what}: no {code} in {stderr}");
+        assert!(
+            stderr.lines().all(|line| line.chars().count() < 1000),
+            "{what}: a line of over 1000 characters on stderr"
+        );
+    }
+    std::fs::remove_dir_all(&directory).ok();
+    child::stderr(&check)
+}
+
+#[test]
+fn labels_past_column_65535_render() {
+    // 16.6 kB of tabs (66 400 display columns) before an unknown name.
+    let tabs = format!(
+        "input score : f32[resp]\nreward = {}nope\n",
+        "\t".repeat(16_600)
+    );
+    let stderr = expect_rendered("tabs", &tabs, "rlx::unknown_name");
+    assert!(stderr.contains('…'), "the line is elided: {stderr}");
+    assert!(
+        stderr.contains("recipe.rlx:2:16610"),
+        "the column is the file's: {stderr}"
+    );
+    // A 70 000-character name, then a second unknown name after it.
+    let long_name = format!("reward = {} + nope\n", "a".repeat(70_000));
+    let stderr = expect_rendered("long name", &long_name, "rlx::unknown_name");
+    assert!(
+        stderr.contains("more characters"),
+        "the message is elided: {stderr}"
+    );
+    // 33 000 CJK characters (66 000 columns) in a string, a syntax error after it.
+    let cjk = format!("import \"./{}.rlx\" oops\n", "漢".repeat(33_000));
+    expect_rendered("cjk", &cjk, "rlx::syntax");
+    // One diagnostic with two labels 70 000 columns apart.
+    let apart = format!("param p = 1{}param p = 2\nreward = p\n", " ".repeat(70_000));
+    let stderr = expect_rendered("two labels", &apart, "rlx::duplicate");
+    assert!(stderr.matches('…').count() >= 1, "{stderr}");
+}
+
+#[test]
+fn thousands_of_diagnostics_render_the_first_hundred_in_bounded_memory() {
+    // 4 000 duplicate imports and a 200 kB comment: each report used to hold a copy of the file.
+    let mut text = format!("// {}\n", "x".repeat(200_000));
+    text.push_str(&"import std/loss.{k3}\n".repeat(4_001));
+    text.push_str("input score : f32[resp]\nreward = score\n");
+    let directory = child::scratch("many-diagnostics");
+    let recipe = directory.join("recipe.rlx");
+    std::fs::write(&recipe, &text).unwrap();
+    let output = child::run_bounded(child::rlxc().arg("check").arg(&recipe));
+    let stderr = child::stderr(&output);
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "{}",
+        &stderr[..stderr.len().min(2000)]
+    );
+    assert!(
+        stderr.contains("4000 errors in"),
+        "{}",
+        &stderr[..stderr.len().min(2000)]
+    );
+    assert!(
+        stderr.contains("… and 3900 more"),
+        "{}",
+        &stderr[stderr.len().saturating_sub(2000)..]
+    );
+    assert!(stderr.len() < 200_000, "{} bytes of stderr", stderr.len());
+    // JSON still lists every diagnostic.
+    let json = child::run_bounded(
+        child::rlxc()
+            .args(["check", "--format", "json"])
+            .arg(&recipe),
+    );
+    let document: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(
+        document["files"][0]["diagnostics"]
+            .as_array()
+            .unwrap()
+            .len(),
+        4000
+    );
+    #[cfg(unix)]
+    assert!(
+        child::peak_child_rss() < 400 << 20,
+        "peak child memory {} bytes (it was 1.2 GB)",
+        child::peak_child_rss()
+    );
+    std::fs::remove_dir_all(&directory).ok();
+}
+
+#[test]
+fn a_byte_order_mark_starts_a_recipe_or_is_named() {
+    let checked = check_any(&format!("\u{feff}{}", BASE_RECIPE.join("\n")));
+    assert!(checked.recipe.is_some(), "{:#?}", checked.diagnostics);
+    let checked = expect_code(
+        "a BOM inside",
+        "input score : f32[resp]\nreward = score \u{feff}+ 1\n",
+        "rlx::syntax",
+    );
+    assert!(
+        checked.diagnostics[0]
+            .message
+            .contains("U+FEFF (a byte order mark)"),
+        "{}",
+        checked.diagnostics[0].message
+    );
+}

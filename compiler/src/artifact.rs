@@ -25,9 +25,11 @@ use crate::backend::plan;
 use crate::backend::Options;
 use crate::check::types::{Feature as TyFeature, Level as TyLevel, Ty};
 use crate::export::sha256::hex_digest;
+use crate::files::{self, Escape};
 use crate::hir;
 use crate::ir::{json_float, Elem, Feature, Graph, InputInfo, Level, RolloutInfo};
 use crate::syntax::ast::{InputRole, Span};
+use crate::syntax::parser::MAX_SOURCE_BYTES;
 use crate::{Checked, Origin};
 
 /// The first bytes of every artifact.
@@ -85,6 +87,114 @@ impl std::fmt::Display for ArtifactError {
 }
 
 impl std::error::Error for ArtifactError {}
+
+/// Longest header line: `RLXC`, the version, the length and 64 hex digits fit in far fewer bytes.
+const MAX_HEADER_BYTES: usize = 256;
+
+/// Largest artifact `load` reads: the biggest recipe the compiler accepts (1 MiB of source, with
+/// inlining capped) compiles to far less.
+pub const MAX_ARTIFACT_BYTES: u64 = 64 << 20;
+
+/// The header line of an artifact.
+struct Header {
+    /// Where the body starts (after the header's newline).
+    body_start: usize,
+    /// The body length it declares.
+    length: u64,
+    checksum: String,
+}
+
+impl Header {
+    /// Parse the header line at the start of `bytes` (which needs to hold only the first
+    /// `MAX_HEADER_BYTES`).
+    fn parse(bytes: &[u8]) -> Result<Header, ArtifactError> {
+        let newline = bytes
+            .iter()
+            .take(MAX_HEADER_BYTES)
+            .position(|&b| b == b'\n');
+        let head = &bytes[..newline.unwrap_or(bytes.len()).min(MAX_HEADER_BYTES)];
+        if !head.starts_with(MAGIC.as_bytes()) {
+            let found: String = String::from_utf8_lossy(&bytes[..bytes.len().min(8)])
+                .chars()
+                .map(|c| if c.is_control() { '?' } else { c })
+                .collect();
+            return Err(ArtifactError::new(
+                ErrorKind::Magic,
+                format!("not an rlx artifact: it does not start with `{MAGIC}` (found `{found}`)"),
+            ));
+        }
+        let Some(newline) = newline else {
+            return Err(ArtifactError::new(
+                ErrorKind::Truncated,
+                "truncated artifact: the header line is incomplete",
+            ));
+        };
+        let header = std::str::from_utf8(&bytes[..newline])
+            .map_err(|_| ArtifactError::new(ErrorKind::Magic, "malformed header line"))?;
+        let fields: Vec<&str> = header.split(' ').collect();
+        let malformed = || {
+            ArtifactError::new(
+                ErrorKind::Magic,
+                format!(
+                    "malformed header line `{header}` (expected `{MAGIC} VERSION LENGTH SHA256`)"
+                ),
+            )
+        };
+        if fields.len() != 4 || fields[0] != MAGIC {
+            return Err(malformed());
+        }
+        let version: u32 = fields[1].parse().map_err(|_| malformed())?;
+        if version != FORMAT_VERSION {
+            return Err(ArtifactError::new(
+                ErrorKind::Version,
+                format!(
+                    "artifact format version {version}, but this rlx reads version {FORMAT_VERSION}; recompile the recipe with `rlxc compile RECIPE -o FILE.rlxc`"
+                ),
+            ));
+        }
+        let length: u64 = fields[2].parse().map_err(|_| malformed())?;
+        let checksum = fields[3];
+        if checksum.len() != 64 || !checksum.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(malformed());
+        }
+        if length > MAX_ARTIFACT_BYTES {
+            return Err(ArtifactError::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "corrupt artifact: the header declares {length} bytes of body; the limit is {MAX_ARTIFACT_BYTES}"
+                ),
+            ));
+        }
+        Ok(Header {
+            body_start: newline + 1,
+            length,
+            checksum: checksum.to_string(),
+        })
+    }
+
+    /// The body must be exactly as long as declared.
+    fn check_body_length(&self, actual: u64) -> Result<(), ArtifactError> {
+        let length = self.length;
+        if actual < length {
+            return Err(ArtifactError::new(
+                ErrorKind::Truncated,
+                format!(
+                    "truncated artifact: the header declares {length} bytes of body, the file has {actual}"
+                ),
+            ));
+        }
+        if actual > length {
+            return Err(ArtifactError::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "corrupt artifact: {} bytes after the declared {length}-byte body",
+                    actual - length
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// A source file the artifact was compiled from.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -169,6 +279,15 @@ impl Artifact {
                 }
             }
         }
+        if sources
+            .first()
+            .is_some_and(|recipe| recipe.path.extension().is_none_or(|e| e != "rlx"))
+        {
+            return Err(compile(
+                "an artifact's recipe must be a `.rlx` file (its sources are checked as imports are)"
+                    .into(),
+            ));
+        }
         let params = recipe
             .params
             .iter()
@@ -214,71 +333,10 @@ impl Artifact {
 
     /// Parse and validate an artifact's bytes (`load` without the staleness check).
     pub fn from_bytes(bytes: &[u8]) -> Result<Artifact, ArtifactError> {
-        let newline = bytes.iter().position(|&b| b == b'\n');
-        let head = &bytes[..newline.unwrap_or(bytes.len()).min(256)];
-        if !head.starts_with(MAGIC.as_bytes()) {
-            let found: String = String::from_utf8_lossy(&bytes[..bytes.len().min(8)])
-                .chars()
-                .map(|c| if c.is_control() { '?' } else { c })
-                .collect();
-            return Err(ArtifactError::new(
-                ErrorKind::Magic,
-                format!("not an rlx artifact: it does not start with `{MAGIC}` (found `{found}`)"),
-            ));
-        }
-        let Some(newline) = newline.filter(|&n| n < 256) else {
-            return Err(ArtifactError::new(
-                ErrorKind::Truncated,
-                "truncated artifact: the header line is incomplete",
-            ));
-        };
-        let header = std::str::from_utf8(&bytes[..newline])
-            .map_err(|_| ArtifactError::new(ErrorKind::Magic, "malformed header line"))?;
-        let fields: Vec<&str> = header.split(' ').collect();
-        let malformed = || {
-            ArtifactError::new(
-                ErrorKind::Magic,
-                format!(
-                    "malformed header line `{header}` (expected `{MAGIC} VERSION LENGTH SHA256`)"
-                ),
-            )
-        };
-        if fields.len() != 4 || fields[0] != MAGIC {
-            return Err(malformed());
-        }
-        let version: u32 = fields[1].parse().map_err(|_| malformed())?;
-        if version != FORMAT_VERSION {
-            return Err(ArtifactError::new(
-                ErrorKind::Version,
-                format!(
-                    "artifact format version {version}, but this rlx reads version {FORMAT_VERSION}; recompile the recipe with `rlxc compile RECIPE -o FILE.rlxc`"
-                ),
-            ));
-        }
-        let length: usize = fields[2].parse().map_err(|_| malformed())?;
-        let checksum = fields[3];
-        if checksum.len() != 64 || !checksum.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(malformed());
-        }
-        let body = &bytes[newline + 1..];
-        if body.len() < length {
-            return Err(ArtifactError::new(
-                ErrorKind::Truncated,
-                format!(
-                    "truncated artifact: the header declares {length} bytes of body, the file has {}",
-                    body.len()
-                ),
-            ));
-        }
-        if body.len() > length {
-            return Err(ArtifactError::new(
-                ErrorKind::Corrupt,
-                format!(
-                    "corrupt artifact: {} bytes after the declared {length}-byte body",
-                    body.len() - length
-                ),
-            ));
-        }
+        let header = Header::parse(bytes)?;
+        let body = &bytes[header.body_start..];
+        header.check_body_length(body.len() as u64)?;
+        let checksum = &header.checksum;
         if hex_digest(body) != checksum.to_ascii_lowercase() {
             return Err(ArtifactError::new(
                 ErrorKind::Corrupt,
@@ -361,6 +419,7 @@ impl Artifact {
                 )));
             }
         }
+        self.source_paths()?;
         if self.graph.outputs.loss.is_none() && self.graph.outputs.reward.is_none() {
             return Err(invalid(
                 "the graph computes neither a loss nor a reward".into(),
@@ -369,13 +428,78 @@ impl Artifact {
         Ok(())
     }
 
-    /// The first recorded source file that still exists and has changed, if any.
-    pub fn stale_source(&self) -> Option<(&Path, String)> {
-        self.sources.iter().find_map(|source| {
-            let bytes = std::fs::read(&source.path).ok()?;
+    /// Each recorded source as the recipe's folder and the path inside it. The recipe (first) is an
+    /// absolute `.rlx` path, and every other source lies in its folder: a source is only ever read
+    /// under the rules of imports ([`files::resolve_inside`]), never at a path the artifact chose freely.
+    fn source_paths(&self) -> Result<Option<(&Path, Vec<&Path>)>, ArtifactError> {
+        let invalid = |source: &SourceHash, why: &str| {
+            ArtifactError::new(
+                ErrorKind::Invalid,
+                format!("invalid artifact: source `{}` {why}", source.path.display()),
+            )
+        };
+        let Some(recipe) = self.sources.first() else {
+            return Ok(None);
+        };
+        let (Some(folder), Some(_)) = (recipe.path.parent(), recipe.path.file_name()) else {
+            return Err(invalid(recipe, "is not a file path"));
+        };
+        if !recipe.path.is_absolute() {
+            return Err(invalid(recipe, "is not an absolute path"));
+        }
+        let mut inside = Vec::with_capacity(self.sources.len());
+        for source in &self.sources {
+            let relative = source
+                .path
+                .strip_prefix(folder)
+                .map_err(|_| invalid(source, "is outside the recipe's folder"))?;
+            match files::check_relative(relative) {
+                Ok(()) => inside.push(relative),
+                Err(Escape::NotRlx) => return Err(invalid(source, "is not a `.rlx` file")),
+                Err(_) => return Err(invalid(source, "leaves the recipe's folder")),
+            }
+        }
+        Ok(Some((folder, inside)))
+    }
+
+    /// The first recorded source file that still exists and has changed, if any. Sources are read as
+    /// imports are: regular `.rlx` files of at most `MAX_SOURCE_BYTES` inside the recipe's folder
+    /// (symbolic links followed); one that no longer exists is skipped (the artifact is
+    /// self-contained), one that cannot be read is an error.
+    pub fn stale_source(&self) -> Result<Option<(&Path, String)>, ArtifactError> {
+        let Some((folder, inside)) = self.source_paths()? else {
+            return Ok(None);
+        };
+        // The folder is gone, and every source with it.
+        let Ok(root) = folder.canonicalize() else {
+            return Ok(None);
+        };
+        for (source, relative) in self.sources.iter().zip(inside) {
+            let path = match files::resolve_inside(Some(&root), &root, relative) {
+                Ok(path) => path,
+                Err(Escape::Missing(_)) => continue,
+                Err(_) => {
+                    return Err(ArtifactError::new(
+                        ErrorKind::Invalid,
+                        format!(
+                            "invalid artifact: source `{}` resolves outside the recipe's folder",
+                            source.path.display()
+                        ),
+                    ))
+                }
+            };
+            let bytes = files::read_limited(&path, MAX_SOURCE_BYTES as u64).map_err(|e| {
+                ArtifactError::new(
+                    ErrorKind::Io,
+                    format!("cannot check source {}: {e}", source.path.display()),
+                )
+            })?;
             let now = hex_digest(&bytes);
-            (now != source.sha256).then_some((source.path.as_path(), now))
-        })
+            if now != source.sha256 {
+                return Ok(Some((source.path.as_path(), now)));
+            }
+        }
+        Ok(None)
     }
 
     /// The graph to run, given `--set` overrides: params are compiled in, so an override must name a
@@ -500,20 +624,15 @@ impl Artifact {
         })
     }
 
-    /// Write the artifact to `path` (through a temporary file and a rename).
+    /// Write the artifact to `path` ([`files::write_output`]: atomically, or through a FIFO or device).
     pub fn save(&self, path: &Path) -> Result<(), ArtifactError> {
         let bytes = self.to_bytes()?;
-        let mut temporary = path.as_os_str().to_owned();
-        temporary.push(".rlx-tmp");
-        let temporary = PathBuf::from(temporary);
-        let io = |e: std::io::Error| {
+        files::write_output(path, &bytes).map_err(|e| {
             ArtifactError::new(
                 ErrorKind::Io,
                 format!("cannot write {}: {e}", path.display()),
             )
-        };
-        std::fs::write(&temporary, bytes).map_err(io)?;
-        std::fs::rename(&temporary, path).map_err(io)
+        })
     }
 }
 
@@ -523,14 +642,24 @@ pub fn load(path: &Path) -> Result<Artifact, ArtifactError> {
         kind: e.kind,
         message: format!("{}: {}", path.display(), e.message),
     };
-    let bytes = std::fs::read(path).map_err(|e| {
+    let io = |e: std::io::Error| {
         ArtifactError::new(
             ErrorKind::Io,
             format!("cannot read {}: {e}", path.display()),
         )
-    })?;
+    };
+    // The magic and the declared length first: a file that is no artifact, or one longer or shorter
+    // than it says, is refused before its body is read.
+    let mut file = files::Untrusted::open(path).map_err(io)?;
+    let mut bytes = file.read_prefix(MAX_HEADER_BYTES).map_err(io)?;
+    let header = Header::parse(&bytes).map_err(named)?;
+    let total = header.body_start as u64 + header.length;
+    header
+        .check_body_length(file.len().saturating_sub(header.body_start as u64))
+        .map_err(named)?;
+    bytes.extend(file.read_rest(total).map_err(io)?);
     let artifact = Artifact::from_bytes(&bytes).map_err(named)?;
-    if let Some((source, _)) = artifact.stale_source() {
+    if let Some((source, _)) = artifact.stale_source().map_err(named)? {
         return Err(named(ArtifactError::new(
             ErrorKind::Stale,
             format!(

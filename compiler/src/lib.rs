@@ -7,6 +7,7 @@ pub mod check;
 pub mod diagnostic;
 pub mod docgen;
 pub mod export;
+pub mod files;
 pub mod format;
 pub mod ir;
 pub mod resolve;
@@ -49,9 +50,10 @@ fn on_compiler_stack<T: Send>(work: impl FnOnce() -> T + Send) -> std::thread::R
     })
 }
 
-/// Check a recipe file (and what it imports).
+/// Check a recipe file (and what it imports). The file must be a regular file of at most
+/// `MAX_SOURCE_BYTES` of UTF-8 ([`files::read_text`]).
 pub fn check_path(path: &Path) -> std::io::Result<Checked> {
-    let text = std::fs::read_to_string(path)?;
+    let text = files::read_text(path, syntax::parser::MAX_SOURCE_BYTES as u64)?;
     let canonical = path.canonicalize()?;
     let mut sources = SourceMap::new();
     let root = sources.add(path.display().to_string(), text, Origin::Path(canonical));

@@ -3,13 +3,15 @@
 //! symlink escapes), and import cycles are errors.
 
 use std::collections::HashMap;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use crate::diagnostic::{closest_name, Diagnostic};
+use crate::files::{self, Escape};
 use crate::source::{FileId, Origin, SourceMap};
 use crate::stdlib;
 use crate::syntax::ast::{ImportSource, ItemKind, Module, Span};
 use crate::syntax::parse_module;
+use crate::syntax::parser::MAX_SOURCE_BYTES;
 
 /// Deepest chain of imports accepted.
 const MAX_IMPORT_DEPTH: usize = 32;
@@ -217,14 +219,19 @@ impl Loader<'_> {
                 stdlib::module(name).unwrap_or_default(),
                 origin.clone(),
             ),
-            Origin::Path(path) => match std::fs::read_to_string(path) {
+            Origin::Path(path) => match files::read_text(path, MAX_SOURCE_BYTES as u64) {
                 Ok(text) => self
                     .sources
                     .add(path.display().to_string(), text, origin.clone()),
                 Err(error) => {
+                    let code = if error.kind() == std::io::ErrorKind::FileTooLarge {
+                        "rlx::too_large"
+                    } else {
+                        "rlx::import_not_found"
+                    };
                     self.diagnostics.push(
                         Diagnostic::error(
-                            "rlx::import_not_found",
+                            code,
                             from,
                             format!("cannot read `{}`: {error}", path.display()),
                         )
@@ -262,25 +269,6 @@ impl Loader<'_> {
                 .label(span, "imported here")
                 .help(help)
         };
-        if written.is_absolute() || written.has_root() {
-            self.diagnostics.push(error(
-                "rlx::import_absolute",
-                format!("`{path}` is an absolute path"),
-                "import files relative to the recipe, e.g. `import \"./mine.rlx\"`",
-            ));
-            return None;
-        }
-        if written
-            .components()
-            .any(|c| matches!(c, Component::ParentDir | Component::Prefix(_)))
-        {
-            self.diagnostics.push(error(
-                "rlx::import_escape",
-                format!("`{path}` leaves the recipe's folder"),
-                "a recipe may only import files in its own folder or below it, so it stays shareable",
-            ));
-            return None;
-        }
         let base = match &self.sources.get(from).origin {
             Origin::Path(file) => file.parent().map(Path::to_path_buf).unwrap_or_default(),
             Origin::Stdlib(_) => {
@@ -300,32 +288,40 @@ impl Loader<'_> {
                 return None;
             }
         };
-        let target = base.join(written);
-        let canonical = match target.canonicalize() {
-            Ok(canonical) => canonical,
-            Err(_) => {
-                self.diagnostics.push(error(
-                    "rlx::import_not_found",
-                    format!(
-                        "`{path}` does not exist (looked for `{}`)",
-                        target.display()
+        match files::resolve_inside(self.root_dir.as_deref(), &base, written) {
+            Ok(canonical) => Some(canonical),
+            Err(escape) => {
+                let (code, message, help) = match escape {
+                    Escape::Absolute => (
+                        "rlx::import_absolute",
+                        format!("`{path}` is an absolute path"),
+                        "import files relative to the recipe, e.g. `import \"./mine.rlx\"`",
                     ),
-                    "the path is relative to the importing file",
-                ));
-                return None;
-            }
-        };
-        if let Some(root) = &self.root_dir {
-            if !canonical.starts_with(root) {
-                self.diagnostics.push(error(
-                    "rlx::import_escape",
-                    format!("`{path}` resolves outside the recipe's folder"),
-                    "a recipe may only import files in its own folder or below it (symbolic links included)",
-                ));
-                return None;
+                    Escape::Parent => (
+                        "rlx::import_escape",
+                        format!("`{path}` leaves the recipe's folder"),
+                        "a recipe may only import files in its own folder or below it, so it stays shareable",
+                    ),
+                    Escape::NotRlx => (
+                        "rlx::import_extension",
+                        format!("`{path}` is not a `.rlx` file"),
+                        "a relative import names a module file ending in `.rlx`",
+                    ),
+                    Escape::Missing(target) => (
+                        "rlx::import_not_found",
+                        format!("`{path}` does not exist (looked for `{}`)", target.display()),
+                        "the path is relative to the importing file",
+                    ),
+                    Escape::Outside => (
+                        "rlx::import_escape",
+                        format!("`{path}` resolves outside the recipe's folder"),
+                        "a recipe may only import files in its own folder or below it (symbolic links included)",
+                    ),
+                };
+                self.diagnostics.push(error(code, message, help));
+                None
             }
         }
-        Some(canonical)
     }
 }
 

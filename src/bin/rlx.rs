@@ -483,7 +483,7 @@ fn write_scored(
     match out {
         None => println!("{document}"),
         Some(path) => {
-            if let Err(error) = rlx::write_atomically(path, &(document + "\n")) {
+            if let Err(error) = rlx::write_output(path, (document + "\n").as_bytes()) {
                 eprintln!("error: cannot write {}: {error}", path.display());
                 return ExitCode::from(1);
             }

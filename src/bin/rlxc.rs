@@ -1,12 +1,22 @@
 //! `rlxc`: the rlx compiler's command line.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::json;
 
-use rlx::diagnostics::{check_reported, render_human, report, stderr_color, to_json};
+use rlx::diagnostics::{check_reported, report, report_diagnostics, to_json_all};
+use rlx::print_stdout;
+use rlx_compiler::syntax::parser::MAX_SOURCE_BYTES;
+
+/// Read a recipe or module named on the command line (a regular file of at most `MAX_SOURCE_BYTES`).
+fn read_source(path: &Path) -> Result<String, ExitCode> {
+    rlx_compiler::files::read_text(path, MAX_SOURCE_BYTES as u64).map_err(|error| {
+        eprintln!("error: cannot read {}: {error}", path.display());
+        ExitCode::from(2)
+    })
+}
 
 /// The rlx compiler: check, format and compile `.rlx` recipes.
 #[derive(Parser)]
@@ -90,10 +100,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Check { files, format } => check(&files, format),
         Command::Fmt { files, check } => fmt(&files, check),
-        Command::Doc => {
-            print!("{}", rlx_compiler::docgen::stdlib_markdown());
-            ExitCode::SUCCESS
-        }
+        Command::Doc => print_stdout(&rlx_compiler::docgen::stdlib_markdown()),
         Command::Compile {
             file,
             emit: Some(Emit::Torch),
@@ -144,16 +151,15 @@ fn check(files: &[PathBuf], format: Format) -> ExitCode {
             Format::Json => documents.push(json!({
                 "file": path.display().to_string(),
                 "ok": !checked.has_errors(),
-                "diagnostics": checked
-                    .diagnostics
-                    .iter()
-                    .map(|d| to_json(d, &checked.sources))
-                    .collect::<Vec<_>>(),
+                "diagnostics": to_json_all(&checked.diagnostics, &checked.sources),
             })),
         }
     }
     if format == Format::Json {
-        println!("{}", json!({ "files": documents }));
+        let written = print_stdout(&format!("{}\n", json!({ "files": documents })));
+        if written != ExitCode::SUCCESS {
+            return written;
+        }
     }
     if io_error {
         ExitCode::from(2)
@@ -167,12 +173,9 @@ fn check(files: &[PathBuf], format: Format) -> ExitCode {
 fn fmt(files: &[PathBuf], check_only: bool) -> ExitCode {
     let mut status = 0u8;
     for path in files {
-        let text = match std::fs::read_to_string(path) {
+        let text = match read_source(path) {
             Ok(text) => text,
-            Err(error) => {
-                eprintln!("error: cannot read {}: {error}", path.display());
-                return ExitCode::from(2);
-            }
+            Err(code) => return code,
         };
         let mut sources = rlx_compiler::SourceMap::new();
         let file = sources.add(
@@ -182,15 +185,7 @@ fn fmt(files: &[PathBuf], check_only: bool) -> ExitCode {
         );
         match rlx_compiler::format::format_source(file, &text) {
             Err(diagnostics) => {
-                eprint!(
-                    "{}",
-                    render_human(
-                        &path.display().to_string(),
-                        &diagnostics,
-                        &sources,
-                        stderr_color()
-                    )
-                );
+                report_diagnostics(&path.display().to_string(), &diagnostics, &sources);
                 status = status.max(1);
             }
             Ok(formatted) if formatted == text => {}
@@ -198,7 +193,7 @@ fn fmt(files: &[PathBuf], check_only: bool) -> ExitCode {
                 if check_only {
                     eprintln!("{} is not formatted", path.display());
                     status = status.max(1);
-                } else if let Err(error) = rlx::write_atomically(path, &formatted) {
+                } else if let Err(error) = rlx::write_output(path, formatted.as_bytes()) {
                     eprintln!("error: cannot write {}: {error}", path.display());
                     return ExitCode::from(2);
                 }
@@ -216,16 +211,13 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(error) => {
-            eprintln!("error: cannot read {}: {error}", path.display());
-            return ExitCode::from(2);
-        }
-    };
     match emit {
         Emit::Torch => torch(path, set, None),
         Emit::Ast => {
+            let text = match read_source(path) {
+                Ok(text) => text,
+                Err(code) => return code,
+            };
             let mut sources = rlx_compiler::SourceMap::new();
             let file = sources.add(
                 path.display().to_string(),
@@ -235,15 +227,7 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
             match rlx_compiler::syntax::parse_module(file, &text) {
                 Ok(module) => print_json(&module),
                 Err(diagnostics) => {
-                    eprint!(
-                        "{}",
-                        render_human(
-                            &path.display().to_string(),
-                            &diagnostics,
-                            &sources,
-                            stderr_color()
-                        )
-                    );
+                    report_diagnostics(&path.display().to_string(), &diagnostics, &sources);
                     ExitCode::from(1)
                 }
             }
@@ -269,8 +253,7 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
                         ExitCode::from(1)
                     }
                     Ok(graph) if emit == Emit::Ir => {
-                        print!("{}", rlx_compiler::ir::print::to_text(&graph));
-                        ExitCode::SUCCESS
+                        print_stdout(&rlx_compiler::ir::print::to_text(&graph))
                     }
                     Ok(graph) if matches!(emit, Emit::Cuda | Emit::Clif) => {
                         let options = rlx_compiler::backend::Options::default();
@@ -288,10 +271,7 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
                                 }
                             });
                         match code {
-                            Ok(code) => {
-                                print!("{code}");
-                                ExitCode::SUCCESS
-                            }
+                            Ok(code) => print_stdout(&code),
                             Err(message) => {
                                 eprintln!("error: {message}");
                                 ExitCode::from(1)
@@ -305,10 +285,7 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
                                 eprintln!("error: no kernel plan: {error}");
                                 ExitCode::from(1)
                             }
-                            Ok(plan) if emit == Emit::Plan => {
-                                print!("{}", plan.to_text(&graph));
-                                ExitCode::SUCCESS
-                            }
+                            Ok(plan) if emit == Emit::Plan => print_stdout(&plan.to_text(&graph)),
                             Ok(plan) => print_json(&plan),
                         }
                     }
@@ -342,6 +319,9 @@ fn artifact(path: &std::path::Path, set: &[String], out: &std::path::Path) -> Ex
     if checked.recipe.is_none() {
         return ExitCode::from(1);
     }
+    if let Err(code) = refuse_overwriting_sources(out, &checked) {
+        return code;
+    }
     let stem = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
@@ -367,24 +347,33 @@ fn torch(path: &std::path::Path, set: &[String], out: Option<&std::path::Path>) 
             return ExitCode::from(2);
         }
     };
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(error) => {
-            eprintln!("error: cannot read {}: {error}", path.display());
+    if let Some(file) = out {
+        if file.extension().is_some_and(|e| e == "rlx") {
+            eprintln!(
+                "error: {}: `--emit torch` writes Python, not a recipe; name the output `.py`",
+                file.display()
+            );
             return ExitCode::from(2);
         }
-    };
+    }
     let Some(checked) = check_reported(path) else {
         return ExitCode::from(2);
     };
     let Some(recipe) = &checked.recipe else {
         return ExitCode::from(1);
     };
+    if let Some(file) = out {
+        if let Err(code) = refuse_overwriting_sources(file, &checked) {
+            return code;
+        }
+    }
+    // The text that was checked, not a second read of the file.
+    let text = &checked.sources.get(checked.root).text;
     let stem = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "recipe".into());
-    let info = rlx_compiler::export::ModuleInfo::new(&stem, &path.display().to_string(), &text);
+    let info = rlx_compiler::export::ModuleInfo::new(&stem, &path.display().to_string(), text);
     let module = match rlx_compiler::export::recipe_to_torch(recipe, &overrides, &info) {
         Ok(module) => module,
         Err(error) => {
@@ -393,11 +382,8 @@ fn torch(path: &std::path::Path, set: &[String], out: Option<&std::path::Path>) 
         }
     };
     match out {
-        None => {
-            print!("{module}");
-            ExitCode::SUCCESS
-        }
-        Some(file) => match rlx::write_atomically(file, &module) {
+        None => print_stdout(&module),
+        Some(file) => match rlx::write_output(file, module.as_bytes()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("error: cannot write {}: {error}", file.display());
@@ -407,12 +393,26 @@ fn torch(path: &std::path::Path, set: &[String], out: Option<&std::path::Path>) 
     }
 }
 
+/// An output path must not be one of the files the recipe was compiled from (`-o recipe.rlx`).
+fn refuse_overwriting_sources(out: &Path, checked: &rlx_compiler::Checked) -> Result<(), ExitCode> {
+    for (_, file) in checked.sources.files() {
+        if let rlx_compiler::Origin::Path(source) = &file.origin {
+            if rlx_compiler::files::is_same_file(out, source) {
+                eprintln!(
+                    "error: {}: refusing to overwrite {}, a source of the recipe",
+                    out.display(),
+                    file.name
+                );
+                return Err(ExitCode::from(2));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn print_json<T: serde::Serialize>(value: &T) -> ExitCode {
     match serde_json::to_string_pretty(value) {
-        Ok(text) => {
-            println!("{text}");
-            ExitCode::SUCCESS
-        }
+        Ok(text) => print_stdout(&(text + "\n")),
         Err(error) => {
             eprintln!("error: cannot serialise: {error}");
             ExitCode::from(2)

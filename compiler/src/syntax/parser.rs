@@ -265,7 +265,26 @@ fn describe_found(text: &str, offset: usize) -> String {
                 .collect();
             format!("`{word}`")
         }
-        Some(c) => format!("`{c}`"),
+        Some(c) => match invisible_name(c) {
+            Some(name) => format!("U+{:04X} ({name})", c as u32),
+            None => format!("`{c}`"),
+        },
+    }
+}
+
+/// What to call a character that would be invisible between backticks.
+fn invisible_name(c: char) -> Option<&'static str> {
+    match c {
+        '\u{feff}' => Some("a byte order mark"),
+        '\u{00a0}' => Some("a no-break space"),
+        '\u{00ad}'
+        | '\u{180e}'
+        | '\u{200b}'..='\u{200f}'
+        | '\u{2028}'..='\u{202e}'
+        | '\u{2060}'..='\u{2064}'
+        | '\u{2066}'..='\u{2069}' => Some("an invisible character"),
+        c if c.is_control() || c.is_whitespace() => Some("a control or space character"),
+        _ => None,
     }
 }
 
