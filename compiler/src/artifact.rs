@@ -361,11 +361,6 @@ impl Artifact {
                 )));
             }
         }
-        if self.graph.outputs.loss.is_none() && self.graph.outputs.reward.is_none() {
-            return Err(invalid(
-                "the graph computes neither a loss nor a reward".into(),
-            ));
-        }
         Ok(())
     }
 
