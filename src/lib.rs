@@ -1,6 +1,7 @@
 //! Shared pieces of the `rlx` and `rlxc` command lines.
 
 pub mod diagnostics;
+pub mod output;
 
 use std::path::{Path, PathBuf};
 
