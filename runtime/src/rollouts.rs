@@ -730,10 +730,14 @@ impl Explicit {
 }
 
 /// Read `response_mask` and `length` from a line (see the module doc).
-fn explicit_length(object: &Map<String, Value>, number: usize) -> Result<Option<Explicit>, RolloutError> {
+fn explicit_length(
+    object: &Map<String, Value>,
+    number: usize,
+) -> Result<Option<Explicit>, RolloutError> {
     let mut from_mask = None;
     if let Some(value) = object.get(RESPONSE_MASK_KEY) {
-        let at = |message: String| RolloutError::new(Some(number), Some(RESPONSE_MASK_KEY), message);
+        let at =
+            |message: String| RolloutError::new(Some(number), Some(RESPONSE_MASK_KEY), message);
         let Value::Array(items) = value else {
             return Err(at(format!(
                 "expected an array of 0/1 (1 on each token of the response, then 0 on padding), found {}",
@@ -742,7 +746,9 @@ fn explicit_length(object: &Map<String, Value>, number: usize) -> Result<Option<
         };
         let mut length = 0;
         for (index, item) in items.iter().enumerate() {
-            let one = parse_elem(item, Elem::Bool).map_err(|e| at(format!("element {index}: {e}")))? != 0.0;
+            let one = parse_elem(item, Elem::Bool)
+                .map_err(|e| at(format!("element {index}: {e}")))?
+                != 0.0;
             if one && length < index {
                 return Err(at(format!(
                     "element {index} is 1 after a 0 at element {length}: `response_mask` is 1 on each token of the response, then 0 on padding; a weight of the response's own tokens belongs in an input such as `mask`"

@@ -719,17 +719,40 @@ fn an_ignored_completion_mask_ending_with_zero_is_refused_too() {
     let error = fail("bad/padded_completion_mask.jsonl", GRPO);
     assert_eq!(error.line, Some(2));
     assert_eq!(error.key.as_deref(), Some("completion_mask"));
-    assert!(error.to_string().contains("`completion_mask` ends with 0"), "{error}");
+    assert!(
+        error.to_string().contains("`completion_mask` ends with 0"),
+        "{error}"
+    );
 }
 
 #[test]
 fn response_mask_and_length_errors() {
     let cases = [
-        ("bad/response_mask_gap.jsonl", "response_mask", "element 2 is 1 after a 0 at element 1"),
-        ("bad/response_mask_width.jsonl", "response_mask", "`response_mask` has 2 values but the token arrays have 3 (logp)"),
-        ("bad/length_too_long.jsonl", "length", "`length` is 4 but the token arrays have only 3 values (logp)"),
-        ("bad/length_disagrees.jsonl", "length", "`length` is 3 but `response_mask` has 2 ones"),
-        ("bad/length_fraction.jsonl", "length", "expected the response's token count (a whole number ≥ 0), found the number 2.5"),
+        (
+            "bad/response_mask_gap.jsonl",
+            "response_mask",
+            "element 2 is 1 after a 0 at element 1",
+        ),
+        (
+            "bad/response_mask_width.jsonl",
+            "response_mask",
+            "`response_mask` has 2 values but the token arrays have 3 (logp)",
+        ),
+        (
+            "bad/length_too_long.jsonl",
+            "length",
+            "`length` is 4 but the token arrays have only 3 values (logp)",
+        ),
+        (
+            "bad/length_disagrees.jsonl",
+            "length",
+            "`length` is 3 but `response_mask` has 2 ones",
+        ),
+        (
+            "bad/length_fraction.jsonl",
+            "length",
+            "expected the response's token count (a whole number ≥ 0), found the number 2.5",
+        ),
     ];
     for (file, key, message) in cases {
         let error = fail(file, GRPO);
@@ -747,7 +770,9 @@ fn reserved_keys_cannot_be_recipe_inputs() {
     for name in ["length", "response_mask"] {
         let source = format!("input {name} : f32[resp]\nreward = {name}");
         let checked = rlx_compiler::check_source("t.rlx", &source);
-        let Some(recipe) = checked.recipe else { continue };
+        let Some(recipe) = checked.recipe else {
+            continue;
+        };
         let error = read_rollouts("{\"group\": 1}", &recipe).unwrap_err();
         assert_eq!(error.key.as_deref(), Some(name), "{error}");
         assert!(error.to_string().contains("rename the input"), "{error}");
@@ -772,7 +797,10 @@ fn duplicate_keys_are_errors() {
 
 #[test]
 fn invalid_utf8_names_the_line() {
-    let path = format!("{}/tests/data/bad/invalid_utf8.jsonl", env!("CARGO_MANIFEST_DIR"));
+    let path = format!(
+        "{}/tests/data/bad/invalid_utf8.jsonl",
+        env!("CARGO_MANIFEST_DIR")
+    );
     let bytes = std::fs::read(&path).unwrap();
     assert_error(
         &decode(&bytes).unwrap_err(),
