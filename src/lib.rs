@@ -1,6 +1,7 @@
 //! Shared pieces of the `rlx` and `rlxc` command lines.
 
 pub mod diagnostics;
+pub mod output;
 
 use std::io::Write;
 use std::process::ExitCode;

@@ -133,6 +133,11 @@ fn score_on_the_artifact_equals_score_on_the_recipe() {
         ("recipes/grpo.rlx", "tests/data/grpo_fixture.jsonl"),
         ("tests/scores/darling.rlx", "tests/scores/darling.jsonl"),
         ("tests/scores/dr_grpo.rlx", "tests/scores/dr_grpo.jsonl"),
+        // No reward and no loss: an artifact of metrics only.
+        (
+            "tests/data/metrics_only.rlx",
+            "tests/data/grpo_fixture.jsonl",
+        ),
     ] {
         let stem = Path::new(recipe).file_stem().unwrap().to_string_lossy();
         let out = directory.join(format!("{stem}.rlxc"));

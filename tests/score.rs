@@ -131,13 +131,17 @@ fn hand_worked_cases_match() {
                 .collect(),
             _ => Vec::new(),
         };
+        let show: Vec<String> = match expected.get("show") {
+            Some(Value::Object(show)) => show.keys().cloned().collect(),
+            _ => Vec::new(),
+        };
         // Both the interpreter (the oracle) and the kernels must give the hand-worked values.
         for backend in [
             rlx_runtime::score::Backend::Interp,
             rlx_runtime::score::Backend::Jit,
         ] {
             let scored = match rlx_runtime::score::score_with_backend(
-                &recipe, &rollouts, &overrides, true, backend,
+                &recipe, &rollouts, &overrides, true, backend, &show,
             ) {
                 Ok(scored) => scored.document,
                 Err(message) => {
@@ -186,6 +190,17 @@ fn hand_worked_cases_match() {
                         &format!("{label} ({backend:?}): metric {metric}"),
                         value,
                         &scored["metrics"][metric],
+                        tolerance,
+                        &mut failures,
+                    );
+                }
+            }
+            if let Some(Value::Object(shown)) = expected.get("show") {
+                for (name, values) in shown {
+                    compare(
+                        &format!("{label} ({backend:?}): show {name}"),
+                        values,
+                        &scored["show"][name],
                         tolerance,
                         &mut failures,
                     );
@@ -405,26 +420,13 @@ fn every_recipe_scores_a_generated_rollout_file() {
                 path.display()
             )
         });
-        // Without a token-level input a rollout file cannot say how long responses are.
-        let has_tokens = graph
-            .inputs
-            .iter()
-            .any(|i| i.shape.level == rlx_compiler::ir::Level::Tok);
-        if has_tokens {
-            assert_eq!(
-                read.batch,
-                batch,
-                "{}: rollout file round trip",
-                path.display()
-            );
-        } else {
-            assert_eq!(
-                read.batch.inputs,
-                batch.inputs,
-                "{}: rollout file round trip",
-                path.display()
-            );
-        }
+        // Every line says its `length`, so even a recipe without token-level inputs round-trips.
+        assert_eq!(
+            read.batch,
+            batch,
+            "{}: rollout file round trip",
+            path.display()
+        );
         let scored = rlx_runtime::score::score(&recipe, &text, &[], true)
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
             .document;
@@ -433,4 +435,157 @@ fn every_recipe_scores_a_generated_rollout_file() {
             assert_eq!(scored["loss"].as_f64(), Some(loss), "{}", path.display());
         }
     }
+}
+
+/// A write to stdout that fails never panics: a closed pipe (`rlx score … | head -c 1`) ends quietly
+/// with status 1, a full disk with status 1 and one line on stderr (docs/formats.md).
+#[test]
+fn a_closed_or_full_stdout_is_an_error_not_a_panic() {
+    let args = [
+        "score",
+        "recipes/grpo.rlx",
+        "--rollouts",
+        "tests/data/grpo_fixture.jsonl",
+        "--grad",
+    ];
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let closed = Command::new(env!("CARGO_BIN_EXE_rlx"))
+        .args(args)
+        .current_dir(root())
+        .stdout(writer)
+        .output()
+        .expect("rlx runs");
+    let stderr = String::from_utf8_lossy(&closed.stderr);
+    assert_eq!(closed.status.code(), Some(1), "{stderr}");
+    assert!(stderr.is_empty(), "a closed pipe is quiet: {stderr}");
+    if let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") {
+        let output = Command::new(env!("CARGO_BIN_EXE_rlx"))
+            .args(args)
+            .current_dir(root())
+            .stdout(full)
+            .output()
+            .expect("rlx runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.starts_with("error: cannot write to stdout:"),
+            "{stderr}"
+        );
+    }
+}
+
+/// `--show` prints named values in input order, the same on both backends; a comma list and a
+/// repeated flag are the same thing; an unknown name is an error that lists the names there are.
+#[test]
+fn show_prints_named_values_and_lists_the_names_on_a_typo() {
+    let run = |backend: &str, show: &[&str]| {
+        let mut args = vec![
+            "score",
+            "tests/scores/rollouts/show_keep.rlx",
+            "--rollouts",
+            "tests/scores/rollouts/show_keep.jsonl",
+            "--grad",
+            "--backend",
+            backend,
+        ];
+        for name in show {
+            args.extend(["--show", *name]);
+        }
+        rlx(&args)
+    };
+    let document = |output: std::process::Output| -> Value {
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout).expect("JSON on stdout")
+    };
+    let jit = document(run("jit", &["centred,weighted", "score"]));
+    let interp = document(run("interp", &["centred", "weighted,score"]));
+    assert_eq!(jit["show"], interp["show"]);
+    assert_eq!(jit["grad"], interp["grad"]);
+    assert_eq!(
+        jit["show"]["centred"],
+        serde_json::json!([null, 1.0, null, -1.0])
+    );
+    assert_eq!(
+        jit["show"]["score"],
+        serde_json::json!([1.0, 1.0, 1.0, 0.0])
+    );
+    assert!(document(run("jit", &[])).get("show").is_none());
+
+    let typo = run("jit", &["centered"]);
+    let stderr = String::from_utf8_lossy(&typo.stderr);
+    assert_eq!(typo.status.code(), Some(1), "{stderr}");
+    assert!(typo.stdout.is_empty());
+    assert!(
+        stderr.contains(
+            "--show centered: the recipe has no input or top-level `let` of that name; inputs: logp, score; lets: doubled, group_mean, centred, weighted"
+        ),
+        "{stderr}"
+    );
+}
+
+/// A recipe that reads `length` with no token-level input needs `"length"` on every line.
+#[test]
+fn length_without_token_arrays_is_required_when_the_recipe_reads_it() {
+    let directory = std::env::temp_dir().join(format!("rlx-score-length-{}", std::process::id()));
+    std::fs::create_dir_all(&directory).unwrap();
+    let recipe = directory.join("length.rlx");
+    std::fs::write(
+        &recipe,
+        "input score : f32[resp]\nreward = score - 0.01 * length\n",
+    )
+    .unwrap();
+    let score = |text: &str| {
+        let rollouts = directory.join("r.jsonl");
+        std::fs::write(&rollouts, text).unwrap();
+        rlx(&[
+            "score",
+            recipe.to_str().unwrap(),
+            "--rollouts",
+            rollouts.to_str().unwrap(),
+        ])
+    };
+    let given = score("{\"group\": 1, \"score\": 1, \"length\": 100}\n{\"group\": 1, \"score\": 1, \"length\": 0}\n");
+    assert!(
+        given.status.success(),
+        "{}",
+        String::from_utf8_lossy(&given.stderr)
+    );
+    let document: Value = serde_json::from_slice(&given.stdout).unwrap();
+    let reward = |r: usize| document["responses"][r]["reward"].as_f64().unwrap();
+    assert!(
+        reward(0).abs() < 1e-12 && (reward(1) - 1.0).abs() < 1e-12,
+        "{document}"
+    );
+    let missing =
+        score("{\"group\": 1, \"score\": 1, \"length\": 3}\n{\"group\": 1, \"score\": 1}\n");
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert_eq!(missing.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("line 2: the recipe reads each response's token count"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&directory).ok();
+}
+
+/// A rollout file that is not UTF-8 is an error naming its line, not "stream did not contain valid UTF-8".
+#[test]
+fn invalid_utf8_rollouts_name_the_line() {
+    let output = rlx(&[
+        "score",
+        "recipes/grpo.rlx",
+        "--rollouts",
+        "runtime/tests/data/bad/invalid_utf8.jsonl",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("invalid_utf8.jsonl: line 2: invalid UTF-8 at byte 13"),
+        "{stderr}"
+    );
 }

@@ -420,11 +420,6 @@ impl Artifact {
             }
         }
         self.source_paths()?;
-        if self.graph.outputs.loss.is_none() && self.graph.outputs.reward.is_none() {
-            return Err(invalid(
-                "the graph computes neither a loss nor a reward".into(),
-            ));
-        }
         Ok(())
     }
 

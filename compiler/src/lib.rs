@@ -110,8 +110,18 @@ pub fn compile_graph(
     recipe: &hir::Recipe,
     overrides: &[(String, f64)],
 ) -> Result<ir::Graph, String> {
+    compile_graph_showing(recipe, overrides, &[])
+}
+
+/// `compile_graph`, with the top-level `let`s `shown` (indices into `recipe.globals`) kept alive as
+/// `graph.outputs.shown` for the interpreter (`rlx score --show`); such a graph is not for the planner.
+pub fn compile_graph_showing(
+    recipe: &hir::Recipe,
+    overrides: &[(String, f64)],
+    shown: &[hir::GlobalId],
+) -> Result<ir::Graph, String> {
     let params = ir::lower::param_values(recipe, overrides)?;
-    let graph = ir::lower::lower(recipe, &params);
+    let graph = ir::lower::lower_showing(recipe, &params, shown);
     let mut graph = ir::autodiff::differentiate(graph);
     graph.eliminate_dead_code();
     Ok(graph)

@@ -72,7 +72,8 @@ impl Geometry {
         }
     }
 
-    fn feature_len(&self, feature: &Feature, level: Level, base: usize) -> usize {
+    /// How many feature values base element `base` of `level` has on axis `feature`.
+    pub fn feature_len(&self, feature: &Feature, level: Level, base: usize) -> usize {
         match feature {
             Feature::Crit => {
                 if level == Level::Batch {

@@ -92,6 +92,19 @@ pub fn check_batch(graph: &Graph, batch: &Batch) -> Result<(), EvalError> {
 
 /// Evaluate every output of `graph` on `batch`.
 pub fn evaluate(graph: &Graph, batch: &Batch, context: &Context) -> Result<Outcome, EvalError> {
+    evaluate_showing(graph, batch, context).map(|(outcome, _)| outcome)
+}
+
+/// A value of `Outputs::shown` over the whole batch, in its node's element order: `None` for the
+/// elements of responses (and groups) a `keep` filter dropped before the value was computed.
+pub type Shown = (String, Vec<Option<f64>>);
+
+/// `evaluate`, also giving the value of every `graph.outputs.shown` node (`rlx score --show`).
+pub fn evaluate_showing(
+    graph: &Graph,
+    batch: &Batch,
+    context: &Context,
+) -> Result<(Outcome, Vec<Shown>), EvalError> {
     check_batch(graph, batch)?;
     let layout = &batch.layout;
     let responses = layout.responses();
@@ -134,7 +147,17 @@ pub fn evaluate(graph: &Graph, batch: &Batch, context: &Context) -> Result<Outco
             kept: vec![true; responses],
             gradients,
         };
-        return finite(outcome);
+        let shown = outputs
+            .shown
+            .iter()
+            .map(|(name, id)| {
+                (
+                    name.clone(),
+                    full.value(*id).iter().copied().map(Some).collect(),
+                )
+            })
+            .collect();
+        return Ok((finite(outcome)?, shown));
     }
 
     // Phase 1: rewards and filters on the whole batch.
@@ -225,7 +248,21 @@ pub fn evaluate(graph: &Graph, batch: &Batch, context: &Context) -> Result<Outco
         kept,
         gradients,
     };
-    finite(outcome)
+    let shown = outputs
+        .shown
+        .iter()
+        .map(|(name, id)| {
+            let values = if phase_one[id.0 as usize] {
+                full.value(*id).iter().copied().map(Some).collect()
+            } else {
+                let shape = graph.node(*id).shape.clone();
+                let kept_values = sub.value(*id).to_vec();
+                selection.scatter_kept(&mut full.geometry, &mut sub.geometry, &shape, &kept_values)
+            };
+            (name.clone(), values)
+        })
+        .collect();
+    Ok((finite(outcome)?, shown))
 }
 
 /// Reject non-finite outputs with a message naming the first one.
@@ -395,6 +432,26 @@ impl Selection {
         let map = self.element_map(full, sub, shape);
         for (value, element) in kept_values.iter().zip(map) {
             out[element] = *value;
+        }
+        out
+    }
+
+    /// `scatter` with `None`, not 0, at the elements of dropped responses and groups.
+    pub(crate) fn scatter_kept(
+        &self,
+        full: &mut Geometry,
+        sub: &mut Geometry,
+        shape: &Shape,
+        kept_values: &[f64],
+    ) -> Vec<Option<f64>> {
+        if shape.level == Level::Batch {
+            return kept_values.iter().copied().map(Some).collect();
+        }
+        let mut out = vec![None; full.size(shape)];
+        for (value, element) in kept_values.iter().zip(self.element_map(full, sub, shape)) {
+            if let Some(slot) = out.get_mut(element) {
+                *slot = Some(*value);
+            }
         }
         out
     }

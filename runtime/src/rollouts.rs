@@ -5,7 +5,19 @@
 //! One JSON object per non-blank line, one line per response. The key `"group"` (a string or an integer,
 //! required) names the prompt; the responses with the same `"group"` value form a group. Groups are
 //! ordered by their first appearance, the responses of a group keep their file order. Every other key is
-//! a recipe input, by name; keys the recipe does not declare are ignored with one warning.
+//! a recipe input, by name; keys the recipe does not declare are ignored with one warning. A key given
+//! twice in one object is an error (no "last wins"); the file is UTF-8 ([`decode`] names the line of
+//! an invalid byte).
+//!
+//! # Response length
+//!
+//! A response's tokens are the values its token arrays list; a mask is a weight, never a marker of
+//! which tokens exist. A padded line says where the response ends with `"response_mask"` (0/1: 1 on
+//! each token, then 0 on padding; a 0 before a 1 is an error) or `"length"` (its token count): every
+//! token-level value of the line is cut to that length. Without either, a line whose mask
+//! ([`is_mask_key`]: `mask`, `*_mask`, declared or not) ends with 0 is refused rather than read with
+//! a guessed length. `"length"` also gives the token count of a line without token arrays;
+//! [`Rollouts::unknown_length`] records a line with neither.
 //!
 //! | input type | value on a line |
 //! |---|---|
@@ -47,17 +59,36 @@
 //! checks a batch against them.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
 
 use rlx_compiler::check::types::{Elem, Feature, Level, Ty};
 use rlx_compiler::hir;
+use serde::de::{DeserializeSeed, Deserializer, Error as _, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
 use crate::batch::{Batch, Layout};
 
 /// The key that names a response's group (prompt).
 pub const GROUP_KEY: &str = "group";
+
+/// The key of a padded line's response mask: 1 on each token of the response, then 0 on padding.
+pub const RESPONSE_MASK_KEY: &str = "response_mask";
+
+/// The key of a response's token count, when its token arrays are padded or absent.
+pub const LENGTH_KEY: &str = "length";
+
+/// The most tokens `length` may give one response, and all responses whose tokens no array lists
+/// (their token-level inputs are defaults, allocated here): a typo cannot exhaust memory.
+pub const MAX_LENGTH: usize = 1 << 20;
+const MAX_UNLISTED_TOKENS: usize = 1 << 26;
+
+/// Whether a key names a mask (`mask`, `completion_mask`, `loss_mask`, …): a weight per token, which
+/// rlx never reads as "this token exists", so one that ends with 0 makes a line ambiguous.
+pub fn is_mask_key(key: &str) -> bool {
+    key == "mask" || key.ends_with("_mask")
+}
 
 /// A parsed rollout file.
 #[derive(Clone, Debug, PartialEq)]
@@ -69,6 +100,10 @@ pub struct Rollouts {
     pub line_of_response: Vec<usize>,
     /// Things worth telling the user that do not stop the run (e.g. ignored keys).
     pub warnings: Vec<String>,
+    /// The first (1-based) line that gives neither a token array nor `length`, so its token count is
+    /// unknown (taken as 0): only possible for a recipe without token-level inputs, and an error for
+    /// one whose graph reads token counts (`rlx_runtime::score`).
+    pub unknown_length: Option<usize>,
 }
 
 /// Why a rollout file cannot be read: where (1-based file line, key) and what.
@@ -236,6 +271,11 @@ fn slots(recipe: &hir::Recipe) -> Result<Vec<Slot<'_>>, RolloutError> {
         if name == GROUP_KEY {
             return unsupported("the key `group` names the response's prompt");
         }
+        if name == RESPONSE_MASK_KEY || name == LENGTH_KEY {
+            return unsupported(&format!(
+                "the key `{name}` says where a padded response ends (docs/formats.md); rename the input"
+            ));
+        }
         let axis = match &input.ty.feature {
             None => Axis::Plain,
             Some(_) if input.ty.level == Level::Tok => {
@@ -276,6 +316,32 @@ struct Line {
     tokens: usize,
 }
 
+/// A rollout file's bytes as text: UTF-8, else an error naming the line and column of the first
+/// invalid byte.
+pub fn decode(bytes: &[u8]) -> Result<&str, RolloutError> {
+    std::str::from_utf8(bytes).map_err(|error| {
+        let valid = bytes.get(..error.valid_up_to()).unwrap_or(&[]);
+        let line = valid.iter().filter(|&&b| b == b'\n').count() + 1;
+        let line_start = valid.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        RolloutError::new(
+            Some(line),
+            None,
+            format!(
+                "invalid UTF-8 at byte {} of the line (a rollout file is UTF-8 text)",
+                valid.len() - line_start + 1
+            ),
+        )
+    })
+}
+
+/// Read the rollout file at `path` ([`decode`]); the error names the file.
+pub fn read_file(path: &std::path::Path) -> Result<String, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    decode(&bytes)
+        .map(str::to_string)
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
 /// Parse a JSONL rollout file (see the module doc) into a packed batch for `recipe`.
 pub fn read_rollouts(text: &str, recipe: &hir::Recipe) -> Result<Rollouts, RolloutError> {
     let slots = slots(recipe)?;
@@ -288,6 +354,9 @@ pub fn read_rollouts(text: &str, recipe: &hir::Recipe) -> Result<Rollouts, Rollo
     let mut unknown: Vec<String> = Vec::new();
     // The dim length: (D, input name, line) of the first line that gives a dim-axis input.
     let mut dim: Option<(usize, &str, usize)> = None;
+    // Tokens of responses that gave `length` but no token array, and the first line with neither.
+    let mut unlisted_tokens = 0usize;
+    let mut unknown_length: Option<usize> = None;
 
     for (index, raw) in text.lines().enumerate() {
         if raw.trim().is_empty() {
@@ -311,10 +380,12 @@ pub fn read_rollouts(text: &str, recipe: &hir::Recipe) -> Result<Rollouts, Rollo
         });
 
         for key in object.keys() {
-            if key != GROUP_KEY && !slots.iter().any(|s| s.name == key) && !unknown.contains(key) {
+            let reserved = [GROUP_KEY, RESPONSE_MASK_KEY, LENGTH_KEY].contains(&key.as_str());
+            if !reserved && !slots.iter().any(|s| s.name == key) && !unknown.contains(key) {
                 unknown.push(key.clone());
             }
         }
+        let explicit = explicit_length(&object, number)?;
 
         let mut values = Vec::with_capacity(slots.len());
         for slot in &slots {
@@ -353,9 +424,35 @@ pub fn read_rollouts(text: &str, recipe: &hir::Recipe) -> Result<Rollouts, Rollo
                 Some(_) => {}
             }
         }
-        let tokens = match tokens {
-            Some((len, _)) => len,
-            None if has_tok => {
+        let tokens = match (tokens, explicit) {
+            (Some((width, first)), Some(explicit)) => {
+                explicit.fits(width, first, number)?;
+                // The padding is dropped from every token-level value of the line.
+                for (slot, value) in slots.iter().zip(values.iter_mut()) {
+                    if let (Level::Tok, Some(value)) = (slot.ty.level, value) {
+                        value.truncate(explicit.length);
+                    }
+                }
+                explicit.length
+            }
+            (Some((width, first)), None) => {
+                refuse_padding_masks(&object, width, first, number)?;
+                width
+            }
+            (None, Some(explicit)) => {
+                unlisted_tokens = unlisted_tokens.saturating_add(explicit.length);
+                if unlisted_tokens > MAX_UNLISTED_TOKENS {
+                    return Err(RolloutError::new(
+                        Some(number),
+                        Some(explicit.key),
+                        format!(
+                            "the responses whose tokens no array lists add up to more than {MAX_UNLISTED_TOKENS} tokens"
+                        ),
+                    ));
+                }
+                explicit.length
+            }
+            (None, None) if has_tok => {
                 let names = names_of(&slots, |s| s.ty.level == Level::Tok);
                 let first = slots
                     .iter()
@@ -365,11 +462,14 @@ pub fn read_rollouts(text: &str, recipe: &hir::Recipe) -> Result<Rollouts, Rollo
                     Some(number),
                     first,
                     format!(
-                        "cannot tell the response's token count: the line gives no token-level input ({names})"
+                        "cannot tell the response's token count: the line gives no token-level input ({names}) and no `length`"
                     ),
                 ));
             }
-            None => 0,
+            (None, None) => {
+                unknown_length.get_or_insert(number);
+                0
+            }
         };
 
         // The dim length: one for the whole file.
@@ -589,7 +689,147 @@ pub fn read_rollouts(text: &str, recipe: &hir::Recipe) -> Result<Rollouts, Rollo
         groups,
         line_of_response,
         warnings,
+        unknown_length,
     })
+}
+
+/// A line's own account of its token count: `response_mask` or `length` (both: they must agree).
+struct Explicit {
+    length: usize,
+    /// The key it came from (`response_mask` when given, for messages about its width).
+    key: &'static str,
+    /// The values `response_mask` listed (padding included), when given.
+    mask_width: Option<usize>,
+}
+
+impl Explicit {
+    /// Check against the width `width` of the line's token arrays (of which `first` is one).
+    fn fits(&self, width: usize, first: &str, number: usize) -> Result<(), RolloutError> {
+        if let Some(mask_width) = self.mask_width {
+            if mask_width != width {
+                return Err(RolloutError::new(
+                    Some(number),
+                    Some(RESPONSE_MASK_KEY),
+                    format!(
+                        "`response_mask` has {mask_width} values but the token arrays have {width} ({first})"
+                    ),
+                ));
+            }
+        } else if self.length > width {
+            return Err(RolloutError::new(
+                Some(number),
+                Some(LENGTH_KEY),
+                format!(
+                    "`length` is {} but the token arrays have only {width} values ({first})",
+                    self.length
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Read `response_mask` and `length` from a line (see the module doc).
+fn explicit_length(
+    object: &Map<String, Value>,
+    number: usize,
+) -> Result<Option<Explicit>, RolloutError> {
+    let mut from_mask = None;
+    if let Some(value) = object.get(RESPONSE_MASK_KEY) {
+        let at =
+            |message: String| RolloutError::new(Some(number), Some(RESPONSE_MASK_KEY), message);
+        let Value::Array(items) = value else {
+            return Err(at(format!(
+                "expected an array of 0/1 (1 on each token of the response, then 0 on padding), found {}",
+                describe(value)
+            )));
+        };
+        let mut length = 0;
+        for (index, item) in items.iter().enumerate() {
+            let one = parse_elem(item, Elem::Bool)
+                .map_err(|e| at(format!("element {index}: {e}")))?
+                != 0.0;
+            if one && length < index {
+                return Err(at(format!(
+                    "element {index} is 1 after a 0 at element {length}: `response_mask` is 1 on each token of the response, then 0 on padding; a weight of the response's own tokens belongs in an input such as `mask`"
+                )));
+            }
+            if one {
+                length += 1;
+            }
+        }
+        from_mask = Some((length, items.len()));
+    }
+    let mut from_length = None;
+    if let Some(value) = object.get(LENGTH_KEY) {
+        let at = |message: String| RolloutError::new(Some(number), Some(LENGTH_KEY), message);
+        let length = match value.as_u64() {
+            Some(n) => n,
+            None => match value.as_f64() {
+                Some(x) if x >= 0.0 && x.fract() == 0.0 => x as u64,
+                _ => {
+                    return Err(at(format!(
+                        "expected the response's token count (a whole number ≥ 0), found {}",
+                        describe(value)
+                    )))
+                }
+            },
+        };
+        if length > MAX_LENGTH as u64 {
+            return Err(at(format!(
+                "{length} tokens is more than the {MAX_LENGTH} a response may have"
+            )));
+        }
+        from_length = Some(length as usize);
+    }
+    Ok(match (from_mask, from_length) {
+        (Some((masked, _)), Some(length)) if masked != length => {
+            return Err(RolloutError::new(
+                Some(number),
+                Some(LENGTH_KEY),
+                format!("`length` is {length} but `response_mask` has {masked} ones"),
+            ))
+        }
+        (Some((length, width)), _) => Some(Explicit {
+            length,
+            key: RESPONSE_MASK_KEY,
+            mask_width: Some(width),
+        }),
+        (None, Some(length)) => Some(Explicit {
+            length,
+            key: LENGTH_KEY,
+            mask_width: None,
+        }),
+        (None, None) => None,
+    })
+}
+
+/// Without `response_mask` or `length`, a line's token count is its token arrays' width; a mask that
+/// ends with 0 there may mark padding, so rlx refuses to guess (docs/formats.md).
+fn refuse_padding_masks(
+    object: &Map<String, Value>,
+    width: usize,
+    first: &str,
+    number: usize,
+) -> Result<(), RolloutError> {
+    for (key, value) in object {
+        let Value::Array(items) = value else { continue };
+        let ends_with_zero = match items.last() {
+            Some(Value::Bool(b)) => !b,
+            Some(Value::Number(n)) => n.as_f64() == Some(0.0),
+            _ => false,
+        };
+        if is_mask_key(key) && ends_with_zero {
+            return Err(RolloutError::new(
+                Some(number),
+                Some(key),
+                format!(
+                    "`{key}` ends with 0, so the response may be padded, and rlx does not guess its length: a response's tokens are all the values its token arrays list ({width} in {first}) and a mask is only a weight. Add `\"{RESPONSE_MASK_KEY}\": [1, …, 1, 0, …]` (1 on each token of the response, 0 on padding) or `\"{LENGTH_KEY}\": N`; if all {width} tokens are real, add `\"{LENGTH_KEY}\": {width}`"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The data-given axis lengths: criteria per group (empty without a `crit` input) and `dim`.
@@ -954,9 +1194,117 @@ fn original_column(column: usize, edits: &[Edit]) -> usize {
     position.saturating_add_signed(-delta) + 1
 }
 
+/// A key given twice in one JSON object: (the line's top-level key it is under, if nested; the key).
+type Duplicate = RefCell<Option<(Option<String>, String)>>;
+
+/// Deserializes a JSON value like `serde_json::Value`, but a key given twice in one object is an error
+/// (recorded in `duplicate`) rather than "last wins".
+struct Strict<'d> {
+    duplicate: &'d Duplicate,
+    /// The top-level key this value is under (`None` for the line itself).
+    under: Option<&'d str>,
+}
+
+impl<'de> DeserializeSeed<'de> for Strict<'_> {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Strict<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, b: bool) -> Result<Value, E> {
+        Ok(Value::Bool(b))
+    }
+
+    fn visit_i64<E>(self, i: i64) -> Result<Value, E> {
+        Ok(Value::from(i))
+    }
+
+    fn visit_u64<E>(self, u: u64) -> Result<Value, E> {
+        Ok(Value::from(u))
+    }
+
+    fn visit_f64<E>(self, x: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number))
+    }
+
+    fn visit_str<E>(self, s: &str) -> Result<Value, E> {
+        Ok(Value::String(s.to_string()))
+    }
+
+    fn visit_string<E>(self, s: String) -> Result<Value, E> {
+        Ok(Value::String(s))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+        while let Some(item) = seq.next_element_seed(Strict {
+            duplicate: self.duplicate,
+            under: self.under,
+        })? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut object = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
+                let error = A::Error::custom(format!("duplicate key `{key}`"));
+                *self.duplicate.borrow_mut() = Some((self.under.map(str::to_string), key));
+                return Err(error);
+            }
+            let value = map.next_value_seed(Strict {
+                duplicate: self.duplicate,
+                under: Some(self.under.unwrap_or(&key)),
+            })?;
+            object.insert(key, value);
+        }
+        Ok(Value::Object(object))
+    }
+}
+
+/// Parse one line as JSON: [`Strict`] (duplicate keys are errors), the whole line one value.
+fn parse_strict(text: &str, duplicate: &Duplicate) -> Result<Value, serde_json::Error> {
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let value = Strict {
+        duplicate,
+        under: None,
+    }
+    .deserialize(&mut deserializer)?;
+    deserializer.end()?;
+    Ok(value)
+}
+
 fn parse_line(raw: &str, number: usize) -> Result<Map<String, Value>, RolloutError> {
     let (text, edits) = sanitize(raw);
-    match serde_json::from_str::<Value>(&text) {
+    let duplicate = Duplicate::default();
+    let parsed = parse_strict(&text, &duplicate);
+    if let Some((under, key)) = duplicate.into_inner() {
+        let message = match &under {
+            None => format!("duplicate key `{key}`: a key may appear once per line (JSON readers disagree on which copy counts)"),
+            Some(top) => format!("duplicate key `{key}` in the object of `{top}`: a key may appear once per object"),
+        };
+        return Err(RolloutError::new(
+            Some(number),
+            Some(under.as_deref().unwrap_or(&key)),
+            message,
+        ));
+    }
+    match parsed {
         Ok(Value::Object(object)) => Ok(object),
         Ok(other) => Err(RolloutError::new(
             Some(number),

@@ -140,7 +140,7 @@ pub fn batch(graph: &Graph, spec: &Spec) -> Batch {
 }
 
 /// A batch as a rollout file (docs/formats.md): one JSON line per response, the inverse of
-/// `rollouts::read_rollouts`. Groups are named by their index.
+/// `rollouts::read_rollouts`. Groups are named by their index; every line gives its `length`.
 pub fn to_jsonl(graph: &Graph, batch: &Batch) -> String {
     use serde_json::{Map, Value};
     let mut geometry = Geometry::new(
@@ -170,6 +170,11 @@ pub fn to_jsonl(graph: &Graph, batch: &Batch) -> String {
     for (response, &group) in groups.iter().enumerate() {
         let mut line = Map::new();
         line.insert("group".into(), Value::from(group));
+        // The token count, said outright: a generated mask may end with 0 (docs/formats.md).
+        line.insert(
+            crate::rollouts::LENGTH_KEY.into(),
+            Value::from(batch.layout.response_length(response)),
+        );
         for ((input, values), bases) in graph.inputs.iter().zip(&batch.inputs).zip(&bases) {
             let mine: Vec<Value> = match input.shape.level {
                 Level::Tok => {

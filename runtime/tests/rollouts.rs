@@ -3,7 +3,9 @@
 
 use rlx_compiler::hir::Recipe;
 use rlx_runtime::batch::Batch;
-use rlx_runtime::rollouts::{input_len, read_rollouts, validate_batch, RolloutError, Rollouts};
+use rlx_runtime::rollouts::{
+    decode, input_len, read_rollouts, validate_batch, RolloutError, Rollouts,
+};
 use serde_json::json;
 
 const GRPO: &str = "
@@ -598,7 +600,7 @@ fn token_count_unknown_when_every_token_input_is_defaulted() {
         &fail_text(r#"{"group": 1, "bonus": 1}"#, source),
         Some(1),
         Some("mask"),
-        "line 1, key `mask`: cannot tell the response's token count: the line gives no token-level input (mask)",
+        "line 1, key `mask`: cannot tell the response's token count: the line gives no token-level input (mask) and no `length`",
     );
 }
 
@@ -625,6 +627,8 @@ fn no_panics_on_truncated_or_corrupted_files() {
         ("embeddings.jsonl", EMBEDDINGS),
         ("bad/invalid_json.jsonl", GRPO),
         ("bad/nan.jsonl", GRPO),
+        ("padded.jsonl", GRPO),
+        ("bad/duplicate_key.jsonl", GRPO),
     ];
     for (file, source) in files {
         let recipe = recipe(source);
@@ -640,4 +644,171 @@ fn no_panics_on_truncated_or_corrupted_files() {
             }
         }
     }
+}
+
+// -------------------------------------------------------------------------------------------------
+// Padding, duplicate keys, encoding
+
+const MASKED: &str = "
+input logp : f32[tok] policy
+input mask : f32[tok] = 1
+loss = -mean(logp * mask over tok, batch)
+";
+
+/// A padded dump: `response_mask` (1s then 0s) or `length` gives each response's true token count,
+/// and every token-level value of the line is cut to it.
+#[test]
+fn response_mask_and_length_cut_padding() {
+    let rollouts = read("padded.jsonl", GRPO);
+    assert_eq!(rollouts.batch.layout.token_offsets, vec![0, 2, 5, 9, 9]);
+    assert_eq!(
+        input(&rollouts.batch, GRPO, "logp"),
+        &[-1.0, -2.0, -1.0, -2.0, -3.0, -1.0, -2.0, -3.0, -4.0]
+    );
+    assert_eq!(
+        input(&rollouts.batch, GRPO, "old_logp"),
+        input(&rollouts.batch, GRPO, "logp")
+    );
+    assert!(rollouts.warnings.is_empty(), "{:?}", rollouts.warnings);
+    assert_eq!(rollouts.unknown_length, None);
+}
+
+/// A mask may end with 0 inside a response once `length` says so; the defaults fill the true length.
+#[test]
+fn length_makes_a_trailing_zero_mask_a_weight() {
+    let text = "{\"group\": 1, \"logp\": [-1, -2, -3], \"mask\": [1, 1, 0], \"length\": 3}\n\
+                {\"group\": 1, \"length\": 2, \"logp\": [-1, -2, -3]}\n";
+    let recipe = recipe(MASKED);
+    let rollouts = read_rollouts(text, &recipe).unwrap();
+    assert_eq!(rollouts.batch.layout.token_offsets, vec![0, 3, 5]);
+    assert_eq!(
+        input(&rollouts.batch, MASKED, "mask"),
+        &[1.0, 1.0, 0.0, 1.0, 1.0]
+    );
+}
+
+/// Without token-level inputs, `length` is the only source of the token count; lines without it are
+/// recorded so that a recipe reading `length` can refuse them.
+#[test]
+fn length_without_token_arrays() {
+    let text = "{\"group\": 1, \"cluster\": 1, \"length\": 4}\n{\"group\": 1, \"cluster\": 2}\n";
+    let rollouts = read_rollouts(text, &recipe(CLUSTER)).unwrap();
+    assert_eq!(rollouts.batch.layout.token_offsets, vec![0, 4, 4]);
+    assert_eq!(rollouts.unknown_length, Some(2));
+}
+
+#[test]
+fn a_mask_ending_with_zero_is_refused_without_response_mask_or_length() {
+    let error = fail("bad/padded_mask.jsonl", MASKED);
+    assert_eq!(error.line, Some(1));
+    assert_eq!(error.key.as_deref(), Some("mask"));
+    let text = error.to_string();
+    for part in [
+        "`mask` ends with 0",
+        "3 in logp",
+        "\"response_mask\"",
+        "\"length\": 3",
+    ] {
+        assert!(text.contains(part), "{text}");
+    }
+}
+
+/// TRL's `completion_mask` is not a recipe input here, and still says the arrays may be padded.
+#[test]
+fn an_ignored_completion_mask_ending_with_zero_is_refused_too() {
+    let error = fail("bad/padded_completion_mask.jsonl", GRPO);
+    assert_eq!(error.line, Some(2));
+    assert_eq!(error.key.as_deref(), Some("completion_mask"));
+    assert!(
+        error.to_string().contains("`completion_mask` ends with 0"),
+        "{error}"
+    );
+}
+
+#[test]
+fn response_mask_and_length_errors() {
+    let cases = [
+        (
+            "bad/response_mask_gap.jsonl",
+            "response_mask",
+            "element 2 is 1 after a 0 at element 1",
+        ),
+        (
+            "bad/response_mask_width.jsonl",
+            "response_mask",
+            "`response_mask` has 2 values but the token arrays have 3 (logp)",
+        ),
+        (
+            "bad/length_too_long.jsonl",
+            "length",
+            "`length` is 4 but the token arrays have only 3 values (logp)",
+        ),
+        (
+            "bad/length_disagrees.jsonl",
+            "length",
+            "`length` is 3 but `response_mask` has 2 ones",
+        ),
+        (
+            "bad/length_fraction.jsonl",
+            "length",
+            "expected the response's token count (a whole number ≥ 0), found the number 2.5",
+        ),
+    ];
+    for (file, key, message) in cases {
+        let error = fail(file, GRPO);
+        assert_eq!(error.line, Some(1), "{file}: {error}");
+        assert_eq!(error.key.as_deref(), Some(key), "{file}: {error}");
+        assert!(error.to_string().contains(message), "{file}: {error}");
+    }
+    let huge = fail_text("{\"group\": 1, \"cluster\": 1, \"length\": 1e12}", CLUSTER);
+    assert_eq!(huge.key.as_deref(), Some("length"), "{huge}");
+    assert!(huge.to_string().contains("more than the 1048576"), "{huge}");
+}
+
+#[test]
+fn reserved_keys_cannot_be_recipe_inputs() {
+    for name in ["length", "response_mask"] {
+        let source = format!("input {name} : f32[resp]\nreward = {name}");
+        let checked = rlx_compiler::check_source("t.rlx", &source);
+        let Some(recipe) = checked.recipe else {
+            continue;
+        };
+        let error = read_rollouts("{\"group\": 1}", &recipe).unwrap_err();
+        assert_eq!(error.key.as_deref(), Some(name), "{error}");
+        assert!(error.to_string().contains("rename the input"), "{error}");
+    }
+}
+
+#[test]
+fn duplicate_keys_are_errors() {
+    assert_error(
+        &fail("bad/duplicate_key.jsonl", GRPO),
+        Some(2),
+        Some("score"),
+        "line 2, key `score`: duplicate key `score`: a key may appear once per line (JSON readers disagree on which copy counts)",
+    );
+    assert_error(
+        &fail("bad/duplicate_criterion.jsonl", RUBRIC),
+        Some(1),
+        Some("judged"),
+        "line 1, key `judged`: duplicate key `voice` in the object of `judged`: a key may appear once per object",
+    );
+}
+
+#[test]
+fn invalid_utf8_names_the_line() {
+    let path = format!(
+        "{}/tests/data/bad/invalid_utf8.jsonl",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let bytes = std::fs::read(&path).unwrap();
+    assert_error(
+        &decode(&bytes).unwrap_err(),
+        Some(2),
+        None,
+        "line 2: invalid UTF-8 at byte 13 of the line (a rollout file is UTF-8 text)",
+    );
+    let message = rlx_runtime::rollouts::read_file(std::path::Path::new(&path)).unwrap_err();
+    assert!(message.ends_with("invalid_utf8.jsonl: line 2: invalid UTF-8 at byte 13 of the line (a rollout file is UTF-8 text)"), "{message}");
+    assert!(decode(data("grpo.jsonl").as_bytes()).is_ok());
 }

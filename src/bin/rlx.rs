@@ -37,6 +37,10 @@ enum Command {
         /// Write the JSON document here instead of stdout.
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Also output the value of these inputs or top-level `let`s at their own level, under
+        /// `"show"` (repeatable, or a comma list: `--show ratio,kl`; docs/formats.md).
+        #[arg(long, value_name = "NAME", value_delimiter = ',')]
+        show: Vec<String>,
         /// `jit` (compiled kernels; falls back to the interpreter, with a warning, for a recipe they do
         /// not support) or `interp` (the reference interpreter).
         #[arg(long, value_enum, default_value_t = BackendArg::Jit)]
@@ -161,6 +165,7 @@ fn main() -> ExitCode {
             set,
             grad,
             out,
+            show,
             backend,
             device,
         } => {
@@ -173,7 +178,22 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            score(&recipe, &rollouts, &set, grad, out.as_deref(), backend)
+            let mut names: Vec<String> = Vec::new();
+            for name in show {
+                let name = name.trim().to_string();
+                if !name.is_empty() && !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+            score(
+                &recipe,
+                &rollouts,
+                &set,
+                grad,
+                &names,
+                out.as_deref(),
+                backend,
+            )
         }
         Command::Run {
             recipe,
@@ -282,7 +302,9 @@ fn bench(recipe: &Path, set: &[String], settings: &rlx_runtime::bench::Settings)
     match rlx_runtime::bench::run(&graph, &name, settings) {
         Ok(lines) => {
             for line in lines {
-                println!("{line}");
+                if let Err(code) = rlx::output::println(&line) {
+                    return code;
+                }
             }
             ExitCode::SUCCESS
         }
@@ -396,6 +418,7 @@ fn score(
     rollouts: &Path,
     set: &[String],
     grad: bool,
+    show: &[String],
     out: Option<&Path>,
     backend: rlx_runtime::score::Backend,
 ) -> ExitCode {
@@ -406,59 +429,43 @@ fn score(
             return ExitCode::from(2);
         }
     };
-    if rlx_compiler::artifact::is_artifact_path(recipe) {
-        return score_artifact(recipe, rollouts, &overrides, grad, out, backend);
-    }
-    let Some(hir) = checked_recipe(recipe) else {
-        return ExitCode::from(1);
-    };
-    let text = match std::fs::read_to_string(rollouts) {
-        Ok(text) => text,
-        Err(error) => {
-            eprintln!("error: cannot read {}: {error}", rollouts.display());
-            return ExitCode::from(1);
-        }
-    };
-    let scored =
-        match rlx_runtime::score::score_with_backend(&hir, &text, &overrides, grad, backend) {
-            Ok(scored) => scored,
-            Err(message) => {
-                eprintln!("error: {}: {message}", rollouts.display());
+    // The recipe: checked here (`.rlx`) or loaded (`.rlxc`, docs/formats.md).
+    let (hir, loaded) = if rlx_compiler::artifact::is_artifact_path(recipe) {
+        let loaded = rlx_compiler::artifact::load(recipe).and_then(|loaded| {
+            let graph = loaded.graph_with(&overrides)?.clone();
+            Ok((graph, loaded.declarations()?))
+        });
+        match loaded {
+            Ok(loaded) => (None, Some(loaded)),
+            Err(error) => {
+                eprintln!("error: {error}");
                 return ExitCode::from(1);
             }
+        }
+    } else {
+        let Some(hir) = checked_recipe(recipe) else {
+            return ExitCode::from(1);
         };
-    write_scored(recipe, rollouts, &scored, out)
-}
-
-/// `rlx score` of a compiled artifact (`rlxc compile RECIPE -o FILE.rlxc`, docs/formats.md).
-fn score_artifact(
-    artifact: &Path,
-    rollouts: &Path,
-    overrides: &[(String, f64)],
-    grad: bool,
-    out: Option<&Path>,
-    backend: rlx_runtime::score::Backend,
-) -> ExitCode {
-    let loaded = rlx_compiler::artifact::load(artifact).and_then(|loaded| {
-        let graph = loaded.graph_with(overrides)?.clone();
-        Ok((graph, loaded.declarations()?))
-    });
-    let (graph, declarations) = match loaded {
-        Ok(loaded) => loaded,
-        Err(error) => {
-            eprintln!("error: {error}");
-            return ExitCode::from(1);
-        }
+        (Some(hir), None)
     };
-    let text = match std::fs::read_to_string(rollouts) {
+    let text = match rlx_runtime::rollouts::read_file(rollouts) {
         Ok(text) => text,
-        Err(error) => {
-            eprintln!("error: cannot read {}: {error}", rollouts.display());
+        Err(message) => {
+            eprintln!("error: {message}");
             return ExitCode::from(1);
         }
     };
-    match rlx_runtime::score::score_graph(&graph, &declarations, &text, grad, backend) {
-        Ok(scored) => write_scored(artifact, rollouts, &scored, out),
+    let scored = match (&hir, &loaded) {
+        (Some(hir), _) => {
+            rlx_runtime::score::score_with_backend(hir, &text, &overrides, grad, backend, show)
+        }
+        (None, Some((graph, declarations))) => {
+            rlx_runtime::score::score_graph(graph, declarations, &text, grad, backend, show)
+        }
+        (None, None) => Err("internal error: no recipe".to_string()),
+    };
+    match scored {
+        Ok(scored) => write_scored(recipe, rollouts, &scored, out),
         Err(message) => {
             eprintln!("error: {}: {message}", rollouts.display());
             ExitCode::from(1)
@@ -481,7 +488,11 @@ fn write_scored(
     }
     let document = scored.document.to_string();
     match out {
-        None => println!("{document}"),
+        None => {
+            if let Err(code) = rlx::output::println(&document) {
+                return code;
+            }
+        }
         Some(path) => {
             if let Err(error) = rlx::write_output(path, (document + "\n").as_bytes()) {
                 eprintln!("error: cannot write {}: {error}", path.display());

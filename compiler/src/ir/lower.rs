@@ -14,6 +14,12 @@ use crate::syntax::ast::{BinaryOp, UnaryOp};
 
 /// Lower a checked recipe with these param values (in `recipe.params` order; see `param_values`).
 pub fn lower(recipe: &hir::Recipe, params: &[f64]) -> Graph {
+    lower_showing(recipe, params, &[])
+}
+
+/// `lower`, keeping the values of the top-level `let`s `shown` (indices into `recipe.globals`) alive
+/// as `Outputs::shown`, named as declared.
+pub fn lower_showing(recipe: &hir::Recipe, params: &[f64], shown: &[hir::GlobalId]) -> Graph {
     let rubrics: Vec<RubricInfo> = recipe
         .rubrics
         .iter()
@@ -73,6 +79,15 @@ pub fn lower(recipe: &hir::Recipe, params: &[f64]) -> Graph {
             crate::syntax::ast::KeepLevel::Resp => KeepLevel::Resp,
         };
         lowerer.builder.graph.outputs.keeps.push((level, node));
+    }
+    for id in shown {
+        if let (Some(global), Some(&node)) = (
+            recipe.globals.get(id.0 as usize),
+            lowerer.globals.get(id.0 as usize),
+        ) {
+            let named = (global.name.clone(), node);
+            lowerer.builder.graph.outputs.shown.push(named);
+        }
     }
     let mut graph = lowerer.builder.graph;
     graph.eliminate_dead_code();

@@ -321,6 +321,10 @@ pub struct Outputs {
     pub keeps: Vec<(KeepLevel, NodeId)>,
     /// ∂loss/∂input for each differentiable input (by input index), after `autodiff`.
     pub gradients: Vec<(u32, NodeId)>,
+    /// Named `let` values kept alive for `rlx score --show` (`compile_graph_showing`); evaluated by the
+    /// interpreter only, never planned. Empty in every other graph (and absent from its JSON).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shown: Vec<(String, NodeId)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -483,6 +487,7 @@ impl Graph {
             .chain(o.metrics.iter().map(|(_, id)| *id))
             .chain(o.keeps.iter().map(|(_, id)| *id))
             .chain(o.gradients.iter().map(|(_, id)| *id))
+            .chain(o.shown.iter().map(|(_, id)| *id))
             .collect()
     }
 
@@ -523,6 +528,7 @@ impl Graph {
         o.metrics.iter_mut().for_each(|(_, id)| map(id));
         o.keeps.iter_mut().for_each(|(_, id)| map(id));
         o.gradients.iter_mut().for_each(|(_, id)| map(id));
+        o.shown.iter_mut().for_each(|(_, id)| map(id));
     }
 }
 
