@@ -18,6 +18,14 @@ pub fn print(text: &str) -> Result<(), ExitCode> {
         .map_err(|error| failed(&error))
 }
 
+/// `print` as the command's exit status: success, or the code of a failed write.
+pub fn print_status(text: &str) -> ExitCode {
+    match print(text) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(code) => code,
+    }
+}
+
 /// `print` of `text` and a newline.
 pub fn println(text: &str) -> Result<(), ExitCode> {
     print(&format!("{text}\n"))

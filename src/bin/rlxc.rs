@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::json;
 
 use rlx::diagnostics::{check_reported, report, report_diagnostics, to_json_all};
-use rlx::print_stdout;
+use rlx::output::print_status;
 use rlx_compiler::syntax::parser::MAX_SOURCE_BYTES;
 
 /// Read a recipe or module named on the command line (a regular file of at most `MAX_SOURCE_BYTES`).
@@ -100,7 +100,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Check { files, format } => check(&files, format),
         Command::Fmt { files, check } => fmt(&files, check),
-        Command::Doc => print_stdout(&rlx_compiler::docgen::stdlib_markdown()),
+        Command::Doc => print_status(&rlx_compiler::docgen::stdlib_markdown()),
         Command::Compile {
             file,
             emit: Some(Emit::Torch),
@@ -156,7 +156,7 @@ fn check(files: &[PathBuf], format: Format) -> ExitCode {
         }
     }
     if format == Format::Json {
-        let written = print_stdout(&format!("{}\n", json!({ "files": documents })));
+        let written = print_status(&format!("{}\n", json!({ "files": documents })));
         if written != ExitCode::SUCCESS {
             return written;
         }
@@ -253,7 +253,7 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
                         ExitCode::from(1)
                     }
                     Ok(graph) if emit == Emit::Ir => {
-                        print_stdout(&rlx_compiler::ir::print::to_text(&graph))
+                        print_status(&rlx_compiler::ir::print::to_text(&graph))
                     }
                     Ok(graph) if matches!(emit, Emit::Cuda | Emit::Clif) => {
                         let options = rlx_compiler::backend::Options::default();
@@ -271,7 +271,7 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
                                 }
                             });
                         match code {
-                            Ok(code) => print_stdout(&code),
+                            Ok(code) => print_status(&code),
                             Err(message) => {
                                 eprintln!("error: {message}");
                                 ExitCode::from(1)
@@ -285,7 +285,7 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
                                 eprintln!("error: no kernel plan: {error}");
                                 ExitCode::from(1)
                             }
-                            Ok(plan) if emit == Emit::Plan => print_stdout(&plan.to_text(&graph)),
+                            Ok(plan) if emit == Emit::Plan => print_status(&plan.to_text(&graph)),
                             Ok(plan) => print_json(&plan),
                         }
                     }
@@ -382,7 +382,7 @@ fn torch(path: &std::path::Path, set: &[String], out: Option<&std::path::Path>) 
         }
     };
     match out {
-        None => print_stdout(&module),
+        None => print_status(&module),
         Some(file) => match rlx::write_output(file, module.as_bytes()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
@@ -412,7 +412,7 @@ fn refuse_overwriting_sources(out: &Path, checked: &rlx_compiler::Checked) -> Re
 
 fn print_json<T: serde::Serialize>(value: &T) -> ExitCode {
     match serde_json::to_string_pretty(value) {
-        Ok(text) => print_stdout(&(text + "\n")),
+        Ok(text) => print_status(&(text + "\n")),
         Err(error) => {
             eprintln!("error: cannot serialise: {error}");
             ExitCode::from(2)
