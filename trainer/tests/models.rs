@@ -197,7 +197,10 @@ fn chat_template_is_smollm2_chatml() {
 // SmolLM2-135M-Instruct.
 
 #[test]
-#[cfg_attr(not(rlx_assets), ignore = "needs the assets: run scripts/fetch-assets.sh")]
+#[cfg_attr(
+    not(rlx_assets),
+    ignore = "needs the assets: run scripts/fetch-assets.sh"
+)]
 fn smollm2_config_and_weights() {
     let (model, tok) = smollm2();
     let c = &model.config;
@@ -231,7 +234,10 @@ fn smollm2_config_and_weights() {
 }
 
 #[test]
-#[cfg_attr(not(rlx_assets), ignore = "needs the assets: run scripts/fetch-assets.sh")]
+#[cfg_attr(
+    not(rlx_assets),
+    ignore = "needs the assets: run scripts/fetch-assets.sh"
+)]
 fn smollm2_token_ids_match_the_reference_tokenizer() {
     let (_, tok) = smollm2();
     // ids from transformers' tokenizer converted from the same GGUF (independent conversion code).
@@ -286,7 +292,10 @@ fn smollm2_token_ids_match_the_reference_tokenizer() {
 }
 
 #[test]
-#[cfg_attr(not(rlx_assets), ignore = "needs the assets: run scripts/fetch-assets.sh")]
+#[cfg_attr(
+    not(rlx_assets),
+    ignore = "needs the assets: run scripts/fetch-assets.sh"
+)]
 fn smollm2_logits_match_the_reference_implementation() {
     let (model, tok) = smollm2();
     let ids = tok.chat_ids("What is the capital of France?").unwrap();
@@ -333,7 +342,10 @@ fn smollm2_logits_match_the_reference_implementation() {
 }
 
 #[test]
-#[cfg_attr(not(rlx_assets), ignore = "needs the assets: run scripts/fetch-assets.sh")]
+#[cfg_attr(
+    not(rlx_assets),
+    ignore = "needs the assets: run scripts/fetch-assets.sh"
+)]
 fn smollm2_greedy_answer_names_paris_and_is_batch_invariant() {
     let (model, tok) = smollm2();
     let settings = Settings {
@@ -381,10 +393,12 @@ fn smollm2_greedy_answer_names_paris_and_is_batch_invariant() {
 }
 
 #[test]
-#[cfg_attr(not(rlx_assets), ignore = "needs the assets: run scripts/fetch-assets.sh")]
+#[cfg_attr(
+    not(rlx_assets),
+    ignore = "needs the assets: run scripts/fetch-assets.sh"
+)]
 fn smollm2_trains_every_weight_and_frozen_copy_is_independent() {
-    let (model, tok) =
-        smollm2();
+    let (model, tok) = smollm2();
     let ids = tok.chat_ids("Say hi.").unwrap();
     let n = ids.len();
     let x = Tensor::new(ids.as_slice(), &Device::Cpu)
@@ -432,7 +446,10 @@ fn smollm2_trains_every_weight_and_frozen_copy_is_independent() {
 }
 
 #[test]
-#[cfg_attr(not(rlx_assets), ignore = "needs the assets: run scripts/fetch-assets.sh")]
+#[cfg_attr(
+    not(rlx_assets),
+    ignore = "needs the assets: run scripts/fetch-assets.sh"
+)]
 fn judge_puts_a_true_statement_above_a_false_one() {
     let (model, tok) = smollm2();
     let questions = vec![
@@ -491,7 +508,10 @@ fn minilm() -> &'static MiniLm {
 }
 
 #[test]
-#[cfg_attr(not(rlx_assets), ignore = "needs the assets: run scripts/fetch-assets.sh")]
+#[cfg_attr(
+    not(rlx_assets),
+    ignore = "needs the assets: run scripts/fetch-assets.sh"
+)]
 fn minilm_similarities_match_the_reference() {
     let m = minilm();
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();

@@ -46,7 +46,10 @@ fn prepare_error(recipe_name: &str, config: String, sets: &[&str]) -> String {
 /// line has every signal's mean, the recipe's metrics and a finite loss; then, with `RLX_ASSETS` pointing
 /// at an empty directory, the same config is an error naming `scripts/fetch-assets.sh`.
 #[test]
-#[cfg_attr(not(rlx_assets), ignore = "needs the assets: run scripts/fetch-assets.sh")]
+#[cfg_attr(
+    not(rlx_assets),
+    ignore = "needs the assets: run scripts/fetch-assets.sh"
+)]
 fn smollm2_darling_step_on_ifeval() {
     let out = std::env::temp_dir().join(format!("rlx-smollm2-step-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
