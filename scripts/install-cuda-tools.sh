@@ -11,8 +11,8 @@
 # About 130 MB downloaded (nvrtc 89.6 MB, nvcc 40.5 MB); measured at about 5 s on the development
 # machine, plus a few seconds to unpack.
 #
-# Idempotent: a no-op when both tools are present. Exit status 0 when PyPI cannot be reached (the tests
-# then say they are skipped); 1 when a download does not match its pinned hash or cannot be unpacked.
+# Idempotent: a no-op when both tools are present. Exit status 0 when PyPI cannot be reached (cargo test
+# then reports the checks as ignored); 1 when a download does not match its pinned hash or cannot be unpacked.
 set -uo pipefail
 
 DIR="${RLX_CUDA_TOOLS:-$HOME/.cache/rlx/cuda}"
@@ -30,7 +30,7 @@ if [ -f "$NVRTC" ] && [ -x "$PTXAS" ]; then
     exit 0
 fi
 if [ "$(uname -m)" != "x86_64" ] || [ "$(uname -s)" != "Linux" ]; then
-    echo "install-cuda-tools: WARNING: the pinned wheels are for Linux x86_64; the NVRTC checks will be skipped" >&2
+    echo "install-cuda-tools: WARNING: the pinned wheels are for Linux x86_64; the NVRTC checks will be reported as ignored" >&2
     exit 0
 fi
 
@@ -52,7 +52,7 @@ for attempt in 1 2; do
     sleep 5
 done
 if [ "$fetched" != 1 ]; then
-    echo "install-cuda-tools: WARNING: the wheels could not be downloaded; the NVRTC checks will be skipped" >&2
+    echo "install-cuda-tools: WARNING: the wheels could not be downloaded; the NVRTC checks will be reported as ignored" >&2
     exit 0
 fi
 downloaded=$(( $(date +%s) - start ))

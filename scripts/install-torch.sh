@@ -2,7 +2,7 @@
 # Install CPU-capable PyTorch (and, with --with-verl, verl's loss registry) for the torch export tests
 # (tests/export.rs) into a virtual environment of its own: $RLX_TORCH_VENV, by default
 # ~/.cache/rlx/torch (outside the repository, so a later clone on the same machine reuses it). The tests
-# use $RLX_PYTHON, else `python3` if it imports torch, else that environment's python.
+# use $RLX_PYTHON, else that environment's python (tools/src/lib.rs).
 #
 # PyPI has no CPU-only torch for Linux x86_64: `pip install torch` pulls the CUDA build and its NVIDIA
 # libraries (about 2.8 GB downloaded, 5.3 GB installed; measured at about 3.5 minutes on a CI machine:
@@ -15,7 +15,7 @@
 # 1 minute more.
 #
 # Idempotent: does nothing when the packages already import. Exit status 0 even when PyPI cannot be
-# reached (the tests then say they are skipped); 1 on a real installation error.
+# reached (cargo test then reports the tests as ignored); 1 on a real installation error.
 set -uo pipefail
 
 VENV="${RLX_TORCH_VENV:-$HOME/.cache/rlx/torch}"
@@ -53,7 +53,7 @@ if imports torch; then
 else
     echo "install-torch: installing torch from PyPI into $VENV (about 2.8 GB)"
     if ! pip_install "torch>=2.1"; then
-        echo "install-torch: WARNING: torch could not be installed; the torch export tests will be skipped" >&2
+        echo "install-torch: WARNING: torch could not be installed; the torch export tests will be reported as ignored" >&2
         exit 0
     fi
     imports torch || { echo "install-torch: torch installed but does not import" >&2; exit 1; }
@@ -71,10 +71,10 @@ if [ "$WITH_VERL" = 1 ]; then
             if imports verl.trainer.ppo.core_algos; then
                 echo "install-torch: verl installed in $(( $(date +%s) - verl_start )) s"
             else
-                echo "install-torch: WARNING: verl installed but core_algos does not import; the registry test will be skipped" >&2
+                echo "install-torch: WARNING: verl installed but core_algos does not import; the registry test will be reported as ignored" >&2
             fi
         else
-            echo "install-torch: WARNING: verl could not be installed; the registry test will be skipped" >&2
+            echo "install-torch: WARNING: verl could not be installed; the registry test will be reported as ignored" >&2
         fi
     fi
 fi

@@ -11,8 +11,8 @@
 //!   are deterministic for a block size, and malformed batches are rejected before any launch.
 //! - **NVRTC and ptxas.** With the tools of `scripts/install-cuda-tools.sh` (in `$RLX_CUDA_TOOLS`, by
 //!   default ~/.cache/rlx/cuda), every recipe's source compiles to PTX through libnvrtc.so.12's C API
-//!   for compute_80 and compute_90, and `ptxas` assembles it for sm_80 and sm_90 with no error. Without
-//!   the tools the test prints that it is skipped.
+//!   for compute_80 and compute_90, and `ptxas` assembles it for sm_80 and sm_90 with no error. Where
+//!   the build found no tools there, the test is reported as ignored (rlx-tools, `rlx_nvrtc`).
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
@@ -536,15 +536,6 @@ fn rlx_score_on_cuda_is_a_clear_error_without_a_gpu_or_the_feature() {
 // ---------------------------------------------------------------------------------------------------
 // NVRTC and ptxas.
 
-fn tools() -> Option<PathBuf> {
-    let dir = std::env::var_os("RLX_CUDA_TOOLS")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rlx/cuda")))?;
-    let nvrtc = dir.join("nvidia/cuda_nvrtc/lib/libnvrtc.so.12");
-    let ptxas = dir.join("nvidia/cuda_nvcc/bin/ptxas");
-    (nvrtc.is_file() && ptxas.is_file()).then_some(dir)
-}
-
 type Program = *mut c_void;
 
 /// libnvrtc's C API, loaded from an explicit path.
@@ -630,14 +621,13 @@ impl Nvrtc {
 }
 
 #[test]
+#[cfg_attr(
+    not(rlx_nvrtc),
+    ignore = "needs NVRTC and ptxas: run scripts/install-cuda-tools.sh"
+)]
 fn nvrtc_compiles_every_recipe_and_ptxas_assembles_it() {
-    let Some(dir) = tools() else {
-        println!("skipped: NVRTC and ptxas are not installed; run scripts/install-cuda-tools.sh");
-        eprintln!("skipped: NVRTC and ptxas are not installed; run scripts/install-cuda-tools.sh");
-        return;
-    };
-    let nvrtc = Nvrtc::load(&dir.join("nvidia/cuda_nvrtc/lib/libnvrtc.so.12"));
-    let ptxas = dir.join("nvidia/cuda_nvcc/bin/ptxas");
+    let nvrtc = Nvrtc::load(&rlx_tools::nvrtc_library());
+    let ptxas = rlx_tools::ptxas();
     let work = scratch("ptx");
     let mut graphs: Vec<(String, Graph)> = recipe_files()
         .iter()
@@ -747,31 +737,26 @@ mod gpu {
         CudaDevice::with_block(ordinal(), block)
     }
 
-    fn available() -> bool {
+    /// Says which GPU; fails where there is none (the build found the driver: `cfg(rlx_gpu)`).
+    fn require_gpu() {
         match CudaDevice::new(ordinal()) {
-            Ok(device) => {
-                println!("GPU: {}", device.name());
-                true
-            }
-            Err(e) => {
-                println!("skipped: no usable GPU ({e})");
-                false
-            }
+            Ok(device) => println!("GPU: {}", device.name()),
+            Err(e) => panic!("no usable GPU: {e}"),
         }
     }
 
     #[test]
+    #[cfg_attr(not(rlx_gpu), ignore = "needs a GPU: an NVIDIA driver")]
     fn gpu_kernels_agree_with_the_interpreter_in_f64() {
-        if available() {
-            check_on(Precision::F64, F64_TOLERANCE, &[32, 256], &gpu);
-        }
+        require_gpu();
+        check_on(Precision::F64, F64_TOLERANCE, &[32, 256], &gpu);
     }
 
     #[test]
+    #[cfg_attr(not(rlx_gpu), ignore = "needs a GPU: an NVIDIA driver")]
     fn gpu_kernels_agree_with_the_interpreter_in_f32_accumulation() {
-        if available() {
-            check_on(Precision::F32, F32_TOLERANCE, &[256], &gpu);
-        }
+        require_gpu();
+        check_on(Precision::F32, F32_TOLERANCE, &[256], &gpu);
     }
 
     fn median(mut times: Vec<Duration>) -> Duration {
@@ -785,9 +770,7 @@ mod gpu {
     #[test]
     #[ignore = "a benchmark: scripts/gpu-check.sh runs it"]
     fn gpu_benchmark() {
-        if !available() {
-            return;
-        }
+        require_gpu();
         let out = PathBuf::from(
             std::env::var("RLX_BENCH_OUT").unwrap_or_else(|_| "target/gpu-bench".into()),
         );

@@ -8,9 +8,10 @@
 //! on the kept responses, `advantage_estimator` (verl), `compute_score` (verl) and `reward_func` (TRL).
 //! A recipe the exporter cannot express yet is reported as unsupported with the exporter's message.
 //!
-//! The Python side is `tests/export/driver.py`, run once for all recipes by `$RLX_PYTHON` (default
-//! `python3`). Without an importable torch these tests print why and pass; CI installs CPU torch
-//! (`scripts/install-torch.sh`).
+//! The Python side is `tests/export/driver.py`, run once for all recipes by `$RLX_PYTHON` (default: the
+//! virtual environment of `scripts/install-torch.sh`, `~/.cache/rlx/torch`). Where the build found no
+//! torch (or verl) there, these tests are reported as ignored (rlx-tools); CI installs them and sets
+//! `RLX_REQUIRE_TOOLS=1`, which runs them whatever the build found.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -41,36 +42,10 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The first Python that can import `module`: `$RLX_PYTHON` if set, else `python3`, else the one
-/// `scripts/install-torch.sh` sets up (`~/.cache/rlx/torch`). None after saying why on stderr.
-fn python_with(module: &str, install: &str) -> Option<String> {
-    let candidates: Vec<String> = match std::env::var("RLX_PYTHON") {
-        Ok(python) => vec![python],
-        Err(_) => {
-            let mut list = vec!["python3".to_string()];
-            if let Some(home) = std::env::var_os("HOME") {
-                let venv = PathBuf::from(home).join(".cache/rlx/torch/bin/python");
-                list.push(venv.display().to_string());
-            }
-            list
-        }
-    };
-    for python in &candidates {
-        let found = Command::new(python)
-            .args(["-c", &format!("import {module}")])
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-        if found {
-            return Some(python.clone());
-        }
-    }
-    eprintln!(
-        "SKIPPED: no Python here can import {module} (tried {}); install it with `{install}` \
-         (RLX_PYTHON selects a Python)",
-        candidates.join(", ")
-    );
-    None
+/// The Python of the torch tests (`$RLX_PYTHON`, else scripts/install-torch.sh's): the tests that use
+/// it are ignored where the build found no torch there (rlx-tools, `rlx_torch`/`rlx_verl`).
+fn python() -> PathBuf {
+    rlx_tools::python()
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -499,10 +474,9 @@ fn nudged_param(recipe: &Recipe) -> Option<(String, f64)> {
 }
 
 #[test]
+#[cfg_attr(not(rlx_torch), ignore = "needs torch: run scripts/install-torch.sh")]
 fn exported_modules_match_the_interpreter() {
-    let Some(python) = python_with("torch", "scripts/install-torch.sh") else {
-        return;
-    };
+    let python = python();
     let dir = scratch("modules");
     let mut cases: Vec<Case> = Vec::new();
     let mut manifest = Vec::new();
@@ -653,7 +627,7 @@ fn exported_modules_match_the_interpreter() {
         .arg(&manifest_path)
         .arg(&results_path)
         .output()
-        .expect("the driver runs");
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
     assert!(
         output.status.success(),
         "driver failed:\n{}",
@@ -916,9 +890,7 @@ fn the_adapters_get_true_lengths_or_fail_loudly() {
     // `response_length` (verl's compute_score) or `completion_ids` (TRL's reward_funcs), a recipe
     // that reads tokens raises an error naming what is missing; with them the length penalty of
     // dapo.rlx is applied.
-    let Some(python) = python_with("torch", "scripts/install-torch.sh") else {
-        return;
-    };
+    let python = python();
     let dir = scratch("lengths");
     let path = root().join("recipes/dapo.rlx");
     let recipe = rlx_compiler::check_path(&path)
@@ -953,22 +925,17 @@ fn the_adapters_get_true_lengths_or_fail_loudly() {
 }
 
 #[test]
+#[cfg_attr(
+    not(rlx_verl),
+    ignore = "needs verl: run scripts/install-torch.sh --with-verl"
+)]
 fn verl_registry_serves_the_exported_loss() {
-    let Some(python) = python_with(
-        "verl.trainer.ppo.core_algos",
-        "scripts/install-torch.sh --with-verl",
-    ) else {
-        return;
-    };
+    let python = python();
     let dir = scratch("verl");
     let (_, module) = export(&root().join("recipes/dapo.rlx"), &dir).expect("dapo exports");
     let script = r#"
 import importlib.util, sys
-try:
-    from verl.trainer.ppo import core_algos
-except Exception as error:
-    print(f"SKIP verl is not importable here: {type(error).__name__}: {error}")
-    sys.exit(0)
+from verl.trainer.ppo import core_algos
 import torch
 spec = importlib.util.spec_from_file_location("rlx_dapo", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
@@ -1010,13 +977,9 @@ print("OK", float(ours), float(theirs))
         .arg(script)
         .arg(&module)
         .output()
-        .expect("python runs");
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    if let Some(reason) = stdout.lines().find_map(|l| l.strip_prefix("SKIP ")) {
-        eprintln!("SKIPPED: the verl registry test: {reason}");
-        return;
-    }
     assert!(
         output.status.success() && stdout.contains("OK"),
         "verl registry check failed:\n{stdout}\n{stderr}"

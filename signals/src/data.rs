@@ -293,11 +293,8 @@ pub fn load_ifeval(path: &Path) -> Result<IfevalData, DataError> {
 
 /// The asset root: `$RLX_ASSETS` if set, else `~/.cache/rlx/assets` (where `scripts/fetch-assets.sh`
 /// unpacks the pinned packages).
-pub fn assets_root() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("RLX_ASSETS").filter(|p| !p.is_empty()) {
-        return Some(PathBuf::from(p));
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rlx/assets"))
+pub fn assets_root() -> PathBuf {
+    rlx_tools::assets_root()
 }
 
 /// Path of HealthBench's data inside the unpacked package.

