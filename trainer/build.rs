@@ -1,6 +1,32 @@
-//! Probes for the pinned assets of scripts/fetch-assets.sh, which trainer/tests/models.rs and
-//! smollm2.rs need: sets the cfg `rlx_assets` where they are there (rlx-tools, tools/src/lib.rs).
+//! Build-time facts a run records in `OUT/run.json` (`run_dir::versions`): the rustc that compiles the
+//! trainer and the candle version the workspace's Cargo.lock pins; and the probe for the pinned assets of
+//! scripts/fetch-assets.sh, which trainer/tests/models.rs and smollm2.rs need: the cfg `rlx_assets` where
+//! they are there (rlx-tools, tools/src/lib.rs).
+
+use std::process::Command;
 
 fn main() {
     rlx_tools::emit(&[rlx_tools::Gate::Assets]);
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let version = Command::new(rustc)
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=RLX_RUSTC_VERSION={version}");
+
+    let lock = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.lock");
+    println!("cargo:rerun-if-changed={lock}");
+    let candle = std::fs::read_to_string(lock)
+        .ok()
+        .and_then(|text| {
+            let at = text.find("name = \"candle-core\"\nversion = \"")?;
+            let rest = &text[at + "name = \"candle-core\"\nversion = \"".len()..];
+            Some(rest[..rest.find('"')?].to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=RLX_CANDLE_VERSION={candle}");
+    println!("cargo:rerun-if-changed=build.rs");
 }

@@ -30,7 +30,7 @@ use crate::hir;
 use crate::ir::{json_float, Elem, Feature, Graph, InputInfo, Level, RolloutInfo};
 use crate::syntax::ast::{InputRole, Span};
 use crate::syntax::parser::MAX_SOURCE_BYTES;
-use crate::{Checked, Origin};
+use crate::Checked;
 
 /// The first bytes of every artifact.
 pub const MAGIC: &str = "RLXC";
@@ -265,20 +265,14 @@ impl Artifact {
             .map_err(|e| compile(format!("the recipe has no kernel plan: {e}")))?;
         let plan = serde_json::to_value(&plan)
             .map_err(|e| compile(format!("cannot serialise the plan: {e}")))?;
-        let mut sources: Vec<SourceHash> = Vec::new();
-        for (id, file) in checked.sources.files() {
-            if let Origin::Path(path) = &file.origin {
-                let entry = SourceHash {
-                    path: path.clone(),
-                    sha256: hex_digest(file.text.as_bytes()),
-                };
-                if id == checked.root {
-                    sources.insert(0, entry);
-                } else {
-                    sources.push(entry);
-                }
-            }
-        }
+        let sources: Vec<SourceHash> = checked
+            .disk_files()
+            .into_iter()
+            .map(|(path, text)| SourceHash {
+                path: path.to_path_buf(),
+                sha256: hex_digest(text.as_bytes()),
+            })
+            .collect();
         if sources
             .first()
             .is_some_and(|recipe| recipe.path.extension().is_none_or(|e| e != "rlx"))

@@ -33,6 +33,23 @@ impl Checked {
     pub fn has_errors(&self) -> bool {
         self.diagnostics.iter().any(Diagnostic::is_error)
     }
+
+    /// The files read from disk, the recipe first, then its imports (the standard library is part of
+    /// the compiler): each canonical path with its text.
+    pub fn disk_files(&self) -> Vec<(&Path, &str)> {
+        let mut files = Vec::new();
+        for (id, file) in self.sources.files() {
+            if let Origin::Path(path) = &file.origin {
+                let entry = (path.as_path(), file.text.as_str());
+                if id == self.root {
+                    files.insert(0, entry);
+                } else {
+                    files.push(entry);
+                }
+            }
+        }
+        files
+    }
 }
 
 /// Stack for the compiler's recursive passes, so that no input can overflow it (nesting is also capped).

@@ -332,6 +332,8 @@ fn run(
     gpu: Option<usize>,
 ) -> ExitCode {
     let (hir, artifact);
+    // The files the run directory records (with their sha256): the one given, then its imports.
+    let mut recipe_files = Vec::new();
     let source: rlx_trainer::cli::Source = if rlx_compiler::artifact::is_artifact_path(recipe) {
         artifact = match rlx_compiler::artifact::load(recipe) {
             Ok(artifact) => artifact,
@@ -340,9 +342,28 @@ fn run(
                 return ExitCode::from(1);
             }
         };
+        match std::fs::read_to_string(recipe) {
+            Ok(text) => recipe_files.push(rlx_trainer::run_dir::RecipeFile {
+                path: recipe.to_path_buf(),
+                text,
+            }),
+            Err(error) => {
+                eprintln!("error: cannot read {}: {error}", recipe.display());
+                return ExitCode::from(1);
+            }
+        }
         (&artifact).into()
     } else {
-        let Some(checked) = checked_recipe(recipe) else {
+        let Some(checked) = check_reported(recipe) else {
+            return ExitCode::from(1);
+        };
+        recipe_files.extend(checked.disk_files().into_iter().map(|(path, text)| {
+            rlx_trainer::run_dir::RecipeFile {
+                path: path.to_path_buf(),
+                text: text.to_string(),
+            }
+        }));
+        let Some(checked) = checked.recipe else {
             return ExitCode::from(1);
         };
         hir = checked;
@@ -370,6 +391,7 @@ fn run(
         out,
         resume,
         gpu,
+        recipe_files,
     };
     let prepared = match rlx_trainer::cli::prepare(source, &args) {
         Ok(prepared) => prepared,

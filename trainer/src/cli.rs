@@ -25,6 +25,9 @@ pub struct RunArgs {
     /// `--device cuda:N`: evaluate the recipe with the CUDA kernels on GPU N (the model stays on the
     /// CPU); `None` is `--device cpu`, the config's `backend`.
     pub gpu: Option<usize>,
+    /// The recipe file given to `rlx run` (then the files it imports from disk), recorded with its
+    /// sha256 in the run directory (`run_dir::record`).
+    pub recipe_files: Vec<crate::run_dir::RecipeFile>,
 }
 
 /// What `rlx run` trains: a checked recipe (`.rlx`) or a compiled one (`.rlxc`).
@@ -154,6 +157,7 @@ pub fn prepare<'a>(source: impl Into<Source<'a>>, args: &RunArgs) -> Result<Prep
     };
     let config = Config::parse(text, &config_sets)?;
     let mut plan = source.plan(&param_sets, &config)?;
+    plan.recipe_files = args.recipe_files.clone();
     if let Some(ordinal) = args.gpu {
         // The feature, the driver and the GPU, before anything is written (the kernels themselves
         // are compiled when the run starts).

@@ -2,13 +2,13 @@
 //! default (`configs/default.toml`), and `--set section.key=value` overrides.
 
 use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
 
 use serde::{Deserialize, Serialize};
 
 use rlx_signals::SignalSpec;
 
 pub use crate::kinds::{ModelSection, TaskSection};
-use crate::model::ModelConfig;
 use crate::sample::SamplerConfig;
 use crate::task::TaskConfig;
 
@@ -113,23 +113,12 @@ impl Config {
                 self.backend
             ));
         }
-        if self.steps == 0 {
-            return Err("config: steps must be at least 1".into());
-        }
-        if self.train.prompts_per_step == 0 || self.train.epochs == 0 {
-            return Err("config: train.prompts_per_step and train.epochs must be positive".into());
-        }
-        if self.train.max_sampling_rounds == 0 {
-            return Err(
-                "config: train.max_sampling_rounds must be at least 1 (1 = never resample)".into(),
-            );
+        for (key, value, range) in self.ranged_sizes() {
+            in_range(key, value, range)?;
         }
         positive("train.lr", self.train.lr)?;
         non_negative("train.weight_decay", self.train.weight_decay)?;
         non_negative("train.grad_clip", self.train.grad_clip)?;
-        if self.sampler.max_new_tokens == 0 {
-            return Err("config: sampler.max_new_tokens must be positive".into());
-        }
         if !(self.sampler.top_p >= 0.0 && self.sampler.top_p <= 1.0) {
             return Err(format!(
                 "config: sampler.top_p = {} must be in [0, 1] (0 = the recipe's)",
@@ -143,20 +132,17 @@ impl Config {
             ));
         }
         if self.sft.steps > 0 {
-            if self.sft.batch == 0 {
-                return Err("config: sft.batch must be positive".into());
-            }
             positive("sft.lr", self.sft.lr)?;
         }
         let signals = self.signal_specs()?;
         match (&self.model, &self.task) {
-            (ModelSection::Tiny(model), TaskSection::Arithmetic(task)) => {
+            (ModelSection::Tiny(_), TaskSection::Arithmetic(task)) => {
                 if let Some(name) = signals.keys().next() {
                     return Err(format!(
                         "config: [signals.{name}]: signals feed text tasks; the arithmetic task fills `score` itself"
                     ));
                 }
-                self.validate_builtin(model, task)
+                self.validate_builtin(task)
             }
             (ModelSection::Smollm2 {}, TaskSection::Arithmetic(_)) => Err(
                 "config: task.kind = \"arithmetic\" needs model.kind = \"tiny\" (the arithmetic task has its own character tokenizer)".into(),
@@ -172,6 +158,54 @@ impl Config {
         }
     }
 
+    /// Every size key with its range (docs/training.md, "Configuration"): the range keeps each
+    /// key's own allocations sane; [`crate::memory::Estimate`] then checks what they need together.
+    fn ranged_sizes(&self) -> Vec<(&'static str, usize, RangeInclusive<usize>)> {
+        let mut sizes = vec![
+            ("steps", self.steps, 1..=1_000_000),
+            (
+                "train.prompts_per_step",
+                self.train.prompts_per_step,
+                1..=65_536,
+            ),
+            ("train.epochs", self.train.epochs, 1..=1_000),
+            (
+                "train.max_sampling_rounds",
+                self.train.max_sampling_rounds,
+                1..=1_000,
+            ),
+            (
+                "sampler.n",
+                self.sampler.n,
+                0..=crate::train::MAX_GROUP_SIZE,
+            ),
+            (
+                "sampler.max_new_tokens",
+                self.sampler.max_new_tokens,
+                1..=65_536,
+            ),
+            ("sft.steps", self.sft.steps, 0..=1_000_000),
+        ];
+        if self.sft.steps > 0 {
+            sizes.push(("sft.batch", self.sft.batch, 1..=65_536));
+        }
+        if let ModelSection::Tiny(model) = &self.model {
+            sizes.extend([
+                ("model.vocab", model.vocab, 0..=1_048_576),
+                ("model.hidden", model.hidden, 1..=65_536),
+                ("model.layers", model.layers, 1..=1_024),
+                ("model.heads", model.heads, 1..=1_024),
+                ("model.kv_heads", model.kv_heads, 1..=1_024),
+                ("model.intermediate", model.intermediate, 1..=1_048_576),
+                ("model.max_positions", model.max_positions, 1..=1_048_576),
+            ]);
+        }
+        if let TaskSection::Arithmetic(task) = &self.task {
+            sizes.push(("task.eval_questions", task.eval_questions, 1..=1_000_000));
+        }
+        sizes
+    }
+
     /// The `[signals.NAME]` tables, parsed (unknown kinds and keys are errors naming the signal).
     pub fn signal_specs(&self) -> Result<BTreeMap<String, SignalSpec>, String> {
         let mut specs = BTreeMap::new();
@@ -185,7 +219,7 @@ impl Config {
     }
 
     /// The checks of the built-in job (tiny model, arithmetic task).
-    fn validate_builtin(&self, model: &ModelConfig, task: &TaskConfig) -> Result<(), String> {
+    fn validate_builtin(&self, task: &TaskConfig) -> Result<(), String> {
         fn positive(name: &str, value: f64) -> Result<(), String> {
             if value.is_finite() && value > 0.0 {
                 Ok(())
@@ -195,13 +229,7 @@ impl Config {
                 ))
             }
         }
-        if task.eval_questions == 0 {
-            return Err("config: task.eval_questions must be positive".into());
-        }
-        let mut model = model.clone();
-        if model.vocab == 0 {
-            model.vocab = crate::task::Tokenizer.vocab_size();
-        }
+        let model = self.model.model_config()?;
         model.validate().map_err(|e| format!("config: {e}"))?;
         positive("model.init_std", model.init_std)?;
         positive("model.rms_eps", model.rms_eps)?;
@@ -231,6 +259,19 @@ impl Config {
             ));
         }
         Ok(())
+    }
+}
+
+/// `value` of `key` must lie in `range`.
+fn in_range(key: &str, value: usize, range: RangeInclusive<usize>) -> Result<(), String> {
+    if range.contains(&value) {
+        Ok(())
+    } else {
+        Err(format!(
+            "config: {key} = {value} is out of range: {}..={}",
+            range.start(),
+            range.end()
+        ))
     }
 }
 

@@ -8,11 +8,11 @@ use candle_core::Device;
 use serde::{Deserialize, Serialize};
 
 use rlx_compiler::ir::Graph;
-use rlx_signals::SignalSpec;
+use rlx_signals::{Registry, SignalSpec};
 
 use crate::model::{Model, ModelConfig};
 use crate::task::{Arithmetic, Task, TaskConfig, Tokenizer};
-use crate::text_task::{Source, TextTask, TextTaskConfig};
+use crate::text_task::{bind_signals, check_data_path, Source, TextTask, TextTaskConfig};
 
 /// `[model]`: the policy.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -48,16 +48,29 @@ impl ModelSection {
         }
     }
 
-    /// The policy: a fresh tiny model (deterministic in `seed`, `vocab = 0` = the arithmetic
-    /// tokenizer's) or SmolLM2 from the fetched GGUF.
-    pub fn build(&self, seed: u64, device: &Device) -> Result<Model, String> {
+    /// The policy's architecture: the tiny model's keys (`vocab = 0` = the arithmetic tokenizer's), or
+    /// SmolLM2's from the fetched GGUF's metadata (the weights are not read).
+    pub fn model_config(&self) -> Result<ModelConfig, String> {
         match self {
             ModelSection::Tiny(config) => {
                 let mut config = config.clone();
                 if config.vocab == 0 {
                     config.vocab = Tokenizer.vocab_size();
                 }
-                Model::new(&config, seed, device).map_err(|e| e.to_string())
+                Ok(config)
+            }
+            ModelSection::Smollm2 {} => crate::assets::smollm2_gguf()
+                .and_then(|path| crate::gguf::Gguf::open(&path).map_err(|e| e.to_string()))
+                .and_then(|gguf| gguf.llama_config().map_err(|e| e.to_string()))
+                .map_err(|e| format!("model.kind = \"smollm2\": {e}")),
+        }
+    }
+
+    /// The policy: a fresh tiny model (deterministic in `seed`) or SmolLM2 from the fetched GGUF.
+    pub fn build(&self, seed: u64, device: &Device) -> Result<Model, String> {
+        match self {
+            ModelSection::Tiny(_) => {
+                Model::new(&self.model_config()?, seed, device).map_err(|e| e.to_string())
             }
             ModelSection::Smollm2 {} => crate::gguf::load_smollm2(device)
                 .map(|(model, _)| model)
@@ -87,18 +100,67 @@ impl TaskSection {
         }
     }
 
-    /// The task, ready for `graph` (a text task binds its signals to the recipe's inputs here and loads
-    /// its data, the model's tokenizer and, when a signal needs it, the embedder).
-    pub fn build(
+    /// The task checked against `graph` from the config alone: the arithmetic task's settings, or a
+    /// text task's signals bound to the recipe's inputs (kinds, keys, types, an input left without a
+    /// signal). Nothing is located, read or loaded here, so a config or recipe error is reported
+    /// whether or not the assets are present; [`BoundTask::build`] loads the rest.
+    pub fn bind(
         &self,
         graph: &Graph,
         signals: &BTreeMap<String, SignalSpec>,
-        max_new_tokens: usize,
-    ) -> Result<Box<dyn Task>, String> {
+    ) -> Result<BoundTask, String> {
         match self {
-            TaskSection::Arithmetic(config) => Ok(Box::new(Arithmetic::new(config.clone())?)),
+            TaskSection::Arithmetic(config) => {
+                Ok(BoundTask::Arithmetic(Arithmetic::new(config.clone())?))
+            }
             _ => {
                 let (source, config) = self.text().expect("a text task");
+                config.validate()?;
+                check_data_path(source, config)?;
+                Ok(BoundTask::Text {
+                    source,
+                    config: config.clone(),
+                    registry: bind_signals(graph, signals)?,
+                })
+            }
+        }
+    }
+}
+
+/// A task bound to a recipe, before any data, tokenizer or model is loaded ([`TaskSection::bind`]).
+pub enum BoundTask {
+    Arithmetic(Arithmetic),
+    Text {
+        source: Source,
+        config: TextTaskConfig,
+        registry: Registry,
+    },
+}
+
+impl BoundTask {
+    /// The recipe inputs the task fills by name ([`Task::signals`]).
+    pub fn signals(&self) -> Vec<String> {
+        match self {
+            BoundTask::Arithmetic(task) => task.signals(),
+            BoundTask::Text { registry, .. } => registry.inputs().map(str::to_string).collect(),
+        }
+    }
+
+    /// [`Task::fills_any_shape`]: the registry checked a text task's signal types.
+    pub fn fills_any_shape(&self) -> bool {
+        matches!(self, BoundTask::Text { .. })
+    }
+
+    /// The task, ready to run: a text task loads its data, the model's tokenizer and, when a signal
+    /// needs it, the embedder (the assets are located here).
+    pub fn build(self, max_new_tokens: usize) -> Result<Box<dyn Task>, String> {
+        match self {
+            BoundTask::Arithmetic(task) => Ok(Box::new(task)),
+            BoundTask::Text {
+                source,
+                config,
+                registry,
+            } => {
                 let path = crate::assets::smollm2_gguf()?;
                 let gguf = crate::gguf::Gguf::open(&path).map_err(|e| e.to_string())?;
                 let tokenizer = gguf.tokenizer().map_err(|e| e.to_string())?;
@@ -108,10 +170,9 @@ impl TaskSection {
                     .max_positions;
                 Ok(Box::new(TextTask::new(
                     source,
-                    config.clone(),
+                    config,
                     tokenizer,
-                    graph,
-                    signals,
+                    registry,
                     positions,
                     max_new_tokens,
                 )?))

@@ -173,21 +173,35 @@ pub struct TextTask {
     pub dropped: usize,
 }
 
-fn data_path(source: Source, config: &TextTaskConfig) -> Result<PathBuf, String> {
+/// The config's checks of `task.path` (a file given must exist; `prompts` needs one), which locate no
+/// asset.
+pub fn check_data_path(source: Source, config: &TextTaskConfig) -> Result<(), String> {
     if !config.path.is_empty() {
-        let path = PathBuf::from(&config.path);
-        if !path.is_file() {
-            return Err(format!("task.path = {:?}: no such file", config.path));
+        if !Path::new(&config.path).is_file() {
+            return Err(format!(
+                "config: task.path = {:?}: no such file",
+                config.path
+            ));
         }
-        return Ok(path);
+    } else if source == Source::Prompts {
+        return Err(
+            "config: task.kind = \"prompts\" needs task.path: a JSONL file of {\"prompt\": …, \"answer\": …}"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// The data file: `task.path`, or the fetched asset of HealthBench or IFEval.
+fn data_path(source: Source, config: &TextTaskConfig) -> Result<PathBuf, String> {
+    check_data_path(source, config)?;
+    if !config.path.is_empty() {
+        return Ok(PathBuf::from(&config.path));
     }
     match source {
         Source::Healthbench => crate::assets::healthbench(),
         Source::Ifeval => crate::assets::ifeval(),
-        Source::Prompts => Err(
-            "task.kind = \"prompts\" needs task.path: a JSONL file of {\"prompt\": …, \"answer\": …}"
-                .into(),
-        ),
+        Source::Prompts => unreachable!("check_data_path requires task.path for `prompts`"),
     }
 }
 
@@ -240,19 +254,18 @@ pub fn load_prompts(path: &Path) -> Result<Vec<rlx_signals::Prompt>, String> {
 }
 
 impl TextTask {
-    /// Loads the prompts, tokenizes them with `tokenizer`'s chat template, and binds the signals to the
-    /// recipe (`graph`). `max_positions` and `max_new_tokens` bound the prompt length.
+    /// Loads the prompts and tokenizes them with `tokenizer`'s chat template; `registry` holds the
+    /// signals bound to the recipe ([`bind_signals`]). `max_positions` and `max_new_tokens` bound the
+    /// prompt length.
     pub fn new(
         source: Source,
         config: TextTaskConfig,
         tokenizer: ChatTokenizer,
-        graph: &Graph,
-        signals: &BTreeMap<String, SignalSpec>,
+        registry: Registry,
         max_positions: usize,
         max_new_tokens: usize,
     ) -> Result<TextTask, String> {
         config.validate()?;
-        let registry = bind_signals(graph, signals)?;
         let path = data_path(source, &config)?;
         let all: Vec<rlx_signals::Prompt> = match source {
             Source::Healthbench => {

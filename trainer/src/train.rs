@@ -28,6 +28,7 @@ use crate::optim::{AdamW, AdamWParams, Grads};
 use crate::plot::{self, Panel};
 use crate::progress::{Event, StepReport};
 use crate::rng::Rng;
+use crate::run_dir::{self, RunDir};
 use crate::sample::{generate, left_pad, Completion, Settings};
 use crate::task::{Prompt, Task, TaskModels, PAD};
 
@@ -338,16 +339,9 @@ pub struct Plan {
     pub top_p: f64,
     /// The recipe's `rollout { … }` settings ([`unused_rollout_settings`] names those not applied).
     pub rollout: Vec<RolloutInfo>,
-}
-
-/// The task the config describes (`[task] kind`): the built-in arithmetic task or a text task bound to
-/// `graph`'s inputs by the config's signals.
-pub fn task_from_config(config: &Config, graph: &Graph) -> Result<Box<dyn Task>, Error> {
-    config.task.build(
-        graph,
-        &config.signal_specs()?,
-        config.sampler.max_new_tokens,
-    )
+    /// The recipe file(s) `rlx run` was given, recorded in the run directory (`run_dir::record`);
+    /// empty when the recipe came from elsewhere (a test's in-memory recipe).
+    pub recipe_files: Vec<crate::run_dir::RecipeFile>,
 }
 
 /// Compile the recipe with its param overrides and check that the trainer can feed it.
@@ -363,8 +357,9 @@ pub fn plan_graph(graph: Graph, rollout: Vec<RolloutInfo>, config: &Config) -> R
     if graph.outputs.loss.is_none() {
         return Err("the recipe has no `loss` section: there is nothing to train".into());
     }
-    let task = task_from_config(config, &graph)?;
-    let fills = plan_inputs(&graph, &task.signals(), task.fills_any_shape())?;
+    // Every check of the config and the recipe comes before the task locates or loads an asset.
+    let bound = config.task.bind(&graph, &config.signal_specs()?)?;
+    let fills = plan_inputs(&graph, &bound.signals(), bound.fills_any_shape())?;
     let group_size = if config.sampler.n > 0 {
         config.sampler.n
     } else {
@@ -384,6 +379,16 @@ pub fn plan_graph(graph: Graph, rollout: Vec<RolloutInfo>, config: &Config) -> R
         let valid = |p: f64| p > 0.0 && p <= 1.0;
         rollout_number(&rollout, "top_p", (valid, "in (0, 1]"))?.unwrap_or(1.0)
     };
+    let task = bound.build(config.sampler.max_new_tokens)?;
+    // The memory the sizes need, before anything of that size is allocated.
+    let (limit, source) = crate::memory::available();
+    crate::memory::Estimate::new(
+        &config.model.model_config()?,
+        config,
+        group_size,
+        task.max_prompt_tokens() + config.sampler.max_new_tokens,
+    )
+    .check(limit, source)?;
     Ok(Plan {
         graph,
         rollout,
@@ -393,11 +398,12 @@ pub fn plan_graph(graph: Graph, rollout: Vec<RolloutInfo>, config: &Config) -> R
         group_size,
         temperature,
         top_p,
+        recipe_files: Vec::new(),
     })
 }
 
-/// The largest group a recipe's `rollout { n }` may ask for.
-const MAX_GROUP_SIZE: usize = 4096;
+/// The largest group a recipe's `rollout { n }` or the config's `sampler.n` may ask for.
+pub const MAX_GROUP_SIZE: usize = 4096;
 
 /// How a run starts and stops beyond its config.
 #[derive(Clone, Debug, Default)]
@@ -662,7 +668,29 @@ pub fn run_with(
     let device = Device::Cpu;
     let write_err =
         |path: &Path, e: std::io::Error| format!("cannot write {}: {e}", path.display());
-    std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    // The run directory, held until the run ends: refused while another run holds it, or when it has
+    // files of another run and this one does not resume the checkpoint in it.
+    let resumed_here = match &options.resume {
+        Some(dir) => {
+            let checkpoint = checkpoint::locate(dir)?;
+            same_directory(checkpoint.parent(), out)
+        }
+        None => false,
+    };
+    let held = RunDir::take(out, resumed_here)?;
+    // The config as the run uses it (OUT/config.toml and the checkpoint's): the sampler settings the
+    // recipe's `rollout` gave where the config leaves them to it (`n = 0`, `temperature < 0`,
+    // `top_p = 0`).
+    let mut config = config.clone();
+    config.sampler.n = plan.group_size;
+    config.sampler.temperature = plan.temperature;
+    config.sampler.top_p = plan.top_p;
+    let config = &config;
+    if out.join(run_dir::RECORD_FILE).is_file() {
+        run_dir::check_resumed_recipe(&held, &plan.recipe_files)?;
+    } else {
+        run_dir::record(&held, &plan.recipe_files)?;
+    }
     let resolved = toml::to_string(config).map_err(|e| e.to_string())?;
     let config_path = out.join("config.toml");
     std::fs::write(&config_path, &resolved).map_err(|e| write_err(&config_path, e))?;
@@ -1155,6 +1183,14 @@ pub fn run_with(
     std::fs::write(&summary_path, format!("{document:#}\n"))
         .map_err(|e| write_err(&summary_path, e))?;
     Ok(summary)
+}
+
+/// Whether `a` (a directory that exists) and `b` name the same directory.
+fn same_directory(a: Option<&Path>, b: &Path) -> bool {
+    match (a.and_then(|a| a.canonicalize().ok()), b.canonicalize().ok()) {
+        (Some(a), Some(b)) => a == b,
+        _ => false,
+    }
 }
 
 /// The panels of the curves PNG: reward, accuracy (per step and held-out), KL, loss. Step k's values
