@@ -956,6 +956,9 @@ fn names_and_literals_span_their_text() {
                                     CriterionAttr::Veto(span) => {
                                         assert_eq!(&src[span.range()], "veto")
                                     }
+                                    CriterionAttr::Critical(span) => {
+                                        assert_eq!(&src[span.range()], "critical")
+                                    }
                                     CriterionAttr::Saturate(call) => {
                                         assert!(src[call.span.range()].ends_with(')'))
                                     }
