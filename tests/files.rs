@@ -216,7 +216,7 @@ fn fmt_keeps_a_symbolic_link_and_the_file_mode() {
         .is_symlink());
     assert_eq!(
         std::fs::read_to_string(&real).unwrap(),
-        "input score : f32[resp]\nreward = score\n"
+        "input score : f32[resp]\n\nreward = score\n"
     );
     let mode = std::fs::metadata(&real).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o640, "mode {mode:o}");
