@@ -388,13 +388,13 @@ pub fn directives(probes: &[Probe], require: bool) -> Vec<String> {
             Err(why) if require => {
                 out.push(format!("cargo::rustc-cfg={}", gate.cfg()));
                 out.push(format!(
-                    "cargo::warning={REQUIRE_VARIABLE}=1 and {} is missing ({why}): the tests that need it run and fail; run {}",
+                    "cargo::warning={REQUIRE_VARIABLE}=1 but missing {} ({why}): the tests that need it run and fail; run {}",
                     gate.what(),
                     gate.install()
                 ));
             }
             Err(why) => out.push(format!(
-                "cargo::warning={} is missing ({why}): the tests that need it are reported as ignored; run {}",
+                "cargo::warning=missing {} ({why}): the tests that need it are reported as ignored; run {}",
                 gate.what(),
                 gate.install()
             )),
@@ -565,7 +565,7 @@ mod tests {
                 why.contains("cannot run") && why.contains("absent/python"),
                 "{why}"
             );
-            assert_eq!(probe.watch, [dir.clone()]);
+            assert_eq!(probe.watch, std::slice::from_ref(&dir));
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
