@@ -3,7 +3,6 @@
 pub mod diagnostics;
 pub mod output;
 
-
 pub use rlx_compiler::files::write_output;
 
 /// Parse `--set NAME=VALUE`: a number, `true`, `false`, `inf` or `-inf`.

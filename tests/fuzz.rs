@@ -334,7 +334,6 @@ fn violation(run: &Run) -> Option<String> {
 
 /// A recipe of the corpus with a rollout file that scores on it.
 struct Seed {
-    name: String,
     recipe: Vec<u8>,
     rollouts: Vec<u8>,
 }
@@ -368,7 +367,6 @@ fn seeds() -> Vec<Seed> {
         };
         let batch = synthetic::batch(&graph, &spec);
         seeds.push(Seed {
-            name: path.file_stem().unwrap().to_string_lossy().into_owned(),
             recipe: text.into_bytes(),
             rollouts: synthetic::to_jsonl(&graph, &batch).into_bytes(),
         });

@@ -302,7 +302,7 @@ fn bench(recipe: &Path, set: &[String], settings: &rlx_runtime::bench::Settings)
     match rlx_runtime::bench::run(&graph, &name, settings) {
         Ok(lines) => {
             for line in lines {
-                if let Err(code) = rlx::output::println(&line) {
+                if let Err(code) = rlx::output::println(&line.to_string()) {
                     return code;
                 }
             }

@@ -14,7 +14,7 @@ use rlx_runtime::kernel::{Kernel, Options};
 /// How a compiled recipe is evaluated: the f64 reference interpreter, the cranelift kernel, or the
 /// same kernel plan as CUDA C on a GPU (`rlx run --device cuda:N`, docs/gpu.md).
 pub enum Objective {
-    Interpreter(Graph),
+    Interpreter(Box<Graph>),
     Kernel(Box<Kernel>),
     Gpu(Box<GpuKernel>),
 }
@@ -22,7 +22,7 @@ pub enum Objective {
 impl Objective {
     /// The interpreter (always available; the oracle).
     pub fn interpreter(graph: Graph) -> Objective {
-        Objective::Interpreter(graph)
+        Objective::Interpreter(Box::new(graph))
     }
 
     /// The JIT kernel; an error names what it does not support (callers may fall back).
