@@ -304,7 +304,7 @@ fn a_full_disk_or_a_closed_pipe_on_stdout_is_an_error_not_a_panic() {
     let message = stderr(&output);
     assert_eq!(message.lines().count(), 1, "{message}");
     assert!(
-        message.contains("cannot write standard output"),
+        message.contains("cannot write to stdout"),
         "{message}"
     );
     // The reader goes away before anything is written (`| head -c 0`).
