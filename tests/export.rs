@@ -885,6 +885,7 @@ fn check_case(
 }
 
 #[test]
+#[cfg_attr(not(rlx_torch), ignore = "needs torch: run scripts/install-torch.sh")]
 fn the_adapters_get_true_lengths_or_fail_loudly() {
     // tests/export/lengths.py: without `response_mask` / `response_length` (evaluate, loss), a
     // `response_length` (verl's compute_score) or `completion_ids` (TRL's reward_funcs), a recipe

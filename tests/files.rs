@@ -303,10 +303,7 @@ fn a_full_disk_or_a_closed_pipe_on_stdout_is_an_error_not_a_panic() {
     assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
     let message = stderr(&output);
     assert_eq!(message.lines().count(), 1, "{message}");
-    assert!(
-        message.contains("cannot write to stdout"),
-        "{message}"
-    );
+    assert!(message.contains("cannot write to stdout"), "{message}");
     // The reader goes away before anything is written (`| head -c 0`).
     let mut running = rlxc()
         .args(["compile", "--emit", "plan"])

@@ -589,3 +589,44 @@ fn invalid_utf8_rollouts_name_the_line() {
         "{stderr}"
     );
 }
+
+/// A recipe with more register accumulators in one loop pass than cranelift can number (block
+/// parameters have 16 bits; before, `rlx score` panicked with "Too many parameters on block" at 20,000
+/// metrics): the JIT refuses the pass with an error, the interpreter scores it, and the fallback says why.
+#[test]
+fn a_pass_past_the_jits_register_bound_falls_back_to_the_interpreter() {
+    let metrics = 20_000;
+    let mut text = String::from(
+        "input logp : f32[tok] policy\ninput score : f32[resp]\n\nloss = mean(logp * score over tok, batch)\n",
+    );
+    for m in 0..metrics {
+        text.push_str(&format!(
+            "metric m{m} = mean(logp * {} over tok, batch)\n",
+            m + 1
+        ));
+    }
+    let checked = rlx_compiler::check_source("many_metrics.rlx", &text);
+    let recipe = checked.recipe.expect("the recipe checks");
+    let rollouts = "{\"group\": \"a\", \"logp\": [-1, -2], \"score\": 1}\n{\"group\": \"a\", \"logp\": [-1], \"score\": 0}\n";
+    let scored = rlx_runtime::score::score_with_backend(
+        &recipe,
+        rollouts,
+        &[],
+        false,
+        rlx_runtime::score::Backend::Jit,
+        &[],
+    )
+    .expect("scored");
+    let fallback = scored.fallback.expect("the JIT refused the pass");
+    assert!(fallback.contains("16 bits"), "{fallback}");
+    let document = scored.document;
+    assert_eq!(document["metrics"].as_object().unwrap().len(), metrics);
+    // mean over the batch's 3 tokens of logp·(m+1): −4/3·(m+1).
+    let last = document["metrics"][format!("m{}", metrics - 1)]
+        .as_f64()
+        .unwrap();
+    assert!(
+        (last - (-4.0 / 3.0 * metrics as f64)).abs() < 1e-9,
+        "{last}"
+    );
+}

@@ -45,6 +45,30 @@ use super::plan::{
 use super::Precision;
 use crate::ir::{Feature, Graph, Level, NodeId, Op, Shape, Value};
 
+/// The most variables one pass function may declare. Each register accumulator, count and scan carry is
+/// a cranelift variable, which can become a parameter of every loop header it is live across, and
+/// cranelift numbers a block's parameters with 16 bits (past 65,535 a debug assertion fires, and a
+/// release build would wrap the index). A pass past this bound is refused with an error; `rlx score`
+/// then runs the interpreter (a recipe with some 15,000 metrics in one pass).
+const MAX_PASS_VARIABLES: usize = 60_000;
+
+/// An upper bound on the variables `pass`'s function declares: an accumulator (and its count) or a scan
+/// carry in both the vectorised body and the scalar tail, and the loop counters.
+fn pass_variables(pass: &LoopPass) -> usize {
+    let per_action: usize = pass
+        .actions
+        .iter()
+        .map(|action| match action {
+            Action::Reduce { target, .. } if target.register => {
+                2 * (1 + usize::from(target.count.is_some()))
+            }
+            Action::Scan { .. } => 2,
+            _ => 0,
+        })
+        .sum();
+    per_action + 4 * (pass.path.len() + 1)
+}
+
 /// A compiled loop pass (see the calling convention above).
 pub type PassFn = unsafe extern "C" fn(table: *const *mut u8, g_begin: usize, g_end: usize);
 
@@ -321,6 +345,14 @@ pub fn compile_with(
                 phase_ids.push(None);
                 continue;
             };
+            let variables = pass_variables(pass);
+            if variables > MAX_PASS_VARIABLES {
+                return Err(format!(
+                    "loop pass {pass_index} of phase {phase_index} keeps up to {variables} values in registers \
+                     (accumulators, counts, scan carries), more than the JIT's {MAX_PASS_VARIABLES}: \
+                     cranelift numbers a block's parameters with 16 bits"
+                ));
+            }
             let name = format!("rlx_pass_{phase_index}_{pass_index}_{counter}");
             counter += 1;
             let id = module
