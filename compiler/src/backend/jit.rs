@@ -48,9 +48,12 @@ use crate::ir::{Feature, Graph, Level, NodeId, Op, Shape, Value};
 /// The most variables one pass function may declare. Each register accumulator, count and scan carry is
 /// a cranelift variable, which can become a parameter of every loop header it is live across, and
 /// cranelift numbers a block's parameters with 16 bits (past 65,535 a debug assertion fires, and a
-/// release build would wrap the index). A pass past this bound is refused with an error; `rlx score`
-/// then runs the interpreter (a recipe with some 15,000 metrics in one pass).
-const MAX_PASS_VARIABLES: usize = 60_000;
+/// release build would wrap the index). Compile time also grows faster than linearly with the values
+/// live in one loop (measured in the dev profile: 1,000 metrics of one pass 18.6 s, 2,000 metrics 104 s,
+/// `rlx score` of a generated recipe), so the bound is set well below cranelift's: a pass past it (a
+/// recipe with some 4,000 metrics in one loop) is refused with an error, and `rlx score` then runs the
+/// interpreter, which is linear.
+const MAX_PASS_VARIABLES: usize = 16_384;
 
 /// An upper bound on the variables `pass`'s function declares: an accumulator (and its count) or a scan
 /// carry in both the vectorised body and the scalar tail, and the loop counters.
@@ -349,8 +352,9 @@ pub fn compile_with(
             if variables > MAX_PASS_VARIABLES {
                 return Err(format!(
                     "loop pass {pass_index} of phase {phase_index} keeps up to {variables} values in registers \
-                     (accumulators, counts, scan carries), more than the JIT's {MAX_PASS_VARIABLES}: \
-                     cranelift numbers a block's parameters with 16 bits"
+                     (accumulators, counts, scan carries), more than the JIT's {MAX_PASS_VARIABLES} \
+                     (cranelift numbers a block's parameters with 16 bits, and its compile time grows \
+                     faster than linearly with them)"
                 ));
             }
             let name = format!("rlx_pass_{phase_index}_{pass_index}_{counter}");
