@@ -1,4 +1,4 @@
-//! The tools and assets that some tests need and `scripts/test.sh` installs: where the install scripts put
+//! The tools and assets that some tests need and `scripts/test-setup.sh` installs: where the install scripts put
 //! them, and a probe that a crate's `build.rs` runs to learn whether they are there.
 //!
 //! | gate | cfg | what | installed by | found in |
@@ -20,7 +20,7 @@
 //! the way to them, at most up to `~/.cache` (a missing path is never watched itself: Cargo would
 //! rerun the probe, and rebuild the crate, on every build). Where not even that exists (a `HOME`
 //! without `.cache`), a tool installed after the first build is seen once one of the variables
-//! changes or after `cargo clean`; `scripts/test.sh` installs before it builds.
+//! changes or after `cargo clean`; `scripts/test-setup.sh` installs before it builds.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

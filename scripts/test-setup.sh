@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The README's test command: installs what the gated tests need, then runs `cargo test --workspace`
-# (extra arguments go to it, e.g. `scripts/test.sh -- --test-threads 1`).
+# The set-up half of the README's test command, `scripts/test-setup.sh && cargo test --workspace`:
+# installs what the gated tests need.
 #
 # The installs are the three pinned, idempotent scripts, run in parallel: scripts/fetch-assets.sh (the
 # real-model assets, about 197 MB), scripts/install-cuda-tools.sh (NVRTC and ptxas, about 130 MB) and
@@ -12,7 +12,6 @@
 # tool run and fail instead.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 if [ "${RLX_NO_INSTALL:-0}" != 1 ]; then
     logs="$(mktemp -d)"
@@ -39,4 +38,3 @@ if [ "${RLX_NO_INSTALL:-0}" != 1 ]; then
     rm -rf "$logs"
 fi
 
-exec cargo test --workspace "$@"
