@@ -384,6 +384,19 @@ fn case(rng: &mut Rng, seeds: &[Seed], dir: &Path) -> Vec<(String, Vec<String>)>
     let write = |name: &str, bytes: &[u8]| std::fs::write(dir.join(name), bytes).unwrap();
     let strings = |args: &[&str]| args.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let backend = if rng.int(0, 1) == 0 { "jit" } else { "interp" };
+    // `rlx score` of recipe.rlx on rollouts.jsonl, with gradients, on either backend.
+    let score = (
+        rlx.clone(),
+        strings(&[
+            "score",
+            "recipe.rlx",
+            "--rollouts",
+            "rollouts.jsonl",
+            "--grad",
+            "--backend",
+            backend,
+        ]),
+    );
     match rng.int(0, 9) {
         // A mutated recipe (sometimes importing a mutated module of its folder).
         0..=4 => {
@@ -410,18 +423,7 @@ fn case(rng: &mut Rng, seeds: &[Seed], dir: &Path) -> Vec<(String, Vec<String>)>
                     rlxc.clone(),
                     strings(&["compile", "recipe.rlx", "--emit", "plan"]),
                 ),
-                (
-                    rlx.clone(),
-                    strings(&[
-                        "score",
-                        "recipe.rlx",
-                        "--rollouts",
-                        "rollouts.jsonl",
-                        "--grad",
-                        "--backend",
-                        backend,
-                    ]),
-                ),
+                score,
             ]
         }
         // Mutated rollouts for an intact recipe.
@@ -431,18 +433,7 @@ fn case(rng: &mut Rng, seeds: &[Seed], dir: &Path) -> Vec<(String, Vec<String>)>
                 "rollouts.jsonl",
                 &mutate(rng, &seed.rollouts, JSON_TOKENS, &other.rollouts),
             );
-            vec![(
-                rlx.clone(),
-                strings(&[
-                    "score",
-                    "recipe.rlx",
-                    "--rollouts",
-                    "rollouts.jsonl",
-                    "--grad",
-                    "--backend",
-                    backend,
-                ]),
-            )]
+            vec![score]
         }
         // A mutated compiled artifact.
         _ => {
