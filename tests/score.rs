@@ -184,37 +184,18 @@ fn hand_worked_cases_match() {
                     &mut failures,
                 );
             }
-            if let Some(Value::Object(metrics)) = expected.get("metrics") {
-                for (metric, value) in metrics {
-                    compare(
-                        &format!("{label} ({backend:?}): metric {metric}"),
-                        value,
-                        &scored["metrics"][metric],
-                        tolerance,
-                        &mut failures,
-                    );
-                }
-            }
-            if let Some(Value::Object(shown)) = expected.get("show") {
-                for (name, values) in shown {
-                    compare(
-                        &format!("{label} ({backend:?}): show {name}"),
-                        values,
-                        &scored["show"][name],
-                        tolerance,
-                        &mut failures,
-                    );
-                }
-            }
-            if let Some(Value::Object(gradients)) = expected.get("grad") {
-                for (input, values) in gradients {
-                    compare(
-                        &format!("{label} ({backend:?}): grad {input}"),
-                        values,
-                        &scored["grad"][input],
-                        tolerance,
-                        &mut failures,
-                    );
+            // Named values: each expected name against the document's value of that name.
+            for (key, word) in [("metrics", "metric"), ("show", "show"), ("grad", "grad")] {
+                if let Some(Value::Object(named)) = expected.get(key) {
+                    for (name, values) in named {
+                        compare(
+                            &format!("{label} ({backend:?}): {word} {name}"),
+                            values,
+                            &scored[key][name],
+                            tolerance,
+                            &mut failures,
+                        );
+                    }
                 }
             }
         }
