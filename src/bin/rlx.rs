@@ -342,7 +342,8 @@ fn run(
                 return ExitCode::from(1);
             }
         };
-        match std::fs::read_to_string(recipe) {
+        // Through the untrusted reader, at the size bound `load` applies.
+        match rlx_compiler::files::read_text(recipe, rlx_compiler::artifact::MAX_ARTIFACT_BYTES) {
             Ok(text) => recipe_files.push(rlx_trainer::run_dir::RecipeFile {
                 path: recipe.to_path_buf(),
                 text,
