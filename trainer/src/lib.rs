@@ -8,6 +8,7 @@ pub mod cli;
 pub mod config;
 pub mod embed;
 pub mod gguf;
+pub mod head;
 pub mod judge;
 pub mod kinds;
 pub mod memory;

@@ -1,0 +1,383 @@
+//! A fused LM head: the log-probability of each row's target token and the entropy of the row's softmax
+//! over `hidden @ weightᵀ`, without materialising the [rows × vocab] logits or their gradient.
+//!
+//! The forward pass walks the vocabulary (and the rows, when there are many) in chunks whose logits have
+//! at most `budget` elements, keeping an online log-sum-exp per row; the backward pass (a candle
+//! [`CustomOp2`] on `hidden` and `weight`) recomputes each chunk's logits from the saved per-row
+//! log-sum-exp and entropy and accumulates ∂hidden and ∂weight chunk by chunk. Only candle tensor ops are
+//! used, so the same code runs on any candle device.
+//!
+//! The derivation, with z the logits of a row, p = softmax(z), lse = log Σ exp z, t its target:
+//!
+//! * logp = z_t − lse, so ∂logp/∂z_j = 1[j = t] − p_j;
+//! * H = −Σ p_j log p_j = lse − Σ p_j z_j, so ∂H/∂z_j = p_j − (p_j + p_j z_j − p_j Σ_k p_k z_k)
+//!   = −p_j (z_j − E_p[z]) = −p_j (log p_j + H), since log p_j = z_j − lse and E_p[z] = lse − H.
+//!
+//! With g1 = ∂loss/∂logp and g2 = ∂loss/∂H of the row, ∂loss/∂z_j = g1 (1[j = t] − p_j) − g2 p_j (log p_j + H),
+//! and then ∂hidden = ∂z · W and ∂W = ∂zᵀ · hidden, chunk by chunk.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{
+    bail, CpuStorage, CudaStorage, CustomOp2, DType, Layout, Shape, Storage, Tensor,
+};
+
+/// The default `budget` of [`fused_logp_entropy`]: at most 2²² elements (16 MiB in f32) in one chunk's
+/// logits. The backward pass keeps about half a dozen tensors of a chunk's size alive at once, so the
+/// transient memory of the head is about 6 × budget × 4 bytes (~100 MiB) on top of ∂hidden and ∂weight,
+/// whatever the vocabulary; chunks this large keep the matrix products efficient.
+pub const DEFAULT_BUDGET: usize = 1 << 22;
+
+/// Below this many vocabulary entries per chunk the rows are chunked too (see [`chunk_plan`]).
+const MIN_VOCAB_CHUNK: usize = 256;
+
+/// The chunking [`fused_logp_entropy`] uses for `n` rows, a vocabulary of `v` and `budget` elements per
+/// chunk: `(rows_chunk, vocab_chunk)`, with rows_chunk · vocab_chunk ≤ budget (budget ≥ 1). All rows at
+/// once when that still leaves chunks of at least min(v, 256) vocabulary entries, otherwise as many rows
+/// as allow that (at least one); vocab_chunk = max(1, budget / rows_chunk), at most v.
+pub fn chunk_plan(n: usize, v: usize, budget: usize) -> (usize, usize) {
+    let budget = budget.max(1);
+    let min_vocab = v.clamp(1, MIN_VOCAB_CHUNK);
+    let rows = if n.saturating_mul(min_vocab) <= budget {
+        n
+    } else {
+        budget / min_vocab
+    }
+    .max(1);
+    let cols = (budget / rows).clamp(1, v.max(1));
+    (rows, cols)
+}
+
+/// log π(target) and the entropy of the softmax of `hidden @ weightᵀ`, per row, without materialising
+/// the [rows × vocab] logits or their gradient. hidden: [n, h] f32, weight: [v, h] f32, targets: [n] u32.
+/// Returns [n, 2] (column 0 = log-prob of the target, column 1 = entropy), differentiable w.r.t. hidden
+/// and weight (both may be Vars or tracked tensors).
+///
+/// `budget` bounds the elements of one chunk's logits ([`DEFAULT_BUDGET`] is a good default); f64 inputs
+/// work too (the tests use them). Shape, dtype and device mismatches, a target outside the vocabulary and
+/// a zero budget are errors.
+pub fn fused_logp_entropy(
+    hidden: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+    budget: usize,
+) -> candle_core::Result<Tensor> {
+    let (n, v, _) = check("fused_logp_entropy", hidden, weight, targets)?;
+    if budget == 0 {
+        bail!("fused_logp_entropy: the chunk budget must be at least 1 element, got 0")
+    }
+    let (rows, cols) = chunk_plan(n, v, budget);
+    let hidden_d = hidden.detach();
+    let weight_d = weight.detach();
+    let targets = targets.detach();
+    let dtype = hidden.dtype();
+    let device = hidden.device();
+
+    let mut logp_parts = Vec::new();
+    let mut lse_parts = Vec::new();
+    let mut entropy_parts = Vec::new();
+    for r0 in (0..n).step_by(rows) {
+        let rc = rows.min(n - r0);
+        let h = hidden_d.narrow(0, r0, rc)?;
+        let t = targets.narrow(0, r0, rc)?.unsqueeze(1)?;
+        // Per row: the running max m, s = Σ exp(z − m), u = Σ exp(z − m)·(z − m) (relative to m, so
+        // that the entropy ln s − u/s has no cancellation against large logits), and the target's logit.
+        let mut state: Option<(Tensor, Tensor, Tensor)> = None;
+        let mut z_target = Tensor::zeros((rc, 1), dtype, device)?;
+        for c0 in (0..v).step_by(cols) {
+            let vc = cols.min(v - c0);
+            let z = h.matmul(&weight_d.narrow(0, c0, vc)?.t()?)?;
+            z_target = (z_target + (&z * one_hot(&t, c0, vc, dtype)?)?.sum_keepdim(1)?)?;
+            let chunk_max = z.max_keepdim(1)?;
+            let m = match &state {
+                None => chunk_max,
+                Some((m, _, _)) => m.maximum(&chunk_max)?,
+            };
+            let d = z.broadcast_sub(&m)?;
+            let e = d.exp()?;
+            let s_c = e.sum_keepdim(1)?;
+            let u_c = (&e * &d)?.sum_keepdim(1)?;
+            state = Some(match state {
+                None => (m, s_c, u_c),
+                Some((m_old, s, u)) => {
+                    // Rescale by exp(m_old − m): s' = a·s, u' = a·(u + (m_old − m)·s).
+                    let shift = (&m_old - &m)?;
+                    let a = shift.exp()?;
+                    let u = ((u + (&shift * &s)?)? * &a)?;
+                    let s = (s * &a)?;
+                    (m, (s + s_c)?, (u + u_c)?)
+                }
+            });
+        }
+        let (m, s, u) = match state {
+            Some(state) => state,
+            None => bail!("fused_logp_entropy: empty vocabulary"),
+        };
+        let ln_s = s.log()?;
+        let lse = (m + &ln_s)?;
+        let entropy = (ln_s - (u / s)?)?;
+        logp_parts.push((z_target - &lse)?);
+        lse_parts.push(lse);
+        entropy_parts.push(entropy);
+    }
+    let cat_rows = |parts: &[Tensor]| -> candle_core::Result<Tensor> {
+        if parts.is_empty() {
+            Tensor::zeros((0, 1), dtype, device)
+        } else {
+            Tensor::cat(parts, 0)
+        }
+    };
+    let lse = cat_rows(&lse_parts)?;
+    let entropy = cat_rows(&entropy_parts)?;
+    let result = Tensor::cat(&[cat_rows(&logp_parts)?, entropy.clone()], 1)?.contiguous()?;
+    hidden.apply_op2(
+        weight,
+        FusedHead {
+            targets,
+            lse,
+            entropy,
+            result,
+            rows,
+            cols,
+        },
+    )
+}
+
+/// The reference for [`fused_logp_entropy`]: the full [n, v] logits, a log-softmax with a detached max,
+/// the target's entry gathered and the entropy −Σ p log p, all plain (differentiable) candle ops. Same
+/// inputs, result and errors, without the budget.
+pub fn naive_logp_entropy(
+    hidden: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+) -> candle_core::Result<Tensor> {
+    check("naive_logp_entropy", hidden, weight, targets)?;
+    let logits = hidden.matmul(&weight.t()?)?;
+    let max = logits.max_keepdim(1)?.detach();
+    let shifted = logits.broadcast_sub(&max)?;
+    let lse = shifted.exp()?.sum_keepdim(1)?.log()?;
+    let log_softmax = shifted.broadcast_sub(&lse)?;
+    let logp = log_softmax.gather(&targets.unsqueeze(1)?.contiguous()?, 1)?;
+    let entropy = (log_softmax.exp()? * &log_softmax)?.sum_keepdim(1)?.neg()?;
+    Tensor::cat(&[logp, entropy], 1)
+}
+
+/// The checks of both functions: hidden [n, h] and weight [v, h] of one float dtype (f32 or f64), targets
+/// [n] u32 below v, all on one device. Returns (n, v, h).
+fn check(
+    what: &str,
+    hidden: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+) -> candle_core::Result<(usize, usize, usize)> {
+    let Ok((n, h)) = hidden.dims2() else {
+        bail!(
+            "{what}: hidden must be [rows, hidden size], got shape {:?}",
+            hidden.dims()
+        )
+    };
+    let Ok((v, hw)) = weight.dims2() else {
+        bail!(
+            "{what}: weight must be [vocab, hidden size], got shape {:?}",
+            weight.dims()
+        )
+    };
+    if hw != h {
+        bail!("{what}: weight is [{v}, {hw}] but hidden is [{n}, {h}]: the hidden sizes differ")
+    }
+    if v == 0 {
+        bail!("{what}: weight has no rows (an empty vocabulary)")
+    }
+    let Ok(nt) = targets.dims1() else {
+        bail!(
+            "{what}: targets must be [rows], got shape {:?}",
+            targets.dims()
+        )
+    };
+    if nt != n {
+        bail!("{what}: {nt} targets for {n} rows of hidden")
+    }
+    if !matches!(hidden.dtype(), DType::F32 | DType::F64) {
+        bail!(
+            "{what}: hidden must be f32 or f64, got {:?}",
+            hidden.dtype()
+        )
+    }
+    if weight.dtype() != hidden.dtype() {
+        bail!(
+            "{what}: weight is {:?} but hidden is {:?}",
+            weight.dtype(),
+            hidden.dtype()
+        )
+    }
+    if targets.dtype() != DType::U32 {
+        bail!("{what}: targets must be u32, got {:?}", targets.dtype())
+    }
+    if !hidden.device().same_device(weight.device())
+        || !hidden.device().same_device(targets.device())
+    {
+        bail!(
+            "{what}: hidden, weight and targets must be on one device (got {:?}, {:?}, {:?})",
+            hidden.device().location(),
+            weight.device().location(),
+            targets.device().location()
+        )
+    }
+    if let Some((row, &t)) = targets
+        .to_vec1::<u32>()?
+        .iter()
+        .enumerate()
+        .find(|(_, &t)| t as usize >= v)
+    {
+        bail!("{what}: target {t} of row {row} is outside the vocabulary of {v} (weight's rows)")
+    }
+    Ok((n, v, h))
+}
+
+/// [rc, vc] of `dtype`: 1 where the column c0 + j is the row's target (`targets`: [rc, 1] u32).
+fn one_hot(targets: &Tensor, c0: usize, vc: usize, dtype: DType) -> candle_core::Result<Tensor> {
+    let ids = Tensor::arange(c0 as u32, (c0 + vc) as u32, targets.device())?.unsqueeze(0)?;
+    targets.broadcast_eq(&ids)?.to_dtype(dtype)
+}
+
+/// The autograd node of [`fused_logp_entropy`]: its forward pass hands candle the result computed
+/// chunk by chunk, its backward pass recomputes the chunks' logits from the saved lse and entropy.
+struct FusedHead {
+    /// [n] u32, detached.
+    targets: Tensor,
+    /// [n, 1] per-row log-sum-exp of the logits.
+    lse: Tensor,
+    /// [n, 1] per-row entropy.
+    entropy: Tensor,
+    /// [n, 2] contiguous: the forward's result.
+    result: Tensor,
+    rows: usize,
+    cols: usize,
+}
+
+impl FusedHead {
+    fn check_inputs(&self, l1: &Layout, l2: &Layout) -> candle_core::Result<()> {
+        let (n, _) = l1.shape().dims2()?;
+        let (v, _) = l2.shape().dims2()?;
+        if n != self.result.dim(0)? || v == 0 {
+            bail!("fused-lm-head: inputs changed shape since the forward pass")
+        }
+        Ok(())
+    }
+}
+
+impl CustomOp2 for FusedHead {
+    fn name(&self) -> &'static str {
+        "fused-lm-head"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        l1: &Layout,
+        _: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        self.check_inputs(l1, l2)?;
+        let flat = self.result.flatten_all()?;
+        let storage = match self.result.dtype() {
+            DType::F32 => CpuStorage::F32(flat.to_vec1()?),
+            DType::F64 => CpuStorage::F64(flat.to_vec1()?),
+            other => bail!("fused-lm-head: unsupported dtype {other:?}"),
+        };
+        Ok((storage, self.result.shape().clone()))
+    }
+
+    /// The result is already on the GPU: a copy of it. (Not yet exercised: this workspace builds candle
+    /// without its `cuda` feature.)
+    fn cuda_fwd(
+        &self,
+        _: &CudaStorage,
+        l1: &Layout,
+        _: &CudaStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        self.check_inputs(l1, l2)?;
+        let (storage, layout) = self.result.storage_and_layout();
+        match &*storage {
+            Storage::Cuda(s) => Ok((s.try_clone(layout)?, layout.shape().clone())),
+            _ => bail!("fused-lm-head: the forward's result is not on the GPU"),
+        }
+    }
+
+    fn bwd(
+        &self,
+        hidden: &Tensor,
+        weight: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let want_hidden = hidden.is_variable() || hidden.track_op();
+        let want_weight = weight.is_variable() || weight.track_op();
+        // Detached, so that the gradients' own ops record no graph (it would keep every chunk alive).
+        let h_all = hidden.detach();
+        let w_all = weight.detach();
+        let grad = grad_res.detach();
+        let (n, hd) = h_all.dims2()?;
+        let v = w_all.dim(0)?;
+        let (dtype, device) = (h_all.dtype(), h_all.device());
+        let g1 = grad.narrow(1, 0, 1)?;
+        let g2 = grad.narrow(1, 1, 1)?;
+        let row_starts: Vec<usize> = (0..n).step_by(self.rows).collect();
+        let mut d_hidden: Vec<Option<Tensor>> = vec![None; row_starts.len()];
+        // ∂weight is written chunk by chunk into one buffer (no concatenation of the whole gradient).
+        let d_weight = if want_weight {
+            Some(Tensor::zeros((v, hd), dtype, device)?)
+        } else {
+            None
+        };
+        for c0 in (0..v).step_by(self.cols) {
+            let vc = self.cols.min(v - c0);
+            let w = w_all.narrow(0, c0, vc)?;
+            let mut d_w: Option<Tensor> = None;
+            for (k, &r0) in row_starts.iter().enumerate() {
+                let rc = self.rows.min(n - r0);
+                let h = h_all.narrow(0, r0, rc)?;
+                let t = self.targets.narrow(0, r0, rc)?.unsqueeze(1)?;
+                let (g1, g2) = (g1.narrow(0, r0, rc)?, g2.narrow(0, r0, rc)?);
+                let log_p = h
+                    .matmul(&w.t()?)?
+                    .broadcast_sub(&self.lse.narrow(0, r0, rc)?)?;
+                let p = log_p.exp()?;
+                // ∂z = g1·(onehot − p) − g2·p·(log p + H) = g1·onehot − p·(g1 + g2·(log p + H)).
+                let coeff = log_p
+                    .broadcast_add(&self.entropy.narrow(0, r0, rc)?)?
+                    .broadcast_mul(&g2)?
+                    .broadcast_add(&g1)?;
+                let dz = (one_hot(&t, c0, vc, dtype)?.broadcast_mul(&g1)? - (p * coeff)?)?;
+                if want_hidden {
+                    let part = dz.matmul(&w)?;
+                    d_hidden[k] = Some(match d_hidden[k].take() {
+                        None => part,
+                        Some(acc) => (acc + part)?,
+                    });
+                }
+                if want_weight {
+                    let part = dz.t()?.matmul(&h)?;
+                    d_w = Some(match d_w {
+                        None => part,
+                        Some(acc) => (acc + part)?,
+                    });
+                }
+            }
+            if let (Some(d_weight), Some(d_w)) = (&d_weight, d_w) {
+                d_weight.slice_set(&d_w.contiguous()?, 0, c0)?;
+            }
+        }
+        let d_hidden = if want_hidden {
+            let parts: Vec<Tensor> = d_hidden.into_iter().flatten().collect();
+            Some(if parts.is_empty() {
+                Tensor::zeros((n, hd), dtype, device)?
+            } else {
+                Tensor::cat(&parts, 0)?
+            })
+        } else {
+            None
+        };
+        Ok((d_hidden, d_weight))
+    }
+}
