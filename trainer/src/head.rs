@@ -78,7 +78,10 @@ pub fn fused_logp_entropy(
     for r0 in (0..n).step_by(rows) {
         let rc = rows.min(n - r0);
         let h = hidden_d.narrow(0, r0, rc)?;
-        let t = targets.narrow(0, r0, rc)?.unsqueeze(1)?;
+        let t = targets
+            .narrow(0, r0, rc)?
+            .unsqueeze(1)?
+            .to_dtype(DType::F32)?;
         // Per row: the running max m, s = Σ exp(z − m), u = Σ exp(z − m)·(z − m) (relative to m, so
         // that the entropy ln s − u/s has no cancellation against large logits), and the target's logit.
         let mut state: Option<(Tensor, Tensor, Tensor)> = None;
@@ -86,7 +89,8 @@ pub fn fused_logp_entropy(
         for c0 in (0..v).step_by(cols) {
             let vc = cols.min(v - c0);
             let z = h.matmul(&weight_d.narrow(0, c0, vc)?.t()?)?;
-            z_target = (z_target + (&z * one_hot(&t, c0, vc, dtype)?)?.sum_keepdim(1)?)?;
+            let (column, inside) = target_in_chunk(&t, c0, vc, dtype)?;
+            z_target = (z_target + (z.gather(&column, 1)? * inside)?)?;
             let chunk_max = z.max_keepdim(1)?;
             let m = match &state {
                 None => chunk_max,
@@ -187,6 +191,9 @@ fn check(
     if v == 0 {
         bail!("{what}: weight has no rows (an empty vocabulary)")
     }
+    if v > 1 << 24 {
+        bail!("{what}: a vocabulary of {v} is more than 2^24 (the chunks locate targets in f32)")
+    }
     let Ok(nt) = targets.dims1() else {
         bail!(
             "{what}: targets must be [rows], got shape {:?}",
@@ -233,10 +240,19 @@ fn check(
     Ok((n, v, h))
 }
 
-/// [rc, vc] of `dtype`: 1 where the column c0 + j is the row's target (`targets`: [rc, 1] u32).
-fn one_hot(targets: &Tensor, c0: usize, vc: usize, dtype: DType) -> candle_core::Result<Tensor> {
-    let ids = Tensor::arange(c0 as u32, (c0 + vc) as u32, targets.device())?.unsqueeze(0)?;
-    targets.broadcast_eq(&ids)?.to_dtype(dtype)
+/// Where the rows' targets (`targets`: [rc, 1] f32, exact below 2²⁴) fall in the vocabulary chunk
+/// [c0, c0 + vc): each one's column in the chunk, clamped to it ([rc, 1] u32), and 1 where the target is
+/// in the chunk, 0 elsewhere ([rc, 1] of `dtype`). Only [rc, 1] tensors: no [rc, vc] one-hot.
+fn target_in_chunk(
+    targets: &Tensor,
+    c0: usize,
+    vc: usize,
+    dtype: DType,
+) -> candle_core::Result<(Tensor, Tensor)> {
+    let local = (targets - c0 as f64)?;
+    let clamped = local.clamp(0f32, (vc - 1) as f32)?;
+    let inside = clamped.eq(&local)?.to_dtype(dtype)?;
+    Ok((clamped.to_dtype(DType::U32)?, inside))
 }
 
 /// The autograd node of [`fused_logp_entropy`]: its forward pass hands candle the result computed
@@ -337,18 +353,25 @@ impl CustomOp2 for FusedHead {
             for (k, &r0) in row_starts.iter().enumerate() {
                 let rc = self.rows.min(n - r0);
                 let h = h_all.narrow(0, r0, rc)?;
-                let t = self.targets.narrow(0, r0, rc)?.unsqueeze(1)?;
+                let t = self
+                    .targets
+                    .narrow(0, r0, rc)?
+                    .unsqueeze(1)?
+                    .to_dtype(DType::F32)?;
                 let (g1, g2) = (g1.narrow(0, r0, rc)?, g2.narrow(0, r0, rc)?);
                 let log_p = h
                     .matmul(&w.t()?)?
                     .broadcast_sub(&self.lse.narrow(0, r0, rc)?)?;
                 let p = log_p.exp()?;
-                // ∂z = g1·(onehot − p) − g2·p·(log p + H) = g1·onehot − p·(g1 + g2·(log p + H)).
+                // ∂z = g1·(onehot − p) − g2·p·(log p + H) = g1·onehot − p·(g1 + g2·(log p + H)):
+                // the second term, then g1 added in place at the targets that fall in this chunk.
                 let coeff = log_p
                     .broadcast_add(&self.entropy.narrow(0, r0, rc)?)?
                     .broadcast_mul(&g2)?
                     .broadcast_add(&g1)?;
-                let dz = (one_hot(&t, c0, vc, dtype)?.broadcast_mul(&g1)? - (p * coeff)?)?;
+                let dz = (p * coeff)?.neg()?;
+                let (column, inside) = target_in_chunk(&t, c0, vc, dtype)?;
+                dz.scatter_add_set(&column, &(g1 * inside)?, 1)?;
                 if want_hidden {
                     let part = dz.matmul(&w)?;
                     d_hidden[k] = Some(match d_hidden[k].take() {

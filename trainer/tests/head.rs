@@ -340,6 +340,15 @@ fn errors_name_the_problem() {
             "fused_logp_entropy: weight has no rows (an empty vocabulary)",
         ),
         (
+            err(fused_logp_entropy(
+                &Tensor::zeros((4, 0), DType::F32, &device).unwrap(),
+                &Tensor::zeros(((1 << 24) + 1, 0), DType::F32, &device).unwrap(),
+                targets,
+                100,
+            )),
+            "fused_logp_entropy: a vocabulary of 16777217 is more than 2^24",
+        ),
+        (
             err(fused_logp_entropy(hidden, weight, targets, 0)),
             "fused_logp_entropy: the chunk budget must be at least 1 element, got 0",
         ),
