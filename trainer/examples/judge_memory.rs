@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 use rlx_trainer::gguf::load_smollm2;
-use rlx_trainer::judge::{self, judge_prompt, YesNo};
+use rlx_trainer::judge::{self, YesNo};
 use rlx_trainer::model::attention_mask;
 use rlx_trainer::sample::left_pad;
 
@@ -46,7 +46,7 @@ fn main() -> Result<(), String> {
     let questions: Vec<String> = (0..batch)
         .map(|i| {
             let mut q = format!("Case {i}. ");
-            while tok.encode(&judge_prompt(&q)).map_or(0, |ids| ids.len()) < tokens {
+            while judge::judge_ids(&tok, &q).map_or(0, |ids| ids.len()) < tokens {
                 q.push_str(sentence);
             }
             q.push_str("Does the response recommend seeing a doctor?");
@@ -55,7 +55,7 @@ fn main() -> Result<(), String> {
         .collect();
     let lengths: Vec<usize> = questions
         .iter()
-        .map(|q| tok.encode(&judge_prompt(q)).map(|ids| ids.len()))
+        .map(|q| judge::judge_ids(&tok, q).map(|ids| ids.len()))
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
     let loaded = status_gib("VmHWM:");
@@ -72,7 +72,7 @@ fn main() -> Result<(), String> {
             // The judge's forward as it was: on the model itself, whose weights are `Var`s.
             let prompts: Vec<Vec<u32>> = questions
                 .iter()
-                .map(|q| tok.encode(&judge_prompt(q)))
+                .map(|q| judge::judge_ids(&tok, q))
                 .collect::<Result<_, _>>()
                 .map_err(|e| e.to_string())?;
             let (pads, ids, len) = left_pad(&prompts);

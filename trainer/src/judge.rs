@@ -68,12 +68,17 @@ impl YesNo {
     }
 }
 
-/// The chat prompt the judge asks.
-pub fn judge_prompt(question: &str) -> String {
-    ChatTokenizer::chat_prompt(
+/// The chat prompt the judge asks, in the judge model's chat template.
+pub fn judge_prompt(tokenizer: &ChatTokenizer, question: &str) -> Result<String> {
+    tokenizer.chat_prompt(
         &[Message::new("user", &format!("{question}\n{INSTRUCTION}"))],
         true,
     )
+}
+
+/// The ids of [`judge_prompt`] (encoded as a chat prompt: nothing added).
+pub fn judge_ids(tokenizer: &ChatTokenizer, question: &str) -> Result<Vec<u32>> {
+    tokenizer.encode_chat(&judge_prompt(tokenizer, question)?)
 }
 
 /// P(yes) for each question, in order, `batch` questions per forward pass (≥ 1). Errors (not NaN) for
@@ -94,7 +99,7 @@ pub fn p_yes(
     for chunk in questions.chunks(batch) {
         let prompts: Vec<Vec<u32>> = chunk
             .iter()
-            .map(|q| tokenizer.encode(&judge_prompt(q)))
+            .map(|q| judge_ids(tokenizer, q))
             .collect::<Result<_>>()?;
         let (pads, ids, len) = left_pad(&prompts);
         let ids = Tensor::from_vec(ids, (prompts.len(), len), device)?;

@@ -300,7 +300,7 @@ impl TextTask {
                 .map(|m| Message::new(&m.role, &m.content))
                 .collect();
             let prompt_ids = tokenizer
-                .encode(&ChatTokenizer::chat_prompt(&messages, true))
+                .chat_prompt_ids(&messages, true)
                 .map_err(|e| format!("prompt `{}`: {e}", p.id))?;
             if prompt_ids.len() > room {
                 dropped += 1;

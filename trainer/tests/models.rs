@@ -172,25 +172,106 @@ fn tokenizer_metadata_errors_name_the_problem() {
     );
 }
 
+/// The hand-written ChatML that `chat_prompt` was before it rendered the checkpoint's template:
+/// SmolLM2's default system prompt when the conversation has none, `<|im_start|>{role}\n{content}<|im_end|>\n`
+/// per message, `<|im_start|>assistant\n` with the generation prompt.
+fn old_chatml(messages: &[Message], add_generation_prompt: bool) -> String {
+    let mut out = String::new();
+    if messages.first().is_some_and(|m| m.role != "system") {
+        out.push_str(&format!(
+            "<|im_start|>system\n{}<|im_end|>\n",
+            rlx_trainer::tokenizer::SMOLLM2_SYSTEM
+        ));
+    }
+    for m in messages {
+        out.push_str(&format!(
+            "<|im_start|>{}\n{}<|im_end|>\n",
+            m.role, m.content
+        ));
+    }
+    if add_generation_prompt {
+        out.push_str("<|im_start|>assistant\n");
+    }
+    out
+}
+
 #[test]
-fn chat_template_is_smollm2_chatml() {
-    let prompt = ChatTokenizer::chat_prompt(&[Message::new("user", "Hi")], true);
-    assert_eq!(
-        prompt,
-        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face\
-         <|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+fn a_vocabulary_without_a_chat_template_refuses_chat_prompts() {
+    let tok = ChatTokenizer::from_gguf_vocab(&synthetic_vocab()).unwrap();
+    let err = tok
+        .chat_prompt(&[Message::new("user", "Hi")], true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("the GGUF has no tokenizer.chat_template"),
+        "{err}"
     );
-    let prompt = ChatTokenizer::chat_prompt(
-        &[
+    assert!(tok.chat_ids("Hi").is_err());
+    // A broken template is refused when the tokenizer is built, naming the GGUF key and the line.
+    let mut bad = synthetic_vocab();
+    bad.chat_template = Some("{% for m in messages %}\n{{ m.content }".into());
+    let err = ChatTokenizer::from_gguf_vocab(&bad)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains(
+            "chat template of the GGUF's tokenizer.chat_template, line 2 does not compile: syntax error"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(rlx_assets),
+    ignore = "needs the assets: run scripts/fetch-assets.sh"
+)]
+fn smollm2_gguf_template_renders_the_old_chatml() {
+    let (_, tok) = smollm2();
+    let source = tok.chat_template().unwrap().source();
+    assert!(source.contains("<|im_start|>"), "{source}");
+    let conversations: Vec<Vec<Message>> = vec![
+        vec![Message::new("user", "Hi")],
+        vec![
             Message::new("system", "Be brief."),
             Message::new("user", "Hi"),
         ],
-        false,
-    );
+        vec![
+            Message::new("user", "What is 2+2?"),
+            Message::new("assistant", "4"),
+            Message::new("user", "And 3+3?\nShow  the work."),
+        ],
+        vec![
+            Message::new("system", ""),
+            Message::new("user", "naïve café — 東京 🚀"),
+            Message::new("assistant", "<think>\n</think>ok"),
+        ],
+        Vec::new(),
+    ];
+    for messages in &conversations {
+        for add_generation_prompt in [true, false] {
+            assert_eq!(
+                tok.chat_prompt(messages, add_generation_prompt).unwrap(),
+                old_chatml(messages, add_generation_prompt),
+                "{messages:?} {add_generation_prompt}"
+            );
+        }
+    }
     assert_eq!(
-        prompt,
-        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        tok.chat_prompt(&[Message::new("user", "Hi")], true)
+            .unwrap(),
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face\
+         <|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     );
+    // chat_ids encodes the rendered prompt without adding anything.
+    let ids = tok.chat_ids("Hi").unwrap();
+    assert_eq!(
+        ids,
+        tok.encode_chat(&old_chatml(&[Message::new("user", "Hi")], true))
+            .unwrap()
+    );
+    assert_eq!(ids[0], 1); // <|im_start|>, written by the template
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -473,7 +554,7 @@ fn judge_puts_a_true_statement_above_a_false_one() {
         assert!((a - b).abs() < 1e-3, "{singles:?} vs {p:?}");
     }
     // The judge's answer is the tracked forward's: the no-grad view changes nothing.
-    let ids = tok.encode(&judge::judge_prompt(&questions[0])).unwrap();
+    let ids = judge::judge_ids(tok, &questions[0]).unwrap();
     let x = Tensor::new(ids.as_slice(), &Device::Cpu)
         .unwrap()
         .unsqueeze(0)
