@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Install CPU-capable PyTorch (and, with --with-verl, verl's loss registry) for the torch export tests
-# (tests/export.rs) into a virtual environment of its own: $RLX_TORCH_VENV, by default
-# ~/.cache/rlx/torch (outside the repository, so a later clone on the same machine reuses it). The tests
-# use $RLX_PYTHON, else that environment's python (tools/src/lib.rs).
+# Install CPU-capable PyTorch, transformers and PEFT (and, with --with-verl, verl's loss registry) for
+# the torch export tests (tests/export.rs) and the Hugging Face checkpoint tests (trainer/tests/hf.rs)
+# into a virtual environment of its own: $RLX_TORCH_VENV, by default ~/.cache/rlx/torch (outside the
+# repository, so a later clone on the same machine reuses it). The tests use $RLX_PYTHON, else that
+# environment's python (tools/src/lib.rs).
 #
 # PyPI has no CPU-only torch for Linux x86_64: `pip install torch` pulls the CUDA build and its NVIDIA
 # libraries (about 2.8 GB downloaded, 5.3 GB installed; measured at about 3.5 minutes on a CI machine:
@@ -19,6 +20,8 @@
 set -uo pipefail
 
 VENV="${RLX_TORCH_VENV:-$HOME/.cache/rlx/torch}"
+TRANSFORMERS=5.24.0
+PEFT=0.18.1
 WITH_VERL=0
 for argument in "$@"; do
     case "$argument" in
@@ -58,6 +61,19 @@ else
     fi
     imports torch || { echo "install-torch: torch installed but does not import" >&2; exit 1; }
     echo "install-torch: torch $("$PYTHON" -c 'import torch; print(torch.__version__)') installed in $(( $(date +%s) - start )) s"
+fi
+
+# transformers and PEFT: the reference of the Hugging Face checkpoint tests (trainer/tests/hf.rs), pinned.
+if imports peft && imports transformers \
+    && [ "$("$PYTHON" -c 'import transformers; print(transformers.__version__)')" = "$TRANSFORMERS" ]; then
+    echo "install-torch: transformers $TRANSFORMERS and peft are already installed"
+else
+    hf_start=$(date +%s)
+    if pip_install "transformers==$TRANSFORMERS" "peft==$PEFT" safetensors; then
+        echo "install-torch: transformers $TRANSFORMERS and peft $PEFT installed in $(( $(date +%s) - hf_start )) s"
+    else
+        echo "install-torch: WARNING: transformers/peft could not be installed; the Hugging Face checkpoint tests will be reported as ignored" >&2
+    fi
 fi
 
 if [ "$WITH_VERL" = 1 ]; then

@@ -1,13 +1,18 @@
 //! Build-time facts a run records in `OUT/run.json` (`run_dir::versions`): the rustc that compiles the
 //! trainer and the candle version the workspace's Cargo.lock pins; and the probe for the pinned assets of
 //! scripts/fetch-assets.sh, which trainer/tests/models.rs and smollm2.rs need: the cfg `rlx_assets` where
-//! they are there (rlx-tools, tools/src/lib.rs); and `rlx_torch` where the torch environment is there
+//! they are there (rlx-tools, tools/src/lib.rs); and `rlx_transformers` where the torch environment has
+//! transformers and PEFT (trainer/tests/hf.rs); and `rlx_torch` where it is there at all
 //! (trainer/tests/chat_template.rs compares against transformers' chat-template rendering).
 
 use std::process::Command;
 
 fn main() {
-    rlx_tools::emit(&[rlx_tools::Gate::Assets, rlx_tools::Gate::Torch]);
+    rlx_tools::emit(&[
+        rlx_tools::Gate::Assets,
+        rlx_tools::Gate::Transformers,
+        rlx_tools::Gate::Torch,
+    ]);
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let version = Command::new(rustc)
         .arg("--version")

@@ -83,6 +83,26 @@ enum Command {
         #[arg(long, default_value = "cpu", value_parser = parse_device)]
         device: Device,
     },
+    /// Write a run's checkpointed policy as a Hugging Face checkpoint folder (config.json,
+    /// model.safetensors with HF tensor names, the tokenizer files and chat template,
+    /// generation_config.json; LoRA adapters merged) that `transformers` loads, or with --adapter its
+    /// LoRA adapters as a PEFT adapter folder. OUT_DIR must not exist or be empty.
+    Export {
+        /// The run directory (or its checkpoint/).
+        #[arg(required_unless_present = "config", conflicts_with = "config")]
+        run: Option<PathBuf>,
+        /// Instead of a run, the model a config's `[model]` names, as a run would start from it
+        /// (e.g. SmolLM2 from its GGUF: `rlx export --config configs/smollm2.toml --hf DIR`).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The folder to write.
+        #[arg(long, value_name = "OUT_DIR")]
+        hf: PathBuf,
+        /// Write the LoRA adapters only (adapter_model.safetensors + adapter_config.json, PEFT's
+        /// format) instead of the merged model.
+        #[arg(long)]
+        adapter: bool,
+    },
     /// Measure a recipe on a synthetic packed batch: per backend, one JSON line with the kernel time
     /// (median of --runs), tokens/s, peak memory above the batch, and the memory-bandwidth bound
     /// (docs/kernels.md).
@@ -194,6 +214,49 @@ fn main() -> ExitCode {
                 out.as_deref(),
                 backend,
             )
+        }
+        Command::Export {
+            run,
+            config,
+            hf,
+            adapter,
+        } => {
+            let result = match (run, config) {
+                (Some(run), _) => rlx_trainer::export::export_run(&run, &hf, adapter),
+                (None, Some(config)) => {
+                    match rlx_compiler::files::read_text(
+                        &config,
+                        rlx_trainer::config::MAX_CONFIG_BYTES,
+                    ) {
+                        Ok(text) => rlx_trainer::export::export_config(&text, &hf, adapter),
+                        Err(e) => Err(format!("cannot read {}: {e}", config.display())),
+                    }
+                }
+                (None, None) => Err("give a run directory or --config FILE".into()),
+            };
+            match result {
+                Ok(done) => {
+                    for note in &done.notes {
+                        eprintln!("note: {note}");
+                    }
+                    eprintln!(
+                        "rlx export: wrote {} ({} of step {}) in {:.1}s",
+                        hf.display(),
+                        if done.adapter {
+                            "the LoRA adapters"
+                        } else {
+                            "the model"
+                        },
+                        done.step,
+                        done.seconds
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(message) => {
+                    eprintln!("error: {message}");
+                    ExitCode::from(1)
+                }
+            }
         }
         Command::Run {
             recipe,
@@ -372,13 +435,15 @@ fn run(
     };
     let config_text = match config {
         None => None,
-        Some(path) => match std::fs::read_to_string(path) {
-            Ok(text) => Some(text),
-            Err(error) => {
-                eprintln!("error: cannot read {}: {error}", path.display());
-                return ExitCode::from(1);
+        Some(path) => {
+            match rlx_compiler::files::read_text(path, rlx_trainer::config::MAX_CONFIG_BYTES) {
+                Ok(text) => Some(text),
+                Err(error) => {
+                    eprintln!("error: cannot read {}: {error}", path.display());
+                    return ExitCode::from(1);
+                }
             }
-        },
+        }
     };
     let args = rlx_trainer::cli::RunArgs {
         recipe_name: recipe

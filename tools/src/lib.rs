@@ -5,6 +5,7 @@
 //! |---|---|---|---|---|
 //! | [`Gate::Torch`] | `rlx_torch` | a Python that imports `torch` | `scripts/install-torch.sh` | `$RLX_PYTHON`, else `$RLX_TORCH_VENV/bin/python` (default `~/.cache/rlx/torch`) |
 //! | [`Gate::Verl`] | `rlx_verl` | the same Python imports `verl.trainer.ppo.core_algos` | `scripts/install-torch.sh --with-verl` | the same |
+//! | [`Gate::Transformers`] | `rlx_transformers` | the same Python imports `transformers` and `peft` | `scripts/install-torch.sh` | the same |
 //! | [`Gate::Nvrtc`] | `rlx_nvrtc` | `libnvrtc.so.12` and `ptxas` | `scripts/install-cuda-tools.sh` | `$RLX_CUDA_TOOLS` (default `~/.cache/rlx/cuda`) |
 //! | [`Gate::Assets`] | `rlx_assets` | every wheel pinned in `scripts/fetch-assets.sh`, verified and unpacked | `scripts/fetch-assets.sh` | `$RLX_ASSETS` (default `~/.cache/rlx/assets`) |
 //! | [`Gate::Gpu`] | `rlx_gpu` | an NVIDIA driver (`/dev/nvidiactl`), with the `cuda` feature only | the machine | |
@@ -30,6 +31,8 @@ use std::process::Command;
 pub enum Gate {
     Torch,
     Verl,
+    /// transformers and PEFT (the Hugging Face checkpoint tests' reference).
+    Transformers,
     Nvrtc,
     Assets,
     /// A GPU: probed only when the crate is built with its `cuda` feature (the GPU tests need it).
@@ -42,6 +45,7 @@ impl Gate {
         match self {
             Gate::Torch => "rlx_torch",
             Gate::Verl => "rlx_verl",
+            Gate::Transformers => "rlx_transformers",
             Gate::Nvrtc => "rlx_nvrtc",
             Gate::Assets => "rlx_assets",
             Gate::Gpu => "rlx_gpu",
@@ -53,6 +57,7 @@ impl Gate {
         match self {
             Gate::Torch => "scripts/install-torch.sh",
             Gate::Verl => "scripts/install-torch.sh --with-verl",
+            Gate::Transformers => "scripts/install-torch.sh",
             Gate::Nvrtc => "scripts/install-cuda-tools.sh",
             Gate::Assets => "scripts/fetch-assets.sh",
             Gate::Gpu => "scripts/gpu-check.sh on a machine with an NVIDIA GPU and its driver",
@@ -63,6 +68,7 @@ impl Gate {
         match self {
             Gate::Torch => "torch",
             Gate::Verl => "verl's core_algos",
+            Gate::Transformers => "transformers and peft",
             Gate::Nvrtc => "NVRTC and ptxas",
             Gate::Assets => "the pinned assets",
             Gate::Gpu => "a GPU",
@@ -173,6 +179,8 @@ pub fn probe(gates: &[Gate]) -> Vec<Probe> {
         .filter_map(|&g| match g {
             Gate::Torch => Some((g, "torch")),
             Gate::Verl => Some((g, "verl.trainer.ppo.core_algos")),
+            // PEFT imports transformers (and torch).
+            Gate::Transformers => Some((g, "peft")),
             _ => None,
         })
         .collect();
@@ -189,7 +197,7 @@ pub fn probe(gates: &[Gate]) -> Vec<Probe> {
     gates
         .iter()
         .map(|&gate| match gate {
-            Gate::Torch | Gate::Verl => {
+            Gate::Torch | Gate::Verl | Gate::Transformers => {
                 let at = python_probes.iter().position(|p| p.gate == gate);
                 python_probes.swap_remove(at.expect("one probe per module"))
             }

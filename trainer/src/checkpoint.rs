@@ -18,8 +18,72 @@ use serde::{Deserialize, Serialize};
 use crate::model::Model;
 use crate::optim::AdamW;
 
-/// The format of `state.json`; a checkpoint of another format is refused.
-pub const FORMAT: u32 = 1;
+/// The format of `state.json`; a checkpoint of another format is refused. Format 2: parameters carry
+/// their Hugging Face names (format 1 had private ones), LoRA runs save only the adapters and name
+/// their base.
+pub const FORMAT: u32 = 2;
+
+/// The frozen base of a LoRA run's checkpoint: where it was loaded from and the SHA-256 of its files,
+/// checked on `--resume` (the checkpoint holds only the adapters, so a changed base would silently
+/// resume a different model).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BaseModel {
+    pub path: String,
+    pub sha256: String,
+}
+
+/// The base of a LoRA run (`None` without LoRA): the files its frozen weights come from, digested.
+pub fn base_model(model: &crate::kinds::ModelSection) -> Result<Option<BaseModel>, String> {
+    use crate::kinds::ModelSection;
+    if model.lora().is_none() {
+        return Ok(None);
+    }
+    let (path, files) = match model {
+        ModelSection::Tiny(_) => return Ok(None),
+        ModelSection::Smollm2 { .. } => {
+            let gguf = crate::assets::smollm2_gguf()?;
+            (gguf.clone(), vec![gguf])
+        }
+        ModelSection::Hf { path, .. } => {
+            let dir = PathBuf::from(path);
+            (dir.clone(), crate::hf::weight_files(&dir)?)
+        }
+    };
+    Ok(Some(BaseModel {
+        path: path.display().to_string(),
+        sha256: digest(&files)?,
+    }))
+}
+
+/// The SHA-256 of `files` (their bytes in order, each preceded by its name and length).
+pub fn digest(files: &[PathBuf]) -> Result<String, String> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let mut hasher = Sha256::new();
+    let mut buffer = vec![0u8; 1 << 20];
+    for path in files {
+        let mut file = std::fs::File::open(path).map_err(|e| io(path, e))?;
+        let len = file.metadata().map_err(|e| io(path, e))?.len();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        hasher.update(format!("{name}\0{len}\0").as_bytes());
+        loop {
+            let n = file.read(&mut buffer).map_err(|e| io(path, e))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buffer[..n]);
+        }
+    }
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -37,6 +101,9 @@ pub struct State {
     /// The recipe's params as compiled (a resumed run must use the same).
     pub params: Vec<(String, f64)>,
     pub has_reference: bool,
+    /// A LoRA run's base model (its checkpoints hold only the adapters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<BaseModel>,
 }
 
 /// A checkpoint read back.

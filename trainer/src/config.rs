@@ -14,6 +14,10 @@ use crate::task::TaskConfig;
 
 pub const DEFAULT_CONFIG: &str = include_str!("../../configs/default.toml");
 
+/// The most bytes of a config file `rlx run --config` and `rlx export --config` read (untrusted input:
+/// a config is a page of TOML).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
@@ -144,17 +148,21 @@ impl Config {
                 }
                 self.validate_builtin(task)
             }
-            (ModelSection::Smollm2 {}, TaskSection::Arithmetic(_)) => Err(
-                "config: task.kind = \"arithmetic\" needs model.kind = \"tiny\" (the arithmetic task has its own character tokenizer)".into(),
-            ),
+            (_, TaskSection::Arithmetic(_)) => Err(format!(
+                "config: task.kind = \"arithmetic\" needs model.kind = \"tiny\", not \"{}\" (the arithmetic task has its own character tokenizer)",
+                self.model.kind()
+            )),
             (ModelSection::Tiny(_), text) => Err(format!(
-                "config: task.kind = \"{}\" needs model.kind = \"smollm2\" (its prompts are written in that model's tokenizer and chat template)",
+                "config: task.kind = \"{}\" needs a pretrained model, model.kind = \"smollm2\" or \"hf\" (its prompts are written in that model's tokenizer and chat template)",
                 text.kind()
             )),
-            (ModelSection::Smollm2 {}, text) => match text.text() {
-                Some((_, config)) => config.validate(),
-                None => Ok(()),
-            },
+            (_, text) => {
+                self.model.validate()?;
+                match text.text() {
+                    Some((_, config)) => config.validate(),
+                    None => Ok(()),
+                }
+            }
         }
     }
 

@@ -117,6 +117,10 @@ impl Gguf {
             rms_eps: self.f64_or("llama.attention.layer_norm_rms_epsilon", 1e-5)?,
             max_positions: self.usize("llama.context_length")?,
             init_std: 0.02,
+            head_dim: None,
+            attention_bias: false,
+            qk_norm: false,
+            rope_scaling: None,
         };
         config
             .validate()
@@ -170,29 +174,38 @@ impl Gguf {
         };
         let mut weights = vec![
             (
-                "embed".to_string(),
+                crate::model::EMBED.to_string(),
                 self.tensor("token_embd.weight", device)?,
             ),
             (
-                "norm".to_string(),
+                crate::model::NORM.to_string(),
                 self.tensor("output_norm.weight", device)?,
             ),
         ];
         if !tied {
-            weights.push(("lm_head".into(), self.tensor("output.weight", device)?));
+            weights.push((
+                crate::model::LM_HEAD.into(),
+                self.tensor("output.weight", device)?,
+            ));
         }
         for l in 0..config.layers {
             let t = |part: &str| self.tensor(&format!("blk.{l}.{part}.weight"), device);
-            let name = |part: &str| format!("layers.{l}.{part}");
-            weights.push((name("attn_norm"), t("attn_norm")?));
-            weights.push((name("q"), unpermute(t("attn_q")?, config.heads)?));
-            weights.push((name("k"), unpermute(t("attn_k")?, config.kv_heads)?));
-            weights.push((name("v"), t("attn_v")?));
-            weights.push((name("o"), t("attn_output")?));
-            weights.push((name("mlp_norm"), t("ffn_norm")?));
-            weights.push((name("gate"), t("ffn_gate")?));
-            weights.push((name("up"), t("ffn_up")?));
-            weights.push((name("down"), t("ffn_down")?));
+            let name = |module: &str| format!("model.layers.{l}.{module}.weight");
+            weights.push((name("input_layernorm"), t("attn_norm")?));
+            weights.push((
+                name("self_attn.q_proj"),
+                unpermute(t("attn_q")?, config.heads)?,
+            ));
+            weights.push((
+                name("self_attn.k_proj"),
+                unpermute(t("attn_k")?, config.kv_heads)?,
+            ));
+            weights.push((name("self_attn.v_proj"), t("attn_v")?));
+            weights.push((name("self_attn.o_proj"), t("attn_output")?));
+            weights.push((name("post_attention_layernorm"), t("ffn_norm")?));
+            weights.push((name("mlp.gate_proj"), t("ffn_gate")?));
+            weights.push((name("mlp.up_proj"), t("ffn_up")?));
+            weights.push((name("mlp.down_proj"), t("ffn_down")?));
         }
         Model::from_weights(&config, weights, tied, device).map_err(|e| gguf_error(&self.path, e))
     }

@@ -3,6 +3,7 @@
 //! keys; a key of another kind is an error.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use candle_core::Device;
 use serde::{Deserialize, Serialize};
@@ -10,9 +11,10 @@ use serde::{Deserialize, Serialize};
 use rlx_compiler::ir::Graph;
 use rlx_signals::{Registry, SignalSpec};
 
-use crate::model::{Model, ModelConfig};
+use crate::model::{LoraConfig, Model, ModelConfig};
 use crate::task::{Arithmetic, Task, TaskConfig, Tokenizer};
 use crate::text_task::{bind_signals, check_data_path, Source, TextTask, TextTaskConfig};
+use crate::tokenizer::ChatTokenizer;
 
 /// `[model]`: the policy.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -20,9 +22,20 @@ use crate::text_task::{bind_signals, check_data_path, Source, TextTask, TextTask
 pub enum ModelSection {
     /// A freshly initialised tiny Llama-style model (the built-in task's), sized by the other keys.
     Tiny(ModelConfig),
-    /// SmolLM2-135M-Instruct from the GGUF that `scripts/fetch-assets.sh` fetches (dequantised to f32,
-    /// every weight trained); its tokenizer and chat template format the prompts. No other keys.
-    Smollm2 {},
+    /// SmolLM2-135M-Instruct from the GGUF that `scripts/fetch-assets.sh` fetches (dequantised to f32);
+    /// its tokenizer and chat template format the prompts. Every weight is trained, or LoRA adapters
+    /// with `[model.lora]`.
+    Smollm2 {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lora: Option<LoraConfig>,
+    },
+    /// A Hugging Face checkpoint folder (`hf.rs`): Llama, Qwen2 or Qwen3, with its tokenizer, chat
+    /// template and generation config.
+    Hf {
+        path: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lora: Option<LoraConfig>,
+    },
 }
 
 /// `[task]`: where prompts and signals come from.
@@ -44,12 +57,36 @@ impl ModelSection {
     pub fn kind(&self) -> &'static str {
         match self {
             ModelSection::Tiny(_) => "tiny",
-            ModelSection::Smollm2 {} => "smollm2",
+            ModelSection::Smollm2 { .. } => "smollm2",
+            ModelSection::Hf { .. } => "hf",
         }
     }
 
-    /// The policy's architecture: the tiny model's keys (`vocab = 0` = the arithmetic tokenizer's), or
-    /// SmolLM2's from the fetched GGUF's metadata (the weights are not read).
+    /// `[model.lora]`, when set.
+    pub fn lora(&self) -> Option<&LoraConfig> {
+        match self {
+            ModelSection::Tiny(_) => None,
+            ModelSection::Smollm2 { lora } | ModelSection::Hf { lora, .. } => lora.as_ref(),
+        }
+    }
+
+    /// Whether the policy is a pretrained model with its own tokenizer and chat template (the text
+    /// tasks need one).
+    pub fn pretrained(&self) -> bool {
+        !matches!(self, ModelSection::Tiny(_))
+    }
+
+    /// The checks that need no file: the LoRA settings.
+    pub fn validate(&self) -> Result<(), String> {
+        match self.lora() {
+            Some(lora) => lora.validate(),
+            None => Ok(()),
+        }
+    }
+
+    /// The policy's architecture: the tiny model's keys (`vocab = 0` = the arithmetic tokenizer's),
+    /// SmolLM2's from the fetched GGUF's metadata, or a checkpoint's config.json (the weights are not
+    /// read).
     pub fn model_config(&self) -> Result<ModelConfig, String> {
         match self {
             ModelSection::Tiny(config) => {
@@ -59,25 +96,69 @@ impl ModelSection {
                 }
                 Ok(config)
             }
-            ModelSection::Smollm2 {} => crate::assets::smollm2_gguf()
+            ModelSection::Smollm2 { .. } => crate::assets::smollm2_gguf()
                 .and_then(|path| crate::gguf::Gguf::open(&path).map_err(|e| e.to_string()))
                 .and_then(|gguf| gguf.llama_config().map_err(|e| e.to_string()))
                 .map_err(|e| format!("model.kind = \"smollm2\": {e}")),
+            ModelSection::Hf { path, .. } => crate::hf::read_config(Path::new(path))
+                .map(|c| c.model)
+                .map_err(|e| format!("model.kind = \"hf\": {e}")),
         }
     }
 
-    /// The policy: a fresh tiny model (deterministic in `seed`) or SmolLM2 from the fetched GGUF.
+    /// The policy: a fresh tiny model (deterministic in `seed`), SmolLM2 from the fetched GGUF, or a
+    /// Hugging Face checkpoint; with `[model.lora]`, the frozen base with fresh adapters (from `seed`).
     pub fn build(&self, seed: u64, device: &Device) -> Result<Model, String> {
-        match self {
+        let base = match self {
             ModelSection::Tiny(_) => {
                 Model::new(&self.model_config()?, seed, device).map_err(|e| e.to_string())
             }
-            ModelSection::Smollm2 {} => crate::gguf::load_smollm2(device)
+            ModelSection::Smollm2 { .. } => crate::gguf::load_smollm2(device)
                 .map(|(model, _)| model)
                 .map_err(|e| format!("model.kind = \"smollm2\": {e}")),
+            ModelSection::Hf { path, .. } => crate::hf::load_model(Path::new(path), device)
+                .map_err(|e| format!("model.kind = \"hf\": {e}")),
+        }?;
+        match self.lora() {
+            None => Ok(base),
+            Some(lora) => base
+                .with_lora(lora, seed ^ LORA_SEED)
+                .map_err(|e| format!("model.lora: {e}")),
+        }
+    }
+
+    /// The pretrained model's tokenizer (with its chat template and stop tokens) and context length.
+    pub fn tokenizer(&self) -> Result<(ChatTokenizer, usize), String> {
+        match self {
+            ModelSection::Tiny(_) => Err(
+                "model.kind = \"tiny\" has no tokenizer of its own (it uses the arithmetic task's)"
+                    .into(),
+            ),
+            ModelSection::Smollm2 { .. } => {
+                let path = crate::assets::smollm2_gguf()?;
+                let gguf = crate::gguf::Gguf::open(&path).map_err(|e| e.to_string())?;
+                let tokenizer = gguf.tokenizer().map_err(|e| e.to_string())?;
+                let positions = gguf
+                    .llama_config()
+                    .map_err(|e| e.to_string())?
+                    .max_positions;
+                Ok((tokenizer, positions))
+            }
+            ModelSection::Hf { path, .. } => {
+                let dir = Path::new(path);
+                let config =
+                    crate::hf::read_config(dir).map_err(|e| format!("model.kind = \"hf\": {e}"))?;
+                let tokenizer = ChatTokenizer::from_hf_dir(dir)
+                    .map_err(|e| format!("model.kind = \"hf\": {e}"))?;
+                Ok((tokenizer, config.model.max_positions))
+            }
         }
     }
 }
+
+/// Mixed into the run's seed for the adapters' initial weights (so they are not the stream that
+/// draws prompts).
+const LORA_SEED: u64 = 0x4c6f_5241;
 
 impl TaskSection {
     /// The name of the kind, as written in the config.
@@ -153,7 +234,11 @@ impl BoundTask {
 
     /// The task, ready to run: a text task loads its data, the model's tokenizer and, when a signal
     /// needs it, the embedder (the assets are located here).
-    pub fn build(self, max_new_tokens: usize) -> Result<Box<dyn Task>, String> {
+    pub fn build(
+        self,
+        model: &ModelSection,
+        max_new_tokens: usize,
+    ) -> Result<Box<dyn Task>, String> {
         match self {
             BoundTask::Arithmetic(task) => Ok(Box::new(task)),
             BoundTask::Text {
@@ -161,13 +246,7 @@ impl BoundTask {
                 config,
                 registry,
             } => {
-                let path = crate::assets::smollm2_gguf()?;
-                let gguf = crate::gguf::Gguf::open(&path).map_err(|e| e.to_string())?;
-                let tokenizer = gguf.tokenizer().map_err(|e| e.to_string())?;
-                let positions = gguf
-                    .llama_config()
-                    .map_err(|e| e.to_string())?
-                    .max_positions;
+                let (tokenizer, positions) = model.tokenizer()?;
                 Ok(Box::new(TextTask::new(
                     source,
                     config,

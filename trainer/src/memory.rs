@@ -51,7 +51,33 @@ impl Estimate {
         let kv = (model.kv_heads * model.head_dim()) as f64;
         let i = model.intermediate as f64;
         let w = positions as f64;
-        let parameters = 2.0 * v * h + h + l * (2.0 * h + 2.0 * h * h + 2.0 * kv * h + 3.0 * i * h);
+        let q = (model.heads * model.head_dim()) as f64;
+        let parameters = 2.0 * v * h + h + l * (2.0 * h + 2.0 * q * h + 2.0 * kv * h + 3.0 * i * h);
+        // With LoRA the base is held once (no gradient, no moments, the reference shares it) and the
+        // adapters five times: A [rank, in] and B [out, rank] per targeted projection.
+        let (held, lora_what) = match config.model.lora() {
+            None => (
+                5.0 * parameters,
+                "the weights (policy, reference, gradients, AdamW's two moments)",
+            ),
+            Some(lora) => {
+                let r = lora.rank as f64;
+                let per_layer: f64 = lora
+                    .targets
+                    .iter()
+                    .map(|t| match t.as_str() {
+                        "q" => r * (h + q),
+                        "k" | "v" => r * (h + kv),
+                        "o" => r * (q + h),
+                        _ => r * (h + i),
+                    })
+                    .sum();
+                (
+                    parameters + 5.0 * l * per_layer,
+                    "the frozen base and the LoRA adapters (policy, reference, gradients, AdamW's two moments)",
+                )
+            }
+        };
         // Activations of one token through one layer, kept for the backward pass: norms, q/k/v and
         // their rotated copies, attention scores and softmax over the row, the attention and MLP
         // outputs, residuals, the MLP's gate/up/SiLU/product.
@@ -97,9 +123,9 @@ impl Estimate {
         Estimate {
             parameters,
             weights: Part {
-                what: "the weights (policy, reference, gradients, AdamW's two moments)",
+                what: lora_what,
                 keys: "model.vocab, model.hidden, model.layers, model.intermediate",
-                bytes: 5.0 * F32 * parameters,
+                bytes: F32 * held,
             },
             phases,
         }

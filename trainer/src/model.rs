@@ -1,15 +1,42 @@
-//! A small Llama-style causal LM built only from differentiable candle primitives (candle's fused
+//! The policy: a Llama-family causal LM built only from differentiable candle primitives (candle's fused
 //! `rms_norm`, `softmax_last_dim` and `rope` have no backward pass): RMS norm as x / sqrt(mean(x²) + ε) · w,
 //! softmax with a detached max, rotary embeddings as x·cos + rotate_half(x)·sin, grouped-query attention,
-//! SwiGLU MLP. A fresh model ([`Model::new`]) has an untied LM head and weights from a seeded RNG, so it is
-//! deterministic; a pretrained one ([`Model::from_weights`], e.g. SmolLM2 from its GGUF in `gguf.rs`) may tie
-//! the LM head to the embedding, as SmolLM2 does.
+//! SwiGLU MLP. The architecture options cover the checkpoints `hf.rs` loads: Llama / SmolLM2 (plain),
+//! Qwen2 (biases on the q/k/v projections), Qwen3 (an RMS norm over each query and key head before the
+//! rotary embedding, a head dimension of its own), tied or untied embeddings, Llama 3's rotary scaling.
+//!
+//! Parameters carry their Hugging Face names (`model.layers.0.self_attn.q_proj.weight`, …), so the
+//! weights of a checkpoint are a `transformers` state dict as they are. A fresh model ([`Model::new`]) has
+//! an untied LM head and weights from a seeded RNG, so it is deterministic; a pretrained one
+//! ([`Model::from_weights`]) is loaded from GGUF (`gguf.rs`) or a Hugging Face folder (`hf.rs`).
+//!
+//! With LoRA ([`Model::with_lora`]) the base weights are frozen tensors (no `Var`, no gradient, no
+//! optimizer state) and the trainable parameters are the adapters, named as PEFT names them
+//! (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`): a projection computes
+//! `x·Wᵀ + (alpha / rank)·(x·Aᵀ)·Bᵀ`.
+
+use std::collections::HashMap;
 
 use candle_core::{DType, Device, Result, Tensor, Var, D};
-use candle_nn::VarMap;
 use serde::{Deserialize, Serialize};
 
 use crate::rng::Rng;
+
+/// Rotary scaling (`rope_scaling` / `rope_parameters` of a Hugging Face config), applied to the inverse
+/// frequencies as transformers' `ROPE_INIT_FUNCTIONS` do.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "rope_type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum RopeScaling {
+    /// Every frequency divided by `factor` (positions interpolated).
+    Linear { factor: f64 },
+    /// Llama 3.x: long wavelengths divided by `factor`, short ones kept, a smooth blend between.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
+}
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -25,15 +52,26 @@ pub struct ModelConfig {
     pub max_positions: usize,
     /// Standard deviation of the initial weights.
     pub init_std: f64,
+    /// The dimension of one attention head; absent = hidden / heads (Qwen3 sets its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<usize>,
+    /// Biases on the q, k and v projections (Qwen2).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub attention_bias: bool,
+    /// An RMS norm over each query and key head before the rotary embedding (Qwen3).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub qk_norm: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<RopeScaling>,
 }
 
 impl ModelConfig {
     pub fn head_dim(&self) -> usize {
-        self.hidden / self.heads
+        self.head_dim.unwrap_or(self.hidden / self.heads.max(1))
     }
 
     pub fn validate(&self) -> std::result::Result<(), String> {
-        if self.heads == 0 || !self.hidden.is_multiple_of(self.heads) {
+        if self.heads == 0 || (self.head_dim.is_none() && !self.hidden.is_multiple_of(self.heads)) {
             return Err(format!(
                 "model.hidden ({}) must be a multiple of model.heads ({})",
                 self.hidden, self.heads
@@ -45,29 +83,262 @@ impl ModelConfig {
                 self.heads, self.kv_heads
             ));
         }
-        if !self.head_dim().is_multiple_of(2) {
-            return Err(
-                "the head dimension (hidden / heads) must be even for rotary embeddings".into(),
-            );
+        if self.head_dim() == 0 || !self.head_dim().is_multiple_of(2) {
+            return Err(format!(
+                "the head dimension ({}) must be even and positive for rotary embeddings",
+                self.head_dim()
+            ));
         }
         if self.layers == 0 || self.vocab == 0 || self.intermediate == 0 || self.max_positions == 0
         {
             return Err("model sizes must be positive".into());
         }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return Err(format!(
+                "model.rope_theta = {} must be a positive number",
+                self.rope_theta
+            ));
+        }
+        match &self.rope_scaling {
+            None => {}
+            Some(RopeScaling::Linear { factor }) if !(factor.is_finite() && *factor > 0.0) => {
+                return Err(format!("rope scaling factor {factor} must be positive"));
+            }
+            Some(RopeScaling::Linear { .. }) => {}
+            Some(RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            }) => {
+                let ok = factor.is_finite()
+                    && *factor > 0.0
+                    && low_freq_factor.is_finite()
+                    && *low_freq_factor > 0.0
+                    && high_freq_factor.is_finite()
+                    && high_freq_factor > low_freq_factor
+                    && *original_max_position_embeddings > 0;
+                if !ok {
+                    return Err(format!(
+                        "llama3 rope scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0 (got {factor}, {low_freq_factor}, {high_freq_factor}, {original_max_position_embeddings})"
+                    ));
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// The rotary inverse frequencies (`head_dim / 2` of them), scaled as `rope_scaling` says.
+    pub fn inv_freq(&self) -> Vec<f64> {
+        let hd = self.head_dim();
+        let base: Vec<f64> = (0..hd / 2)
+            .map(|i| 1.0 / self.rope_theta.powf(2.0 * i as f64 / hd as f64))
+            .collect();
+        match &self.rope_scaling {
+            None => base,
+            Some(RopeScaling::Linear { factor }) => base.iter().map(|f| f / factor).collect(),
+            Some(RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            }) => {
+                let old = *original_max_position_embeddings as f64;
+                let low_wavelen = old / low_freq_factor;
+                let high_wavelen = old / high_freq_factor;
+                base.iter()
+                    .map(|&f| {
+                        let wavelen = 2.0 * std::f64::consts::PI / f;
+                        if wavelen < high_wavelen {
+                            f
+                        } else if wavelen > low_wavelen {
+                            f / factor
+                        } else {
+                            let smooth = (old / wavelen - low_freq_factor)
+                                / (high_freq_factor - low_freq_factor);
+                            (1.0 - smooth) * f / factor + smooth * f
+                        }
+                    })
+                    .collect()
+            }
+        }
     }
 }
 
+/// `[model.lora]`: low-rank adapters on the chosen projections; the base stays frozen.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraConfig {
+    pub rank: usize,
+    pub alpha: f64,
+    /// Dropout on the adapters' input (PEFT's `lora_dropout`); only 0 is supported.
+    #[serde(default)]
+    pub dropout: f64,
+    /// Which projections get adapters: of `q`, `k`, `v`, `o`, `gate`, `up`, `down`.
+    #[serde(default = "LoraConfig::all_targets")]
+    pub targets: Vec<String>,
+}
+
+/// The projections an adapter can target, with their Hugging Face module names.
+pub const LORA_TARGETS: [(&str, &str); 7] = [
+    ("q", "self_attn.q_proj"),
+    ("k", "self_attn.k_proj"),
+    ("v", "self_attn.v_proj"),
+    ("o", "self_attn.o_proj"),
+    ("gate", "mlp.gate_proj"),
+    ("up", "mlp.up_proj"),
+    ("down", "mlp.down_proj"),
+];
+
+impl LoraConfig {
+    fn all_targets() -> Vec<String> {
+        LORA_TARGETS.iter().map(|(t, _)| t.to_string()).collect()
+    }
+
+    /// PEFT's scaling, `alpha / rank`.
+    pub fn scale(&self) -> f64 {
+        self.alpha / self.rank as f64
+    }
+
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.rank == 0 || self.rank > 65_536 {
+            return Err(format!(
+                "config: model.lora.rank = {} must be in 1..=65536",
+                self.rank
+            ));
+        }
+        if !(self.alpha.is_finite() && self.alpha > 0.0) {
+            return Err(format!(
+                "config: model.lora.alpha = {} must be a positive number",
+                self.alpha
+            ));
+        }
+        if self.dropout != 0.0 {
+            return Err(format!(
+                "config: model.lora.dropout = {}: only 0 is supported (the adapters' input is not dropped)",
+                self.dropout
+            ));
+        }
+        if self.targets.is_empty() {
+            return Err("config: model.lora.targets is empty".into());
+        }
+        for (i, t) in self.targets.iter().enumerate() {
+            if !LORA_TARGETS.iter().any(|(name, _)| name == t) {
+                return Err(format!(
+                    "config: model.lora.targets: {t:?} is not a projection (use q, k, v, o, gate, up, down)"
+                ));
+            }
+            if self.targets[..i].contains(t) {
+                return Err(format!("config: model.lora.targets: {t:?} appears twice"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The Hugging Face module names (`q_proj`, …) of the targets, in [`LORA_TARGETS`] order.
+    pub fn module_names(&self) -> Vec<&'static str> {
+        LORA_TARGETS
+            .iter()
+            .filter(|(t, _)| self.targets.iter().any(|x| x == t))
+            .map(|(_, m)| m.rsplit('.').next().unwrap_or(m))
+            .collect()
+    }
+}
+
+/// A low-rank adapter: `a: [rank, in]`, `b: [out, rank]`.
+#[derive(Clone)]
+struct Adapter {
+    a: Tensor,
+    b: Tensor,
+    scale: f64,
+}
+
+/// A projection `x·Wᵀ (+ bias) (+ adapter)`.
+#[derive(Clone)]
+struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+    adapter: Option<Adapter>,
+}
+
+impl Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut y = x.broadcast_matmul(&self.weight.t()?)?;
+        if let Some(bias) = &self.bias {
+            y = y.broadcast_add(bias)?;
+        }
+        if let Some(adapter) = &self.adapter {
+            // The scale on B ([out, rank], small), not on the [tokens, out] product: one activation
+            // of the projection's output size fewer per adapter kept for the backward pass.
+            let b = (&adapter.b * adapter.scale)?;
+            let low = x
+                .broadcast_matmul(&adapter.a.t()?)?
+                .broadcast_matmul(&b.t()?)?;
+            y = (y + low)?;
+        }
+        Ok(y)
+    }
+
+    fn detached(&self) -> Linear {
+        Linear {
+            weight: self.weight.detach(),
+            bias: self.bias.as_ref().map(Tensor::detach),
+            adapter: self.adapter.as_ref().map(|a| Adapter {
+                a: a.a.detach(),
+                b: a.b.detach(),
+                scale: a.scale,
+            }),
+        }
+    }
+
+    /// `W + scale·B·A` (the weight with its adapter merged in).
+    fn merged(&self) -> Result<Tensor> {
+        match &self.adapter {
+            None => Ok(self.weight.clone()),
+            Some(a) => self.weight.detach() + (a.b.detach().matmul(&a.a.detach())? * a.scale)?,
+        }
+    }
+}
+
+#[derive(Clone)]
 struct Block {
     attn_norm: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    o: Tensor,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
     mlp_norm: Tensor,
-    gate: Tensor,
-    up: Tensor,
-    down: Tensor,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+impl Block {
+    fn projection(&self, target: &str) -> &Linear {
+        match target {
+            "q" => &self.q,
+            "k" => &self.k,
+            "v" => &self.v,
+            "o" => &self.o,
+            "gate" => &self.gate,
+            "up" => &self.up,
+            _ => &self.down,
+        }
+    }
+
+    fn projection_mut(&mut self, target: &str) -> &mut Linear {
+        match target {
+            "q" => &mut self.q,
+            "k" => &mut self.k,
+            "v" => &mut self.v,
+            "o" => &mut self.o,
+            "gate" => &mut self.gate,
+            "up" => &mut self.up,
+            _ => &mut self.down,
+        }
+    }
 }
 
 /// Per-layer keys and values of the positions seen so far (`[batch, kv_heads, time, head_dim]`).
@@ -84,77 +355,98 @@ pub struct Model {
     /// The LM head; with tied embeddings the same tensor (and `Var`) as `embed`.
     lm_head: Tensor,
     tied: bool,
-    cos: Tensor,
-    sin: Tensor,
+    inv_freq: Vec<f64>,
+    lora: Option<LoraConfig>,
     vars: Vec<(String, Var)>,
 }
 
-/// The parameter names of a model with `layers` layers, in the order of [`Model::vars`]: `embed`, then per
-/// layer `layers.{l}.{attn_norm,q,k,v,o,mlp_norm,gate,up,down}`, then `norm`, then `lm_head` unless tied.
-pub fn parameter_names(layers: usize, tied: bool) -> Vec<String> {
-    let mut names = vec!["embed".to_string()];
-    for l in 0..layers {
-        for part in [
-            "attn_norm",
-            "q",
-            "k",
-            "v",
-            "o",
-            "mlp_norm",
-            "gate",
-            "up",
-            "down",
-        ] {
-            names.push(format!("layers.{l}.{part}"));
-        }
-    }
-    names.push("norm".into());
-    if !tied {
-        names.push("lm_head".into());
-    }
-    names
+/// How a parameter of a fresh model is initialised.
+#[derive(Clone, Copy, PartialEq)]
+enum Init {
+    Normal,
+    Ones,
+    Zeros,
 }
 
-/// The expected shape of parameter `name` (a name from [`parameter_names`]).
-fn parameter_shape(config: &ModelConfig, name: &str) -> Vec<usize> {
+/// The Hugging Face name of a layer's part.
+fn layer_name(l: usize, part: &str) -> String {
+    let module = match part {
+        "attn_norm" => "input_layernorm.weight",
+        "mlp_norm" => "post_attention_layernorm.weight",
+        "q" => "self_attn.q_proj.weight",
+        "k" => "self_attn.k_proj.weight",
+        "v" => "self_attn.v_proj.weight",
+        "o" => "self_attn.o_proj.weight",
+        "q_bias" => "self_attn.q_proj.bias",
+        "k_bias" => "self_attn.k_proj.bias",
+        "v_bias" => "self_attn.v_proj.bias",
+        "q_norm" => "self_attn.q_norm.weight",
+        "k_norm" => "self_attn.k_norm.weight",
+        "gate" => "mlp.gate_proj.weight",
+        "up" => "mlp.up_proj.weight",
+        "down" => "mlp.down_proj.weight",
+        other => other,
+    };
+    format!("model.layers.{l}.{module}")
+}
+
+pub const EMBED: &str = "model.embed_tokens.weight";
+pub const NORM: &str = "model.norm.weight";
+pub const LM_HEAD: &str = "lm_head.weight";
+
+/// Every parameter of the architecture, in [`Model::vars`] order, with its shape and initialisation:
+/// the embedding; per layer the input norm, q, k, v, o, the post-attention norm, gate, up, down (then the
+/// q/k/v biases and the q/k head norms where the architecture has them); the final norm; the LM head
+/// unless tied. (Fresh weights are drawn in this order, so the optional parts draw nothing.)
+fn parameter_specs(config: &ModelConfig, tied: bool) -> Vec<(String, Vec<usize>, Init)> {
     let (h, hd) = (config.hidden, config.head_dim());
-    let part = name.rsplit('.').next().unwrap_or(name);
-    match part {
-        "embed" | "lm_head" => vec![config.vocab, h],
-        "attn_norm" | "mlp_norm" | "norm" => vec![h],
-        "q" => vec![config.heads * hd, h],
-        "k" | "v" => vec![config.kv_heads * hd, h],
-        "o" => vec![h, config.heads * hd],
-        "gate" | "up" => vec![config.intermediate, h],
-        "down" => vec![h, config.intermediate],
-        _ => vec![],
-    }
-}
-
-/// Rotary tables `[max_positions, head_dim]` (the two halves repeated), non-interleaved (HF layout).
-fn rope_tables(config: &ModelConfig, device: &Device) -> Result<(Tensor, Tensor)> {
-    let hd = config.head_dim();
-    let half = hd / 2;
-    let mut cos = Vec::with_capacity(config.max_positions * hd);
-    let mut sin = Vec::with_capacity(config.max_positions * hd);
-    for p in 0..config.max_positions {
-        for _ in 0..2 {
-            for i in 0..half {
-                let freq = 1.0 / config.rope_theta.powf(2.0 * i as f64 / hd as f64);
-                let angle = p as f64 * freq;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
-            }
+    let (q_out, kv_out) = (config.heads * hd, config.kv_heads * hd);
+    let mut specs = vec![(EMBED.to_string(), vec![config.vocab, h], Init::Normal)];
+    for l in 0..config.layers {
+        let mut part = |name: &str, shape: Vec<usize>, init: Init| {
+            specs.push((layer_name(l, name), shape, init));
+        };
+        part("attn_norm", vec![h], Init::Ones);
+        part("q", vec![q_out, h], Init::Normal);
+        part("k", vec![kv_out, h], Init::Normal);
+        part("v", vec![kv_out, h], Init::Normal);
+        part("o", vec![h, q_out], Init::Normal);
+        part("mlp_norm", vec![h], Init::Ones);
+        part("gate", vec![config.intermediate, h], Init::Normal);
+        part("up", vec![config.intermediate, h], Init::Normal);
+        part("down", vec![h, config.intermediate], Init::Normal);
+        if config.attention_bias {
+            part("q_bias", vec![q_out], Init::Zeros);
+            part("k_bias", vec![kv_out], Init::Zeros);
+            part("v_bias", vec![kv_out], Init::Zeros);
+        }
+        if config.qk_norm {
+            part("q_norm", vec![hd], Init::Ones);
+            part("k_norm", vec![hd], Init::Ones);
         }
     }
-    let cos = Tensor::from_vec(cos, (config.max_positions, hd), device)?;
-    let sin = Tensor::from_vec(sin, (config.max_positions, hd), device)?;
-    Ok((cos, sin))
+    specs.push((NORM.to_string(), vec![h], Init::Ones));
+    if !tied {
+        specs.push((LM_HEAD.to_string(), vec![config.vocab, h], Init::Normal));
+    }
+    specs
 }
 
-/// `x @ wᵀ` for `x: [.., in]`, `w: [out, in]`.
-fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    x.broadcast_matmul(&w.t()?)
+/// The parameter names of a model, in the order of [`Model::vars`] (without LoRA).
+pub fn parameter_names(config: &ModelConfig, tied: bool) -> Vec<String> {
+    parameter_specs(config, tied)
+        .into_iter()
+        .map(|(n, _, _)| n)
+        .collect()
+}
+
+/// The PEFT names of the adapter matrices of layer `l`'s projection `module` (`self_attn.q_proj`).
+pub fn adapter_names(l: usize, module: &str) -> (String, String) {
+    let base = format!("base_model.model.model.layers.{l}.{module}");
+    (
+        format!("{base}.lora_A.weight"),
+        format!("{base}.lora_B.weight"),
+    )
 }
 
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
@@ -219,68 +511,31 @@ pub fn attention_mask(
 }
 
 impl Model {
-    /// A freshly initialised model (normal(0, init_std) matrices, unit norms), deterministic for `seed`.
+    /// A freshly initialised model (normal(0, init_std) matrices, unit norms, zero biases), deterministic
+    /// for `seed`.
     pub fn new(config: &ModelConfig, seed: u64, device: &Device) -> Result<Model> {
         config.validate().map_err(candle_core::Error::Msg)?;
         let mut rng = Rng::new(seed);
-        let mut vars = Vec::new();
-        let mut param = |name: String, shape: (usize, usize), ones: bool| -> Result<Tensor> {
-            let count = shape.0 * shape.1;
-            let values: Vec<f32> = if ones {
-                vec![1.0; count]
-            } else {
-                (0..count)
-                    .map(|_| (rng.normal() * config.init_std) as f32)
-                    .collect()
-            };
-            let tensor = Tensor::from_vec(values, shape, device)?;
-            let tensor = if shape.0 == 1 {
-                tensor.squeeze(0)?
-            } else {
-                tensor
-            };
-            let var = Var::from_tensor(&tensor)?;
-            let out = var.as_tensor().clone();
-            vars.push((name, var));
-            Ok(out)
-        };
-        let (h, hd) = (config.hidden, config.head_dim());
-        let embed = param("embed".into(), (config.vocab, h), false)?;
-        let mut blocks = Vec::new();
-        for l in 0..config.layers {
-            blocks.push(Block {
-                attn_norm: param(format!("layers.{l}.attn_norm"), (1, h), true)?,
-                q: param(format!("layers.{l}.q"), (config.heads * hd, h), false)?,
-                k: param(format!("layers.{l}.k"), (config.kv_heads * hd, h), false)?,
-                v: param(format!("layers.{l}.v"), (config.kv_heads * hd, h), false)?,
-                o: param(format!("layers.{l}.o"), (h, config.heads * hd), false)?,
-                mlp_norm: param(format!("layers.{l}.mlp_norm"), (1, h), true)?,
-                gate: param(format!("layers.{l}.gate"), (config.intermediate, h), false)?,
-                up: param(format!("layers.{l}.up"), (config.intermediate, h), false)?,
-                down: param(format!("layers.{l}.down"), (h, config.intermediate), false)?,
-            });
-        }
-        let norm = param("norm".into(), (1, h), true)?;
-        let lm_head = param("lm_head".into(), (config.vocab, h), false)?;
-        let (cos, sin) = rope_tables(config, device)?;
-        Ok(Model {
-            config: config.clone(),
-            embed,
-            blocks,
-            norm,
-            lm_head,
-            tied: false,
-            cos,
-            sin,
-            vars,
-        })
+        let weights = parameter_specs(config, false)
+            .into_iter()
+            .map(|(name, shape, init)| {
+                let count: usize = shape.iter().product();
+                let values: Vec<f32> = match init {
+                    Init::Ones => vec![1.0; count],
+                    Init::Zeros => vec![0.0; count],
+                    Init::Normal => (0..count)
+                        .map(|_| (rng.normal() * config.init_std) as f32)
+                        .collect(),
+                };
+                Ok((name, Tensor::from_vec(values, shape, device)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Model::from_weights(config, weights, false, device)
     }
 
     /// A model with the given weights (e.g. a pretrained checkpoint), every one a trainable `Var`.
-    /// `weights` must hold exactly the names of [`parameter_names`]`(config.layers, tied)` with their shapes
-    /// (`embed`/`lm_head` `[vocab, hidden]`, q/o `[heads·head_dim, hidden]` / transposed, k/v
-    /// `[kv_heads·head_dim, hidden]`, gate/up `[intermediate, hidden]`, down transposed, norms `[hidden]`),
-    /// in HF layout (non-interleaved rotary halves). With `tied`, the LM head is the embedding matrix.
+    /// `weights` must hold exactly the names of [`parameter_names`] with their shapes, in Hugging Face
+    /// layout (non-interleaved rotary halves). With `tied`, the LM head is the embedding matrix.
     pub fn from_weights(
         config: &ModelConfig,
         weights: Vec<(String, Tensor)>,
@@ -288,15 +543,14 @@ impl Model {
         device: &Device,
     ) -> Result<Model> {
         config.validate().map_err(candle_core::Error::Msg)?;
-        let mut by_name: std::collections::HashMap<String, Tensor> = weights.into_iter().collect();
-        let names = parameter_names(config.layers, tied);
-        let mut vars = Vec::with_capacity(names.len());
-        let mut tensors = std::collections::HashMap::new();
-        for name in &names {
+        let mut by_name: HashMap<String, Tensor> = weights.into_iter().collect();
+        let specs = parameter_specs(config, tied);
+        let mut vars = Vec::with_capacity(specs.len());
+        let mut tensors = HashMap::new();
+        for (name, want, _) in &specs {
             let tensor = by_name.remove(name).ok_or_else(|| {
                 candle_core::Error::Msg(format!("model weights: missing parameter `{name}`"))
             })?;
-            let want = parameter_shape(config, name);
             if tensor.dims() != want.as_slice() {
                 candle_core::bail!(
                     "model weights: parameter `{name}` has shape {:?}, the config needs {:?}",
@@ -315,34 +569,98 @@ impl Model {
         if let Some(extra) = by_name.keys().min() {
             candle_core::bail!("model weights: unexpected parameter `{extra}`");
         }
+        Ok(Model::assemble(config, &tensors, tied, None, vars))
+    }
+
+    /// The model from its weights by name (every name of [`parameter_specs`] present).
+    fn assemble(
+        config: &ModelConfig,
+        tensors: &HashMap<String, Tensor>,
+        tied: bool,
+        lora: Option<LoraConfig>,
+        vars: Vec<(String, Var)>,
+    ) -> Model {
         let get = |name: &str| tensors[name].clone();
+        let linear = |l: usize, part: &str, bias: bool| Linear {
+            weight: get(&layer_name(l, part)),
+            bias: bias.then(|| get(&layer_name(l, &format!("{part}_bias")))),
+            adapter: None,
+        };
+        let b = config.attention_bias;
         let blocks = (0..config.layers)
             .map(|l| Block {
-                attn_norm: get(&format!("layers.{l}.attn_norm")),
-                q: get(&format!("layers.{l}.q")),
-                k: get(&format!("layers.{l}.k")),
-                v: get(&format!("layers.{l}.v")),
-                o: get(&format!("layers.{l}.o")),
-                mlp_norm: get(&format!("layers.{l}.mlp_norm")),
-                gate: get(&format!("layers.{l}.gate")),
-                up: get(&format!("layers.{l}.up")),
-                down: get(&format!("layers.{l}.down")),
+                attn_norm: get(&layer_name(l, "attn_norm")),
+                q: linear(l, "q", b),
+                k: linear(l, "k", b),
+                v: linear(l, "v", b),
+                o: linear(l, "o", false),
+                q_norm: config.qk_norm.then(|| get(&layer_name(l, "q_norm"))),
+                k_norm: config.qk_norm.then(|| get(&layer_name(l, "k_norm"))),
+                mlp_norm: get(&layer_name(l, "mlp_norm")),
+                gate: linear(l, "gate", false),
+                up: linear(l, "up", false),
+                down: linear(l, "down", false),
             })
             .collect();
-        let embed = get("embed");
-        let lm_head = if tied { embed.clone() } else { get("lm_head") };
-        let (cos, sin) = rope_tables(config, device)?;
-        Ok(Model {
+        let embed = get(EMBED);
+        let lm_head = if tied { embed.clone() } else { get(LM_HEAD) };
+        Model {
             config: config.clone(),
             embed,
             blocks,
-            norm: get("norm"),
+            norm: get(NORM),
             lm_head,
             tied,
-            cos,
-            sin,
+            inv_freq: config.inv_freq(),
+            lora,
             vars,
-        })
+        }
+    }
+
+    /// This model as the frozen base of LoRA adapters on `lora.targets` of every layer: the base
+    /// weights become plain tensors (no gradient, no optimizer state) and the adapters the only
+    /// parameters — `A` uniform in ±1/√in (PEFT's default, Kaiming-uniform with a = √5) from `seed`, `B`
+    /// zero, so the adapted model starts equal to the base.
+    pub fn with_lora(self, lora: &LoraConfig, seed: u64) -> Result<Model> {
+        lora.validate().map_err(candle_core::Error::Msg)?;
+        if self.lora.is_some() {
+            candle_core::bail!("the model already has LoRA adapters");
+        }
+        let mut rng = Rng::new(seed);
+        let device = self.embed.device().clone();
+        let mut model = self.no_grad();
+        model.lora = Some(lora.clone());
+        let mut vars = Vec::new();
+        for (l, block) in model.blocks.iter_mut().enumerate() {
+            for (target, module) in LORA_TARGETS {
+                if !lora.targets.iter().any(|t| t == target) {
+                    continue;
+                }
+                let proj = block.projection_mut(target);
+                let (out, inp) = proj.weight.dims2()?;
+                let bound = 1.0 / (inp as f64).sqrt();
+                let a: Vec<f32> = (0..lora.rank * inp)
+                    .map(|_| ((rng.uniform() * 2.0 - 1.0) * bound) as f32)
+                    .collect();
+                let a = Var::from_tensor(&Tensor::from_vec(a, (lora.rank, inp), &device)?)?;
+                let b = Var::zeros((out, lora.rank), DType::F32, &device)?;
+                proj.adapter = Some(Adapter {
+                    a: a.as_tensor().clone(),
+                    b: b.as_tensor().clone(),
+                    scale: lora.scale(),
+                });
+                let (a_name, b_name) = adapter_names(l, module);
+                vars.push((a_name, a));
+                vars.push((b_name, b));
+            }
+        }
+        model.vars = vars;
+        Ok(model)
+    }
+
+    /// The LoRA settings of an adapted model.
+    pub fn lora(&self) -> Option<&LoraConfig> {
+        self.lora.as_ref()
     }
 
     /// Whether the LM head is the embedding matrix.
@@ -350,61 +668,82 @@ impl Model {
         self.tied
     }
 
-    /// Every trainable parameter, by name, in a fixed order.
+    /// Every trainable parameter, by name, in a fixed order (the adapters only, with LoRA).
     pub fn vars(&self) -> &[(String, Var)] {
         &self.vars
     }
 
+    /// The number of trainable parameters.
     pub fn parameter_count(&self) -> usize {
         self.vars.iter().map(|(_, v)| v.elem_count()).sum()
     }
 
-    /// A `VarMap` holding this model's parameters (for `save`/`load` as safetensors).
-    pub fn varmap(&self) -> VarMap {
-        let map = VarMap::new();
-        {
-            let mut data = map.data().lock().expect("varmap lock");
-            for (name, var) in &self.vars {
-                data.insert(name.clone(), var.clone());
-            }
-        }
-        map
-    }
-
-    /// The weight tensors by name, in [`parameter_names`] order (the LM head only when untied).
-    fn named_tensors(&self) -> Vec<(String, &Tensor)> {
-        let mut out = vec![("embed".to_string(), &self.embed)];
+    /// Every weight by its Hugging Face name, in [`parameter_names`] order, with LoRA adapters merged
+    /// into their projections (`W + (alpha / rank)·B·A`): the state dict of a plain checkpoint.
+    pub fn merged_weights(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut out = vec![(EMBED.to_string(), self.embed.clone())];
         for (l, b) in self.blocks.iter().enumerate() {
-            for (part, t) in [
-                ("attn_norm", &b.attn_norm),
-                ("q", &b.q),
-                ("k", &b.k),
-                ("v", &b.v),
-                ("o", &b.o),
-                ("mlp_norm", &b.mlp_norm),
-                ("gate", &b.gate),
-                ("up", &b.up),
-                ("down", &b.down),
-            ] {
-                out.push((format!("layers.{l}.{part}"), t));
+            out.push((layer_name(l, "attn_norm"), b.attn_norm.clone()));
+            for part in ["q", "k", "v", "o"] {
+                out.push((layer_name(l, part), b.projection(part).merged()?));
+            }
+            out.push((layer_name(l, "mlp_norm"), b.mlp_norm.clone()));
+            for part in ["gate", "up", "down"] {
+                out.push((layer_name(l, part), b.projection(part).merged()?));
+            }
+            for part in ["q", "k", "v"] {
+                if let Some(bias) = &b.projection(part).bias {
+                    out.push((layer_name(l, &format!("{part}_bias")), bias.clone()));
+                }
+            }
+            for (part, norm) in [("q_norm", &b.q_norm), ("k_norm", &b.k_norm)] {
+                if let Some(norm) = norm {
+                    out.push((layer_name(l, part), norm.clone()));
+                }
             }
         }
-        out.push(("norm".into(), &self.norm));
+        out.push((NORM.to_string(), self.norm.clone()));
         if !self.tied {
-            out.push(("lm_head".into(), &self.lm_head));
+            out.push((LM_HEAD.to_string(), self.lm_head.clone()));
         }
-        out
+        Ok(out)
     }
 
-    /// A detached copy with the same weights (the frozen reference model).
+    /// A detached copy with the same weights (the frozen reference model). With LoRA the frozen base is
+    /// shared (it never changes) and only the adapters are copied, so the reference costs the adapters'
+    /// memory, not a second model.
     pub fn frozen_copy(&self) -> Result<Model> {
         let device = self.embed.device().clone();
-        let weights = self
-            .named_tensors()
-            .into_iter()
-            .map(|(name, t)| Ok((name, t.detach().copy()?)))
-            .collect::<Result<Vec<_>>>()?;
-        Model::from_weights(&self.config, weights, self.tied, &device)
+        if self.lora.is_none() {
+            let weights = self
+                .merged_weights()?
+                .into_iter()
+                .map(|(name, t)| Ok((name, t.detach().copy()?)))
+                .collect::<Result<Vec<_>>>()?;
+            return Model::from_weights(&self.config, weights, self.tied, &device);
+        }
+        let mut copy = self.no_grad();
+        let mut vars = Vec::with_capacity(self.vars.len());
+        let mut source = self.vars.iter();
+        for (l, block) in copy.blocks.iter_mut().enumerate() {
+            for (target, _) in LORA_TARGETS {
+                let proj = block.projection_mut(target);
+                if let Some(adapter) = &mut proj.adapter {
+                    let (Some((a_name, a)), Some((b_name, b))) = (source.next(), source.next())
+                    else {
+                        candle_core::bail!("layer {l}: the adapters and their parameters disagree");
+                    };
+                    let a = Var::from_tensor(&a.as_tensor().detach().copy()?)?;
+                    let b = Var::from_tensor(&b.as_tensor().detach().copy()?)?;
+                    adapter.a = a.as_tensor().clone();
+                    adapter.b = b.as_tensor().clone();
+                    vars.push((a_name.clone(), a));
+                    vars.push((b_name.clone(), b));
+                }
+            }
+        }
+        copy.vars = vars;
+        Ok(copy)
     }
 
     /// A view of this model for forward passes that are never differentiated (sampling, the judge,
@@ -423,21 +762,23 @@ impl Model {
                 .iter()
                 .map(|b| Block {
                     attn_norm: b.attn_norm.detach(),
-                    q: b.q.detach(),
-                    k: b.k.detach(),
-                    v: b.v.detach(),
-                    o: b.o.detach(),
+                    q: b.q.detached(),
+                    k: b.k.detached(),
+                    v: b.v.detached(),
+                    o: b.o.detached(),
+                    q_norm: b.q_norm.as_ref().map(Tensor::detach),
+                    k_norm: b.k_norm.as_ref().map(Tensor::detach),
                     mlp_norm: b.mlp_norm.detach(),
-                    gate: b.gate.detach(),
-                    up: b.up.detach(),
-                    down: b.down.detach(),
+                    gate: b.gate.detached(),
+                    up: b.up.detached(),
+                    down: b.down.detached(),
                 })
                 .collect(),
             norm: self.norm.detach(),
             lm_head: self.lm_head.detach(),
             tied: self.tied,
-            cos: self.cos.clone(),
-            sin: self.sin.clone(),
+            inv_freq: self.inv_freq.clone(),
+            lora: self.lora.clone(),
             vars: Vec::new(),
         }
     }
@@ -445,7 +786,28 @@ impl Model {
     /// Whether forward passes of this model record a backpropagation graph (false for a
     /// [`Model::no_grad`] view).
     pub fn tracks_gradients(&self) -> bool {
-        self.embed.track_op()
+        !self.vars.is_empty()
+    }
+
+    /// Rotary tables `[t, head_dim]` (the two halves repeated, HF's non-interleaved layout) for the
+    /// positions `offset..offset + t`.
+    fn rope_tables(&self, offset: usize, t: usize, device: &Device) -> Result<(Tensor, Tensor)> {
+        let hd = self.config.head_dim();
+        let mut cos = Vec::with_capacity(t * hd);
+        let mut sin = Vec::with_capacity(t * hd);
+        for p in offset..offset + t {
+            for _ in 0..2 {
+                for freq in &self.inv_freq {
+                    let angle = p as f64 * freq;
+                    cos.push(angle.cos() as f32);
+                    sin.push(angle.sin() as f32);
+                }
+            }
+        }
+        Ok((
+            Tensor::from_vec(cos, (t, hd), device)?,
+            Tensor::from_vec(sin, (t, hd), device)?,
+        ))
     }
 
     /// Hidden states after the final norm, `[batch, t, hidden]`, for `ids: [batch, t]` (u32) at
@@ -467,10 +829,18 @@ impl Model {
             );
         }
         let hd = c.head_dim();
-        let cos = self.cos.narrow(0, offset, t)?;
-        let sin = self.sin.narrow(0, offset, t)?;
+        let (cos, sin) = self.rope_tables(offset, t, ids.device())?;
         let rope = |x: &Tensor| -> Result<Tensor> {
             x.broadcast_mul(&cos)? + rotate_half(x)?.broadcast_mul(&sin)?
+        };
+        // [b, t, heads·hd] → [b, heads, t, hd], each head RMS-normed first where the model has it.
+        let heads = |x: Tensor, n: usize, norm: &Option<Tensor>| -> Result<Tensor> {
+            let x = x.reshape((b, t, n, hd))?;
+            let x = match norm {
+                Some(w) => rms_norm(&x, w, c.rms_eps)?,
+                None => x,
+            };
+            x.transpose(1, 2)?.contiguous()
         };
         let mut x = self
             .embed
@@ -481,18 +851,9 @@ impl Model {
         }
         for (l, block) in self.blocks.iter().enumerate() {
             let h = rms_norm(&x, &block.attn_norm, c.rms_eps)?;
-            let q = linear(&h, &block.q)?
-                .reshape((b, t, c.heads, hd))?
-                .transpose(1, 2)?
-                .contiguous()?;
-            let k = linear(&h, &block.k)?
-                .reshape((b, t, c.kv_heads, hd))?
-                .transpose(1, 2)?
-                .contiguous()?;
-            let v = linear(&h, &block.v)?
-                .reshape((b, t, c.kv_heads, hd))?
-                .transpose(1, 2)?
-                .contiguous()?;
+            let q = heads(block.q.forward(&h)?, c.heads, &block.q_norm)?;
+            let k = heads(block.k.forward(&h)?, c.kv_heads, &block.k_norm)?;
+            let v = heads(block.v.forward(&h)?, c.kv_heads, &None)?;
             let q = rope(&q)?;
             let mut k = rope(&k)?;
             let mut v = v;
@@ -513,19 +874,24 @@ impl Model {
                 .transpose(1, 2)?
                 .contiguous()?
                 .reshape((b, t, c.heads * hd))?;
-            x = (x + linear(&attn, &block.o)?)?;
+            x = (x + block.o.forward(&attn)?)?;
             let h = rms_norm(&x, &block.mlp_norm, c.rms_eps)?;
-            let gate = linear(&h, &block.gate)?;
+            let gate = block.gate.forward(&h)?;
             let silu = (&gate * candle_nn::ops::sigmoid(&gate)?)?;
-            let mlp = linear(&(silu * linear(&h, &block.up)?)?, &block.down)?;
+            let mlp = block.down.forward(&(silu * block.up.forward(&h)?)?)?;
             x = (x + mlp)?;
         }
         rms_norm(&x, &self.norm, c.rms_eps)
     }
 
+    /// The LM head's weight `[vocab, hidden]` (the embedding matrix when tied).
+    pub fn lm_head(&self) -> &Tensor {
+        &self.lm_head
+    }
+
     /// Logits `[.., vocab]` of hidden states `[.., hidden]`.
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        linear(hidden, &self.lm_head)
+        hidden.broadcast_matmul(&self.lm_head.t()?)
     }
 
     /// log π(ids[:, j] | ids[:, ..j]) for the positions `j` in `start..t`, `[batch, t - start]`

@@ -22,6 +22,10 @@ fn config() -> ModelConfig {
         max_positions: 40,
         // Large enough that an untrained model's distributions are far from uniform (varied greedy tokens).
         init_std: 0.5,
+        head_dim: None,
+        attention_bias: false,
+        qk_norm: false,
+        rope_scaling: None,
     }
 }
 

@@ -139,14 +139,14 @@ fn kind_and_signal_errors() {
     );
     assert_eq!(
         parse(&edited("kind = \"smollm2\"", "kind = \"smollm3\"")),
-        "config: unknown variant `smollm3`, expected `tiny` or `smollm2`"
+        "config: unknown variant `smollm3`, expected one of `tiny`, `smollm2`, `hf`"
     );
     assert_eq!(
         parse(&edited(
             "kind = \"smollm2\"",
             "kind = \"smollm2\"\nhidden = 64"
         )),
-        "config: unknown field `hidden`, there are no fields"
+        "config: unknown field `hidden`, expected `lora`"
     );
     let message = parse(&edited("limit = 0", "limt = 0"));
     assert!(
@@ -193,12 +193,138 @@ fn kind_and_signal_errors() {
     assert_ne!(tiny_text, DEFAULT_CONFIG);
     assert_eq!(
         parse(&tiny_text),
-        "config: task.kind = \"ifeval\" needs model.kind = \"smollm2\" (its prompts are written in that model's tokenizer and chat template)"
+        "config: task.kind = \"ifeval\" needs a pretrained model, model.kind = \"smollm2\" or \"hf\" (its prompts are written in that model's tokenizer and chat template)"
     );
+    let lora = |table: &str| format!("{smollm2}\n[model.lora]\n{table}\n");
+    assert_eq!(
+        parse(&lora("rank = 0\nalpha = 16.0")),
+        "config: model.lora.rank = 0 must be in 1..=65536"
+    );
+    assert_eq!(
+        parse(&lora("rank = 8\nalpha = 16.0\ntargets = [\"q\", \"embed\"]")),
+        "config: model.lora.targets: \"embed\" is not a projection (use q, k, v, o, gate, up, down)"
+    );
+    assert_eq!(
+        parse(&lora("rank = 8\nalpha = 16.0\ndropout = 0.1")),
+        "config: model.lora.dropout = 0.1: only 0 is supported (the adapters' input is not dropped)"
+    );
+    assert!(parse(&lora("rank = 8\nalpha = 16.0\nranks = 2")).contains("unknown field `ranks`"));
     let arithmetic_signals =
         format!("{DEFAULT_CONFIG}\n[signals.score]\nkind = \"exact_answer\"\n");
     assert_eq!(
         parse(&arithmetic_signals),
         "config: [signals.score]: signals feed text tasks; the arithmetic task fills `score` itself"
     );
+}
+
+/// SmolLM2 with `[model.lora]`: only the adapters train and are checkpointed (a few MB instead of the
+/// model's 540 MB), the checkpoint names its base by path and SHA-256, the run resumes from it, and
+/// `rlx export --hf` merges the adapters into a Hugging Face folder that loads back as the trained
+/// policy.
+#[test]
+#[cfg_attr(
+    not(rlx_assets),
+    ignore = "needs the assets: run scripts/fetch-assets.sh"
+)]
+fn smollm2_lora_run_checkpoints_only_the_adapters() {
+    let out = std::env::temp_dir().join(format!("rlx-smollm2-lora-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let config = format!(
+        "{}\n[model.lora]\nrank = 8\nalpha = 16.0\ntargets = [\"q\", \"v\"]\n",
+        config_text("smollm2.toml")
+    );
+    let sets = |steps: &str| {
+        [
+            steps.to_string(),
+            "sampler.n=2".into(),
+            "sampler.max_new_tokens=6".into(),
+            "train.prompts_per_step=1".into(),
+            "train.lr=1e-3".into(),
+            "task.limit=20".into(),
+            "task.max_prompt_tokens=96".into(),
+        ]
+    };
+    let run = |steps: &str, resume: Option<PathBuf>| {
+        let sets = sets(steps);
+        let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+        let mut args = args("darling", config.clone(), &sets, &out);
+        if resume.is_some() {
+            // A resumed run takes its config from the checkpoint; only the steps may change.
+            args.config_text = None;
+            args.sets.clear();
+            args.steps = Some(2);
+            args.resume = resume.clone();
+        }
+        let prepared = prepare(&recipe("darling.rlx"), &args).unwrap();
+        let options = RunOptions {
+            resume,
+            stop_after: None,
+        };
+        run_with(
+            prepared.plan,
+            &prepared.config,
+            &prepared.out,
+            &options,
+            |_| {},
+        )
+        .unwrap()
+    };
+    assert_eq!(run("steps=1", None).steps_done, 1);
+    let checkpoint = out.join("checkpoint");
+    let size = |name: &str| std::fs::metadata(checkpoint.join(name)).unwrap().len();
+    // 30 layers × (q: A [8, 576] + B [576, 8], v: A [8, 576] + B [192, 8]) f32 ≈ 2.4 MB.
+    assert!(
+        size("model.safetensors") < 4_000_000,
+        "{}",
+        size("model.safetensors")
+    );
+    assert!(
+        size("optimizer.safetensors") < 8_000_000,
+        "{}",
+        size("optimizer.safetensors")
+    );
+    let state: Value =
+        serde_json::from_str(&std::fs::read_to_string(checkpoint.join("state.json")).unwrap())
+            .unwrap();
+    let sha = state["base"]["sha256"].as_str().unwrap();
+    assert_eq!(sha.len(), 64, "{state}");
+    let tensors = candle_core::safetensors::load(
+        checkpoint.join("model.safetensors"),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    assert_eq!(tensors.len(), 30 * 2 * 2);
+    assert!(tensors
+        .keys()
+        .all(|k| k.starts_with("base_model.model.model.layers.") && k.contains(".lora_")));
+
+    // Resume for a second step from the adapters-only checkpoint.
+    assert_eq!(run("steps=2", Some(out.clone())).steps_done, 2);
+
+    // Merged export: the trained policy, loadable as a plain checkpoint, and different from the base.
+    let exported = out.join("hf");
+    rlx_trainer::export::export_run(&out, &exported, false).unwrap();
+    let merged = rlx_trainer::hf::load_model(&exported, &candle_core::Device::Cpu).unwrap();
+    let (base, tokenizer) = rlx_trainer::gguf::load_smollm2(&candle_core::Device::Cpu).unwrap();
+    let ids = tokenizer.chat_ids("Name a colour.").unwrap();
+    let ids = candle_core::Tensor::from_vec(ids.clone(), (1, ids.len()), &candle_core::Device::Cpu)
+        .unwrap();
+    let difference = (merged.forward(&ids, &[0]).unwrap() - base.forward(&ids, &[0]).unwrap())
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(difference > 0.0, "the trained adapters changed nothing");
+    // A PEFT adapter needs a Hugging Face base folder.
+    let error = rlx_trainer::export::export_run(&out, &out.join("adapter"), true)
+        .err()
+        .unwrap();
+    assert!(
+        error.contains("needs a Hugging Face base folder"),
+        "{error}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
 }
