@@ -1,6 +1,7 @@
 //! The compiled recipe as a candle custom op: `logp.apply_op1(RecipeOp)` is the recipe's loss, and its
-//! backward pass hands the recipe's ∂loss/∂logp (from the interpreter, the JIT kernel or the CUDA
-//! kernels on a GPU) to candle, so `loss.backward()` flows into the policy's parameters.
+//! backward pass hands the recipe's ∂loss/∂logp and ∂loss/∂entropy (from the interpreter, the JIT
+//! kernel or the CUDA kernels on a GPU) to candle, so `loss.backward()` flows into the policy's
+//! parameters.
 
 use std::sync::{Arc, Mutex};
 
@@ -68,35 +69,62 @@ impl Objective {
     }
 }
 
-/// One application of the recipe to a batch whose differentiable input `input` (a token- or
-/// response-level f32 input, packed order) comes from the model; every other input is fixed.
+/// One application of the recipe to a batch whose model-computed inputs come from the op's argument;
+/// every other input is fixed. The argument is `[elements, columns]` (or rank 1 for one column): column
+/// `c` fills the recipe input `columns[c]` (packed order) — for the trainer, log π (`logp`, which must be
+/// `policy`) and the entropy (`entropy`, differentiable when the recipe marks it `policy`) — and a
+/// `None` column is one the recipe does not read (its gradient is zero).
 ///
 /// The forward pass evaluates the recipe on the tensor's values and returns the scalar loss; the
 /// `Outcome` (rewards, advantages, metrics, gradients) is kept for the caller in `outcome()`.
 pub struct RecipeOp {
     objective: Arc<Objective>,
     batch: Batch,
-    input: usize,
+    /// The recipe input each column fills, and whether the recipe differentiates it.
+    columns: Vec<Option<(usize, bool)>>,
     context: Context,
     outcome: Arc<Mutex<Option<Outcome>>>,
 }
 
 impl RecipeOp {
-    /// `input` names the recipe input the op's argument fills; it must be differentiable.
+    /// One column: `input` names the recipe input the op's argument fills; it must be differentiable.
     pub fn new(
         objective: Arc<Objective>,
         batch: Batch,
         input: &str,
         context: Context,
     ) -> Result<RecipeOp, String> {
+        RecipeOp::with_columns(objective, batch, &[Some(input)], context)
+    }
+
+    /// Several columns (see the type's doc); the first must be differentiable, the others may be
+    /// plain inputs or absent from the recipe (`None`).
+    pub fn with_columns(
+        objective: Arc<Objective>,
+        batch: Batch,
+        columns: &[Option<&str>],
+        context: Context,
+    ) -> Result<RecipeOp, String> {
         let graph = objective.graph();
-        let Some(index) = graph.inputs.iter().position(|i| i.name == input) else {
-            return Err(format!("the recipe has no input `{input}`"));
-        };
-        if !graph.inputs[index].differentiable {
-            return Err(format!(
-                "recipe input `{input}` is not marked `policy`, so the recipe gives no gradient for it"
-            ));
+        let mut resolved = Vec::with_capacity(columns.len());
+        for (c, column) in columns.iter().enumerate() {
+            let Some(input) = column else {
+                resolved.push(None);
+                continue;
+            };
+            let Some(index) = graph.inputs.iter().position(|i| i.name == *input) else {
+                return Err(format!("the recipe has no input `{input}`"));
+            };
+            let differentiable = graph.inputs[index].differentiable;
+            if c == 0 && !differentiable {
+                return Err(format!(
+                    "recipe input `{input}` is not marked `policy`, so the recipe gives no gradient for it"
+                ));
+            }
+            resolved.push(Some((index, differentiable)));
+        }
+        if resolved.first().is_none_or(Option::is_none) {
+            return Err("the recipe op needs its first column to fill a `policy` input".into());
         }
         if graph.outputs.loss.is_none() {
             return Err("the recipe has no `loss` section: there is nothing to train on".into());
@@ -104,7 +132,7 @@ impl RecipeOp {
         Ok(RecipeOp {
             objective,
             batch,
-            input: index,
+            columns: resolved,
             context,
             outcome: Arc::new(Mutex::new(None)),
         })
@@ -115,9 +143,21 @@ impl RecipeOp {
         self.outcome.clone()
     }
 
-    /// Apply to `values` (a rank-1 f32 tensor in the input's packed element order): the scalar loss,
-    /// and the outcome of the evaluation.
+    /// Apply to `values` (`[elements]` for one column, else `[elements, columns]`, f32, packed element
+    /// order): the scalar loss, and the outcome of the evaluation.
     pub fn apply(self, values: &Tensor) -> candle_core::Result<(Tensor, Outcome)> {
+        let width = if values.rank() == 1 {
+            1
+        } else {
+            values.dim(1)?
+        };
+        if width != self.columns.len() || values.rank() > 2 {
+            candle_core::bail!(
+                "rlx-recipe: the argument has shape {:?} for {} columns",
+                values.dims(),
+                self.columns.len()
+            );
+        }
         let handle = self.outcome_handle();
         let loss = values.contiguous()?.apply_op1(self)?;
         let outcome = handle
@@ -128,9 +168,20 @@ impl RecipeOp {
         Ok((loss, outcome))
     }
 
+    /// Evaluate with the columns of `values` (row-major `[elements, columns]`).
     fn evaluate(&self, values: &[f32]) -> candle_core::Result<Outcome> {
         let mut batch = self.batch.clone();
-        batch.inputs[self.input] = values.iter().map(|v| *v as f64).collect();
+        let width = self.columns.len();
+        for (c, column) in self.columns.iter().enumerate() {
+            if let Some((index, _)) = column {
+                batch.inputs[*index] = values
+                    .iter()
+                    .skip(c)
+                    .step_by(width)
+                    .map(|v| *v as f64)
+                    .collect();
+            }
+        }
         self.objective
             .run(&batch, &self.context)
             .map_err(|e| candle_core::Error::Msg(format!("recipe: {e}")))
@@ -168,11 +219,27 @@ impl CustomOp1 for RecipeOp {
             Some(outcome) => outcome,
             None => self.evaluate(&arg.flatten_all()?.to_vec1::<f32>()?)?,
         };
-        let name = &self.objective.graph().inputs[self.input].name;
-        let Some((_, gradient)) = outcome.gradients.iter().find(|(n, _)| n == name) else {
-            candle_core::bail!("rlx-recipe: the recipe gives no gradient for `{name}`")
-        };
-        let gradient: Vec<f32> = gradient.iter().map(|g| *g as f32).collect();
+        let width = self.columns.len();
+        let elements = arg.elem_count() / width;
+        let mut gradient = vec![0f32; elements * width];
+        for (c, column) in self.columns.iter().enumerate() {
+            let Some((index, true)) = column else {
+                continue;
+            };
+            let name = &self.objective.graph().inputs[*index].name;
+            let Some((_, g)) = outcome.gradients.iter().find(|(n, _)| n == name) else {
+                candle_core::bail!("rlx-recipe: the recipe gives no gradient for `{name}`")
+            };
+            if g.len() != elements {
+                candle_core::bail!(
+                    "rlx-recipe: ∂loss/∂{name} has {} elements, the argument {elements}",
+                    g.len()
+                );
+            }
+            for (k, v) in g.iter().enumerate() {
+                gradient[k * width + c] = *v as f32;
+            }
+        }
         let gradient = Tensor::from_vec(gradient, arg.shape(), arg.device())?;
         Ok(Some(gradient.broadcast_mul(grad_res)?))
     }

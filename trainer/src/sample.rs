@@ -24,11 +24,14 @@ pub struct SamplerConfig {
 
 /// One generated completion: its tokens (ending with the first stop token produced, which is kept;
 /// nothing is generated after it) and, for each, log π(token) under the sampling model at temperature 1
-/// without top-p — the `old_logp` a trainer recomputes for the same weights.
+/// without top-p — the `old_logp` a trainer recomputes for the same weights — and the entropy of that
+/// distribution.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Completion {
     pub tokens: Vec<u32>,
     pub logp: Vec<f32>,
+    /// The entropy of the sampling model's distribution (temperature 1, no top-p) at each token.
+    pub entropy: Vec<f32>,
 }
 
 pub struct Settings {
@@ -51,6 +54,21 @@ pub fn left_pad(prompts: &[Vec<u32>]) -> (Vec<usize>, Vec<u32>, usize) {
         ids.extend_from_slice(p);
     }
     (pads, ids, len)
+}
+
+/// −Σ p log p of one row of log-probabilities (f64 accumulation; a zero probability adds nothing).
+fn entropy(logp: &[f32]) -> f32 {
+    -logp
+        .iter()
+        .map(|&l| {
+            let l = f64::from(l);
+            if l == f64::NEG_INFINITY {
+                0.0
+            } else {
+                l.exp() * l
+            }
+        })
+        .sum::<f64>() as f32
 }
 
 /// Choose a token from `logits` (one row).
@@ -132,6 +150,7 @@ pub fn generate(
         .map(|_| Completion {
             tokens: Vec::new(),
             logp: Vec::new(),
+            entropy: Vec::new(),
         })
         .collect();
     if batch == 0 || settings.max_new_tokens == 0 {
@@ -157,6 +176,7 @@ pub fn generate(
             let token = choose(&logits[r], settings, rng);
             out[r].tokens.push(token);
             out[r].logp.push(logp[r][token as usize]);
+            out[r].entropy.push(entropy(&logp[r]));
             next[r] = token;
             if settings.stop.contains(&token) {
                 done[r] = true;

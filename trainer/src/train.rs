@@ -22,7 +22,7 @@ use rlx_runtime::interp::{Context, Outcome, ALL_FILTERED};
 
 use crate::checkpoint::{self, State};
 use crate::config::Config;
-use crate::model::{attention_mask, log_softmax, Model};
+use crate::model::{attention_mask, Model};
 use crate::op::{Objective, RecipeOp};
 use crate::optim::{AdamW, AdamWParams, Grads};
 use crate::plot::{self, Panel};
@@ -87,6 +87,8 @@ enum Fill {
     OldLogp,
     /// log π_ref of each token under the frozen warm-started model.
     RefLogp,
+    /// The entropy of π_θ at each generated token (differentiable when the input is `policy`).
+    Entropy,
     /// An input the task fills, by name (`score` for the arithmetic task; a text task's signals).
     Signal(String),
     /// The number of tokens of each response.
@@ -100,6 +102,7 @@ fn filled_list(signals: &[String]) -> String {
         "logp (f32[tok] policy)".to_string(),
         "old_logp (f32[tok])".into(),
         "ref_logp (f32[tok])".into(),
+        "entropy (f32[tok], policy or not)".into(),
     ];
     list.extend(signals.iter().map(|s| format!("{s} (f32[resp])")));
     list.push("length (f32[resp])".into());
@@ -118,6 +121,7 @@ fn plan_inputs(graph: &Graph, signals: &[String], any_shape: bool) -> Result<Vec
             ("logp", Level::Tok) if plain && input.differentiable => Some(Fill::Logp),
             ("old_logp", Level::Tok) if plain => Some(Fill::OldLogp),
             ("ref_logp", Level::Tok) if plain => Some(Fill::RefLogp),
+            ("entropy", Level::Tok) if plain => Some(Fill::Entropy),
             (_, level)
                 if signals.iter().any(|s| s == name)
                     && (any_shape || (level == Level::Resp && plain)) =>
@@ -199,9 +203,12 @@ pub fn unused_rollout_settings(rollout: &[RolloutInfo]) -> Vec<String> {
         .collect()
 }
 
-/// log π(token) of each completion token under `model`, packed (responses in order, tokens contiguous),
-/// `[total tokens]`. Differentiable with respect to the model's parameters.
-pub fn completion_logp(
+/// log π(token) and the entropy H(π) of each completion position under `model`, packed (responses in
+/// order, tokens contiguous), `[total tokens, 2]` (column 0 the log-probability, column 1 the entropy).
+/// Differentiable with respect to the model's parameters, through the fused LM head (`head.rs`): only
+/// the completion positions go through the head, in chunks, and the `[positions × vocab]` logits are
+/// never materialised.
+pub fn completion_policy(
     model: &Model,
     prompts: &[Vec<u32>],
     completions: &[Vec<u32>],
@@ -212,26 +219,45 @@ pub fn completion_logp(
     let rows = prompts.len();
     let width = p + longest;
     let mut ids = Vec::with_capacity(rows * width);
-    let mut targets = Vec::with_capacity(rows * longest);
+    let mut targets = Vec::new();
     let mut packed = Vec::new();
     for (r, completion) in completions.iter().enumerate() {
         ids.extend_from_slice(&prompt_ids[r * p..(r + 1) * p]);
         ids.extend_from_slice(completion);
         ids.extend(std::iter::repeat_n(PAD, longest - completion.len()));
         targets.extend_from_slice(completion);
-        targets.extend(std::iter::repeat_n(PAD, longest - completion.len()));
         packed.extend((0..completion.len()).map(|k| (r * longest + k) as u32));
     }
     let ids = Tensor::from_vec(ids, (rows, width), device)?;
     let mask = attention_mask(&pads, 0, width, device)?;
     let hidden = model.hidden(&ids, 0, &mask, None)?;
-    // Position p - 1 + k predicts completion token k.
-    let logits = model.logits(&hidden.narrow(1, p - 1, longest)?)?;
-    let logp = log_softmax(&logits)?;
-    let targets = Tensor::from_vec(targets, (rows, longest, 1), device)?;
-    let chosen = logp.gather(&targets, 2)?.flatten_all()?;
-    let packed = Tensor::from_vec(packed.clone(), packed.len(), device)?;
-    chosen.index_select(&packed, 0)
+    // Position p - 1 + k predicts completion token k; only the real tokens go through the head.
+    let hidden = hidden
+        .narrow(1, p - 1, longest)?
+        .reshape((rows * longest, model.config.hidden))?;
+    let count = packed.len();
+    let packed = Tensor::from_vec(packed, count, device)?;
+    let hidden = hidden.index_select(&packed, 0)?;
+    let targets = Tensor::from_vec(targets, count, device)?;
+    crate::head::fused_logp_entropy(
+        &hidden,
+        model.lm_head(),
+        &targets,
+        crate::head::DEFAULT_BUDGET,
+    )
+}
+
+/// log π(token) of each completion token under `model`, packed, `[total tokens]` (column 0 of
+/// [`completion_policy`]). Differentiable with respect to the model's parameters.
+pub fn completion_logp(
+    model: &Model,
+    prompts: &[Vec<u32>],
+    completions: &[Vec<u32>],
+    device: &Device,
+) -> candle_core::Result<Tensor> {
+    completion_policy(model, prompts, completions, device)?
+        .narrow(1, 0, 1)?
+        .squeeze(1)
 }
 
 /// Greedy accuracy of `model` on `prompts` (`None` when the task is not verifiable).
@@ -379,7 +405,7 @@ pub fn plan_graph(graph: Graph, rollout: Vec<RolloutInfo>, config: &Config) -> R
         let valid = |p: f64| p > 0.0 && p <= 1.0;
         rollout_number(&rollout, "top_p", (valid, "in (0, 1]"))?.unwrap_or(1.0)
     };
-    let task = bound.build(config.sampler.max_new_tokens)?;
+    let task = bound.build(&config.model, config.sampler.max_new_tokens)?;
     // The memory the sizes need, before anything of that size is allocated.
     let (limit, source) = crate::memory::available();
     crate::memory::Estimate::new(
@@ -485,12 +511,18 @@ fn build_samples(
         .iter()
         .flat_map(|c| c.logp.iter().map(|v| *v as f64))
         .collect();
+    // The sampling policy's entropies: the values a first epoch sees (as `logp` = `old_logp`).
+    let entropy: Vec<f64> = completions
+        .iter()
+        .flat_map(|c| c.entropy.iter().map(|v| *v as f64))
+        .collect();
     let inputs: Vec<Vec<f64>> = fills
         .iter()
         .zip(&graph.inputs)
         .map(|(fill, input)| match fill {
             Fill::Logp | Fill::OldLogp => old_logp.clone(),
             Fill::RefLogp => ref_logp.clone().unwrap_or_default(),
+            Fill::Entropy => entropy.clone(),
             Fill::Signal(name) => signal_values
                 .iter()
                 .find(|(n, _)| n == name)
@@ -560,6 +592,14 @@ pub fn loss_and_gradients(
     micro_batch: usize,
     device: &Device,
 ) -> Result<(Outcome, Grads), Error> {
+    // Column 0 of the model's values is log π, column 1 the entropy (filled when the recipe reads it).
+    let graph = objective.graph();
+    let entropy = graph
+        .inputs
+        .iter()
+        .find(|i| i.name == ENTROPY)
+        .map(|i| (i.name.as_str(), i.differentiable));
+    let columns = [Some(logp_input), entropy.map(|(n, _)| n)];
     let responses = rows.len();
     let size = if micro_batch == 0 || micro_batch >= responses {
         responses
@@ -567,69 +607,94 @@ pub fn loss_and_gradients(
         micro_batch
     };
     if size == responses {
-        let logp = completion_logp(policy, rows, tokens, device).map_err(err)?;
-        let op = RecipeOp::new(objective.clone(), batch.clone(), logp_input, context)?;
-        let (loss, outcome) = op.apply(&logp).map_err(err)?;
-        check_outcome(&outcome, logp_input)?;
+        let values = completion_policy(policy, rows, tokens, device).map_err(err)?;
+        let op = RecipeOp::with_columns(objective.clone(), batch.clone(), &columns, context)?;
+        let (loss, outcome) = op.apply(&values).map_err(err)?;
+        check_outcome(&outcome, &columns)?;
         let store = loss.backward().map_err(err)?;
         let grads = Grads::from_store(policy.vars(), &store).map_err(err)?;
         return Ok((outcome, grads));
     }
-    let index = objective
-        .graph()
-        .inputs
-        .iter()
-        .position(|i| i.name == logp_input)
-        .ok_or_else(|| format!("the recipe has no input `{logp_input}`"))?;
-    let mut values = Vec::with_capacity(batch.layout.tokens());
+    let index = |name: &str| {
+        graph
+            .inputs
+            .iter()
+            .position(|i| i.name == name)
+            .ok_or_else(|| format!("the recipe has no input `{name}`"))
+    };
+    let logp_index = index(logp_input)?;
+    let entropy_index = entropy.map(|(n, _)| index(n)).transpose()?;
+    let (mut logp_values, mut entropy_values) = (Vec::new(), Vec::new());
     // Forward only: the view records no backpropagation graph (the same values, bit for bit).
     let view = policy.no_grad();
     for (r, t) in rows.chunks(size).zip(tokens.chunks(size)) {
-        let logp = completion_logp(&view, r, t, device).map_err(err)?;
-        values.extend(
-            logp.to_vec1::<f32>()
-                .map_err(err)?
-                .into_iter()
-                .map(f64::from),
-        );
+        let values = completion_policy(&view, r, t, device)
+            .and_then(|v| v.to_vec2::<f32>())
+            .map_err(err)?;
+        for row in values {
+            logp_values.push(f64::from(row[0]));
+            entropy_values.push(f64::from(row[1]));
+        }
     }
     let mut whole = batch.clone();
-    whole.inputs[index] = values;
+    whole.inputs[logp_index] = logp_values;
+    if let Some(e) = entropy_index {
+        whole.inputs[e] = entropy_values;
+    }
     let outcome = objective
         .run(&whole, &context)
         .map_err(|e| format!("recipe: {e}"))?;
-    check_outcome(&outcome, logp_input)?;
-    let gradient: Vec<f32> = outcome
-        .gradients
-        .iter()
-        .find(|(n, _)| n == logp_input)
-        .map(|(_, g)| g.iter().map(|v| *v as f32).collect())
-        .ok_or_else(|| format!("the recipe gives no gradient for `{logp_input}`"))?;
+    check_outcome(&outcome, &columns)?;
+    let gradient_of = |name: &str| -> Result<Vec<f32>, Error> {
+        outcome
+            .gradients
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, g)| g.iter().map(|v| *v as f32).collect())
+            .ok_or_else(|| format!("the recipe gives no gradient for `{name}`"))
+    };
+    let logp_gradient = gradient_of(logp_input)?;
+    let entropy_gradient = match entropy {
+        Some((name, true)) => Some(gradient_of(name)?),
+        _ => None,
+    };
     let mut grads = Grads::default();
     let mut offset = 0;
     for (r, t) in rows.chunks(size).zip(tokens.chunks(size)) {
-        let logp = completion_logp(policy, r, t, device).map_err(err)?;
-        let count = logp.elem_count();
-        let g =
-            Tensor::from_slice(&gradient[offset..offset + count], count, device).map_err(err)?;
+        let values = completion_policy(policy, r, t, device).map_err(err)?;
+        let count = values.dim(0).map_err(err)?;
+        // Σ logp·∂loss/∂logp + H·∂loss/∂H over the micro-batch, with the whole batch's gradients.
+        let mut weights = vec![0f32; 2 * count];
+        for k in 0..count {
+            weights[2 * k] = logp_gradient[offset + k];
+            if let Some(g) = &entropy_gradient {
+                weights[2 * k + 1] = g[offset + k];
+            }
+        }
         offset += count;
-        let surrogate = (logp * g).and_then(|x| x.sum_all()).map_err(err)?;
+        let weights = Tensor::from_vec(weights, (count, 2), device).map_err(err)?;
+        let surrogate = (values * weights).and_then(|x| x.sum_all()).map_err(err)?;
         let store = surrogate.backward().map_err(err)?;
         grads.accumulate(policy.vars(), &store).map_err(err)?;
     }
     Ok((outcome, grads))
 }
 
-/// The loss and ∂loss/∂logp must be finite; an error says which is not.
-fn check_outcome(outcome: &Outcome, logp_input: &str) -> Result<(), Error> {
+/// The name of the recipe input the trainer fills with the policy's per-token entropy.
+pub const ENTROPY: &str = "entropy";
+
+/// The loss and the gradients of the model's inputs must be finite; an error says which is not.
+fn check_outcome(outcome: &Outcome, columns: &[Option<&str>]) -> Result<(), Error> {
     if let Some(loss) = outcome.loss {
         if !loss.is_finite() {
             return Err(format!("the loss is {loss}"));
         }
     }
-    if let Some((_, g)) = outcome.gradients.iter().find(|(n, _)| n == logp_input) {
-        if let Some((k, v)) = g.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-            return Err(format!("∂loss/∂{logp_input} is {v} at token {k}"));
+    for name in columns.iter().flatten() {
+        if let Some((_, g)) = outcome.gradients.iter().find(|(n, _)| n == name) {
+            if let Some((k, v)) = g.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+                return Err(format!("∂loss/∂{name} is {v} at token {k}"));
+            }
         }
     }
     Ok(())
@@ -647,6 +712,13 @@ fn mean(values: &[f64]) -> f64 {
 pub const TIMING_KEYS: [&str; 3] = ["sample_tokens_per_s", "train_tokens_per_s", "step_time_s"];
 
 /// Run the whole job: warm start, then `config.steps` RL steps; metrics go to `out/metrics.jsonl`.
+fn describe_base(base: Option<&checkpoint::BaseModel>) -> String {
+    match base {
+        None => "(none: every weight trained)".into(),
+        Some(b) => format!("{} (sha256 {})", b.path, b.sha256),
+    }
+}
+
 pub fn run(
     plan: Plan,
     config: &Config,
@@ -703,6 +775,7 @@ pub fn run_with(
     let task = plan.task;
     let max_new = config.sampler.max_new_tokens;
     let policy = config.model.build(config.seed, &device)?;
+    let base = checkpoint::base_model(&config.model)?;
     let eval = task.eval_prompts(config.seed)?;
     let uses_reference = plan.fills.contains(&Fill::RefLogp);
     let kl_monitor = if uses_reference {
@@ -744,6 +817,14 @@ pub fn run_with(
                     dir.display(),
                     state.step,
                     config.steps
+                ));
+            }
+            if state.base != base {
+                return Err(format!(
+                    "--resume {}: the checkpoint's base model {} differs from this run's {} (a LoRA checkpoint holds only the adapters; resume with the base it was trained on)",
+                    dir.display(),
+                    describe_base(state.base.as_ref()),
+                    describe_base(base.as_ref())
                 ));
             }
             checkpoint::restore_weights(&policy, &loaded.dir, "model.safetensors")?;
@@ -850,6 +931,7 @@ pub fn run_with(
             rewards: rewards.to_vec(),
             params: params.clone(),
             has_reference: reference.is_some(),
+            base: base.clone(),
         };
         checkpoint::save(
             out,

@@ -11,7 +11,7 @@ use rlx_runtime::interp::Context;
 use rlx_trainer::cli::{prepare, RunArgs};
 use rlx_trainer::model::{Model, ModelConfig};
 use rlx_trainer::op::{Objective, RecipeOp};
-use rlx_trainer::train::{completion_logp, loss_and_gradients};
+use rlx_trainer::train::{completion_logp, completion_policy, loss_and_gradients};
 
 fn recipe(path: &str) -> rlx_compiler::hir::Recipe {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -31,6 +31,10 @@ fn tiny() -> ModelConfig {
         rms_eps: 1e-5,
         max_positions: 32,
         init_std: 0.3,
+        head_dim: None,
+        attention_bias: false,
+        qk_norm: false,
+        rope_scaling: None,
     }
 }
 
@@ -180,11 +184,11 @@ fn every_weight_gets_a_gradient_that_finite_differences_confirm() {
     }
     // Central differences on the largest-gradient element of a few weights.
     for wanted in [
-        "embed",
-        "layers.0.q",
-        "layers.1.attn_norm",
-        "layers.1.down",
-        "lm_head",
+        "model.embed_tokens.weight",
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.1.input_layernorm.weight",
+        "model.layers.1.mlp.down_proj.weight",
+        "lm_head.weight",
     ] {
         let (_, var) = model.vars().iter().find(|(n, _)| n == wanted).unwrap();
         let g: Vec<f32> = grads
@@ -665,5 +669,113 @@ fn dynamic_sampling_refills_the_batch_with_kept_groups() {
     let once = run("once", "1");
     for line in &once {
         assert!(!line.contains_key("sampling/rounds"), "{line:?}");
+    }
+}
+
+/// `input entropy : f32[tok] policy` trains for real: the entropy bonus's share of the gradient (the
+/// gradient at `entropy_coeff = c` minus the one at 0) equals the gradient of −c·mean(H) computed with
+/// plain candle ops on the full logits, and micro-batching gives the whole batch's gradient.
+#[test]
+fn the_entropy_input_is_differentiated_through_the_head() {
+    let device = Device::Cpu;
+    let model = Model::new(&tiny(), 13, &device).unwrap();
+    let (prompts, completions, groups) = rollouts();
+    let scores = [1.0, 0.0, 0.0, 1.0, 1.0, 0.0];
+    let hir = recipe("trainer/tests/data/grpo_entropy.rlx");
+    let lengths: Vec<usize> = completions.iter().map(Vec::len).collect();
+    let total: usize = lengths.iter().sum();
+    let values = completion_policy(&model, &prompts, &completions, &device)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    let gradients = |coeff: f64, micro: usize| {
+        let graph = rlx_compiler::compile_graph(&hir, &[("entropy_coeff".into(), coeff)]).unwrap();
+        let layout = Layout::from_counts(&groups, &lengths, &[], 0).unwrap();
+        let inputs = graph
+            .inputs
+            .iter()
+            .map(|i| match i.name.as_str() {
+                "score" => scores.to_vec(),
+                "entropy" => values.iter().map(|v| f64::from(v[1])).collect(),
+                _ => values.iter().map(|v| f64::from(v[0])).collect(),
+            })
+            .collect();
+        let objective = Arc::new(Objective::interpreter(graph));
+        let (_, grads) = loss_and_gradients(
+            &model,
+            &objective,
+            &Batch { layout, inputs },
+            "logp",
+            Context::default(),
+            &prompts,
+            &completions,
+            micro,
+            &device,
+        )
+        .unwrap();
+        grads
+    };
+    let c = 0.5;
+    let with = gradients(c, 0);
+    let without = gradients(0.0, 0);
+    let micro = gradients(c, 2);
+
+    // −c·mean(H) with the full logits: H = −Σ p log p at every completion position.
+    let (pads, ids, p) = rlx_trainer::sample::left_pad(&prompts);
+    let longest = *lengths.iter().max().unwrap();
+    let mut rows = Vec::new();
+    for (r, completion) in completions.iter().enumerate() {
+        let mut row = ids[r * p..(r + 1) * p].to_vec();
+        row.extend_from_slice(completion);
+        row.resize(p + longest, 0);
+        rows.extend(row);
+    }
+    let ids = Tensor::from_vec(rows, (prompts.len(), p + longest), &device).unwrap();
+    let logits = model.forward(&ids, &pads).unwrap();
+    let logp = rlx_trainer::model::log_softmax(&logits).unwrap();
+    let entropy = (logp.exp().unwrap() * &logp)
+        .unwrap()
+        .sum(2)
+        .unwrap()
+        .neg()
+        .unwrap();
+    let mut mask = vec![0f32; prompts.len() * (p + longest)];
+    for (r, l) in lengths.iter().enumerate() {
+        for k in 0..*l {
+            mask[r * (p + longest) + p - 1 + k] = 1.0;
+        }
+    }
+    let mask = Tensor::from_vec(mask, (prompts.len(), p + longest), &device).unwrap();
+    let plain = ((entropy * mask).unwrap().sum_all().unwrap() * (-c / total as f64)).unwrap();
+    let plain = plain.backward().unwrap();
+
+    for (k, (name, var)) in model.vars().iter().enumerate() {
+        let theirs: Vec<f32> = plain
+            .get(var.as_tensor())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let (a, b) = (
+            with.values[k].as_ref().unwrap(),
+            without.values[k].as_ref().unwrap(),
+        );
+        let scale = theirs.iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert!(scale > 0.0, "{name}: the entropy term does not reach it");
+        for (i, t) in theirs.iter().enumerate() {
+            let ours = a[i] - b[i];
+            assert!(
+                (ours - t).abs() <= 1e-4 * scale.max(1e-3),
+                "{name}[{i}]: entropy gradient {ours} vs plain candle {t} (scale {scale})"
+            );
+        }
+        let m = micro.values[k].as_ref().unwrap();
+        let diff = a.iter().zip(m).fold(0f32, |d, (x, y)| d.max((x - y).abs()));
+        let full = a.iter().fold(0f32, |d, x| d.max(x.abs()));
+        assert!(
+            diff <= 1e-5 * full.max(1.0),
+            "{name}: micro-batch differs by {diff}"
+        );
     }
 }
