@@ -612,3 +612,40 @@ fn a_pass_past_the_jits_register_bound_falls_back_to_the_interpreter() {
         "{last}"
     );
 }
+
+/// A rollout file past `RLX_MAX_ROLLOUT_BYTES` is refused before it is read whole (the bound and the
+/// variable named); at the bound it is scored; a bad value of the variable is an error, not a guess.
+#[test]
+fn rollout_files_are_read_up_to_a_bound() {
+    let file = "tests/data/grpo_fixture.jsonl";
+    let size = std::fs::metadata(root().join(file)).unwrap().len();
+    let score = |bound: &str| {
+        Command::new(env!("CARGO_BIN_EXE_rlx"))
+            .args(["score", "recipes/grpo.rlx", "--rollouts", file])
+            .env("RLX_MAX_ROLLOUT_BYTES", bound)
+            .current_dir(root())
+            .output()
+            .expect("rlx runs")
+    };
+    let over = score(&(size - 1).to_string());
+    let stderr = String::from_utf8_lossy(&over.stderr);
+    assert_eq!(over.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("larger than {} bytes", size - 1))
+            && stderr.contains("RLX_MAX_ROLLOUT_BYTES"),
+        "{stderr}"
+    );
+    let at = score(&size.to_string());
+    assert!(
+        at.status.success(),
+        "{}",
+        String::from_utf8_lossy(&at.stderr)
+    );
+    let bad = score("lots");
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("RLX_MAX_ROLLOUT_BYTES = \"lots\" is not a positive number"),
+        "{stderr}"
+    );
+}

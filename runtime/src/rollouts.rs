@@ -334,9 +334,43 @@ pub fn decode(bytes: &[u8]) -> Result<&str, RolloutError> {
     })
 }
 
-/// Read the rollout file at `path` ([`decode`]); the error names the file.
+/// The largest rollout file read by default (4 GiB): the packed batch it becomes is held in memory
+/// whole, so a larger file is refused up front instead of exhausting memory. `RLX_MAX_ROLLOUT_BYTES`
+/// sets another bound.
+pub const MAX_ROLLOUT_BYTES: u64 = 4 << 30;
+
+/// The bound in force: `RLX_MAX_ROLLOUT_BYTES` (bytes) when set, else [`MAX_ROLLOUT_BYTES`].
+pub fn max_rollout_bytes() -> Result<u64, String> {
+    match std::env::var("RLX_MAX_ROLLOUT_BYTES") {
+        Err(_) => Ok(MAX_ROLLOUT_BYTES),
+        Ok(text) => text
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| {
+                format!("RLX_MAX_ROLLOUT_BYTES = {text:?} is not a positive number of bytes")
+            }),
+    }
+}
+
+/// Read the rollout file at `path` ([`decode`]), at most [`max_rollout_bytes`]; the error names the
+/// file.
 pub fn read_file(path: &std::path::Path) -> Result<String, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let limit = max_rollout_bytes()?;
+    // Any readable file, a pipe too (`--rollouts <(dump.py)`), read up to one byte past the bound.
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|file| {
+            std::io::Read::read_to_end(&mut std::io::Read::take(file, limit + 1), &mut bytes)
+        })
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if bytes.len() as u64 > limit {
+        return Err(format!(
+            "{}: larger than {limit} bytes, the bound on a rollout file (RLX_MAX_ROLLOUT_BYTES sets another)",
+            path.display()
+        ));
+    }
     decode(&bytes)
         .map(str::to_string)
         .map_err(|e| format!("{}: {e}", path.display()))
