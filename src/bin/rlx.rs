@@ -82,6 +82,11 @@ enum Command {
         /// time. Needs an rlx built with `--features cuda` (docs/gpu.md).
         #[arg(long, default_value = "cpu", value_parser = parse_device)]
         device: Device,
+        /// When the run completes, also write its final policy as a Hugging Face checkpoint folder here
+        /// (what `rlx export OUT --hf DIR` writes: LoRA adapters merged). DIR must not exist or be
+        /// empty; it is checked before the run starts.
+        #[arg(long, value_name = "DIR")]
+        export_hf: Option<PathBuf>,
     },
     /// Write a run's checkpointed policy as a Hugging Face checkpoint folder (config.json,
     /// model.safetensors with HF tensor names, the tokenizer files and chat template,
@@ -267,11 +272,22 @@ fn main() -> ExitCode {
             out,
             resume,
             device,
+            export_hf,
         } => {
             let gpu = match device {
                 Device::Cpu => None,
                 Device::Cuda(n) => Some(n),
             };
+            if let Some(dir) = &export_hf {
+                let empty = std::fs::read_dir(dir).map(|mut d| d.next().is_none());
+                if dir.exists() && !matches!(empty, Ok(true)) {
+                    eprintln!(
+                        "error: --export-hf {}: exists and is not an empty directory (an export does not overwrite files)",
+                        dir.display()
+                    );
+                    return ExitCode::from(2);
+                }
+            }
             run(
                 &recipe,
                 config.as_deref(),
@@ -281,6 +297,7 @@ fn main() -> ExitCode {
                 out,
                 resume,
                 gpu,
+                export_hf.as_deref(),
             )
         }
         Command::Bench {
@@ -393,6 +410,7 @@ fn run(
     out: Option<PathBuf>,
     resume: Option<PathBuf>,
     gpu: Option<usize>,
+    export_hf: Option<&Path>,
 ) -> ExitCode {
     let (hir, artifact);
     // The files the run directory records (with their sha256): the one given, then its imports.
@@ -492,6 +510,24 @@ fn run(
                 summary.train_tokens_per_s,
                 summary.out.join("metrics.jsonl").display()
             );
+            if let Some(dir) = export_hf {
+                match rlx_trainer::export::export_run(&summary.out, dir, false) {
+                    Ok(done) => {
+                        for note in &done.notes {
+                            eprintln!("note: {note}");
+                        }
+                        eprintln!(
+                            "rlx run: wrote the final policy to {} in {:.1}s",
+                            dir.display(),
+                            done.seconds
+                        );
+                    }
+                    Err(message) => {
+                        eprintln!("error: --export-hf: {message}");
+                        return ExitCode::from(1);
+                    }
+                }
+            }
             ExitCode::SUCCESS
         }
         Err(message) => {
