@@ -48,11 +48,10 @@ use crate::ir::{Feature, Graph, Level, NodeId, Op, Shape, Value};
 /// The most variables one pass function may declare. Each register accumulator, count and scan carry is
 /// a cranelift variable, which can become a parameter of every loop header it is live across, and
 /// cranelift numbers a block's parameters with 16 bits (past 65,535 a debug assertion fires, and a
-/// release build would wrap the index). Compile time also grows faster than linearly with the values
-/// live in one loop (measured in the dev profile: 1,000 metrics of one pass 18.6 s, 2,000 metrics 104 s,
-/// `rlx score` of a generated recipe), so the bound is set well below cranelift's: a pass past it (a
-/// recipe with some 4,000 metrics in one loop) is refused with an error, and `rlx score` then runs the
-/// interpreter, which is linear.
+/// release build would wrap the index). The plan splits a loop into passes of at most
+/// `plan::MAX_PASS_ACTIONS` actions (which also keeps compile time linear in the recipe), so a pass
+/// declares a few hundred variables at most; this bound is the guard behind that rule: a pass past it
+/// is refused with an error, and `rlx score` then runs the interpreter.
 const MAX_PASS_VARIABLES: usize = 16_384;
 
 /// An upper bound on the variables `pass`'s function declares: an accumulator (and its count) or a scan
