@@ -647,7 +647,7 @@ impl<'g> Evaluator<'g> {
                         Box::new(tokens.iter())
                     };
                     for &t in order {
-                        carry = x[t] + decay[decay_map[t]] * carry;
+                        carry = x[t] + scan_carry(decay[decay_map[t]], carry);
                         out[t] = carry;
                     }
                 }
@@ -710,5 +710,16 @@ impl<'g> Evaluator<'g> {
             Some(Feature::Rubric { len, .. }) => *len as usize,
             _ => 1,
         }
+    }
+}
+
+/// `decay · carry` of a scan step, 0 when the carry is 0: the first step has no carry, and a zero
+/// adjoint stays zero through the adjoint scan, whatever the decay (an infinite decay in a branch
+/// `where` discards gives 0, not inf · 0 = NaN). The JIT and the CUDA kernels do the same.
+pub fn scan_carry(decay: f64, carry: f64) -> f64 {
+    if carry == 0.0 {
+        0.0
+    } else {
+        decay * carry
     }
 }

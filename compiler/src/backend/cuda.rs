@@ -870,7 +870,7 @@ impl Gen<'_> {
                     ..
                 } if *d == depth => {
                     self.line(&format!(
-                        "s{position} = v{} + v{} * s{position};",
+                        "s{position} = v{} + (s{position} == (rlx_acc)0 ? (rlx_acc)0 : v{} * s{position});",
                         x.0, decay.0
                     ));
                     let t = self.coord("t")?;

@@ -1470,7 +1470,11 @@ impl Gen<'_, '_> {
                         .value;
                     let (x, decay) = (self.value(*x)?, self.value(*decay)?);
                     let previous = self.b.use_var(carry);
-                    let decayed = self.b.ins().fmul(decay, previous);
+                    // decay · carry, 0 for a zero carry (the interpreter's `scan_carry`).
+                    let product = self.b.ins().fmul(decay, previous);
+                    let zero = self.fconst(0.0);
+                    let empty = self.b.ins().fcmp(FloatCC::Equal, previous, zero);
+                    let decayed = self.b.ins().select(empty, zero, product);
                     let next = self.b.ins().fadd(x, decayed);
                     self.b.def_var(carry, next);
                     let t = self.coordinate(self.c.t, "token")?;

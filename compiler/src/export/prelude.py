@@ -374,18 +374,23 @@ def _shift(L, x, offset, fill):
 
 def _scan(L, x, decay, reverse):
     """y_t = x_t + decay·y_{t-1} along each response (from the end when reversed), as a log-depth
-    parallel prefix: no loop over tokens."""
+    parallel prefix: no loop over tokens. A zero carry contributes 0 whatever the decay."""
     x = _compact(L, x)
     x = torch.where(torch.arange(L.T, device=L.device)[None, :] < L.length_long[:, None], x, 0.0)
     a = _compact(L, decay).detach()
     y, step = x, 1
     while step < L.T:
         if reverse:
-            y = y + a * F.pad(y, (0, step))[:, step:]
-            a = a * F.pad(a, (0, step), value=1.0)[:, step:]
+            carry = F.pad(y, (0, step))[:, step:]
+            a_next = a * F.pad(a, (0, step), value=1.0)[:, step:]
         else:
-            y = y + a * F.pad(y, (step, 0))[:, : L.T]
-            a = a * F.pad(a, (step, 0), value=1.0)[:, : L.T]
+            carry = F.pad(y, (step, 0))[:, : L.T]
+            a_next = a * F.pad(a, (step, 0), value=1.0)[:, : L.T]
+        # decay·carry, 0 for a zero carry whatever the decay (rlx's scan: an infinite decay times no
+        # carry is 0, not NaN). Only a non-finite decay is replaced, so a finite one keeps its gradient.
+        a = torch.where((carry == 0) & ~torch.isfinite(a), torch.zeros_like(a), a)
+        y = y + a * carry
+        a = a_next
         step *= 2
     return _fill_tok(L, _uncompact(L, y))
 
