@@ -279,12 +279,8 @@ fn main() -> ExitCode {
                 Device::Cuda(n) => Some(n),
             };
             if let Some(dir) = &export_hf {
-                let empty = std::fs::read_dir(dir).map(|mut d| d.next().is_none());
-                if dir.exists() && !matches!(empty, Ok(true)) {
-                    eprintln!(
-                        "error: --export-hf {}: exists and is not an empty directory (an export does not overwrite files)",
-                        dir.display()
-                    );
+                if let Err(message) = rlx_trainer::hf::check_output_dir(dir) {
+                    eprintln!("error: --export-hf {message}");
                     return ExitCode::from(2);
                 }
             }

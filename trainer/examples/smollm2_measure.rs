@@ -111,6 +111,7 @@ fn main() -> candle_core::Result<()> {
         top_p: 1.0,
         max_new_tokens: 64,
         stop: Vec::new(),
+        entropy: false,
     };
     let mut rng = Rng::new(1);
     let t = Instant::now();
@@ -161,6 +162,7 @@ fn main() -> candle_core::Result<()> {
             top_p: 1.0,
             max_new_tokens: 64,
             stop: tok.stop_ids().to_vec(),
+            entropy: false,
         };
         let out = generate(&policy, &prompts, 4, &settings, &mut rng, &device)?;
         let t_sample = t0.elapsed().as_secs_f64();

@@ -194,7 +194,7 @@ pub fn locate(dir: &Path) -> Result<PathBuf, String> {
         }
     }
     Err(format!(
-        "--resume {}: no checkpoint there (expected {}; `rlx run` writes one every train.checkpoint_every steps and at the end)",
+        "{}: no checkpoint there (expected {}; `rlx run` writes one every train.checkpoint_every steps and at the end)",
         dir.display(),
         dir.join("checkpoint").join("state.json").display()
     ))

@@ -142,6 +142,7 @@ pub fn prepare<'a>(source: impl Into<Source<'a>>, args: &RunArgs) -> Result<Prep
                     "--resume continues with the checkpoint's config; {flag} cannot change it (only --steps and the recipe's params, which must match, may be given)"
                 ));
             }
+            checkpoint::locate(dir).map_err(|e| format!("--resume {e}"))?;
             Some(checkpoint::load(dir)?)
         }
     };

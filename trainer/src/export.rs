@@ -27,11 +27,8 @@ pub struct Exported {
 /// Export the checkpoint of `run` (a run directory or its `checkpoint/`) to the new folder `out`.
 pub fn export_run(run: &Path, out: &Path, adapter: bool) -> Result<Exported, String> {
     let start = Instant::now();
-    // `checkpoint::load` words its errors for --resume; here the directory is the export's source.
-    let loaded = checkpoint::load(run).map_err(|e| match e.strip_prefix("--resume ") {
-        Some(rest) => format!("rlx export {rest}"),
-        None => e,
-    })?;
+    checkpoint::locate(run).map_err(|e| format!("rlx export {e}"))?;
+    let loaded = checkpoint::load(run)?;
     let config = Config::parse(&loaded.config_text, &[])
         .map_err(|e| format!("{}: config.toml: {e}", loaded.dir.display()))?;
     let base = checkpoint::base_model(&config.model)?;

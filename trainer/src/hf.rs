@@ -89,7 +89,7 @@ pub fn read_json(path: &Path) -> Result<Value, String> {
 
 /// Keys of config.json that do not change the forward pass: metadata, training-time or generation
 /// settings that the tokenizer and generation files also carry, and transformers' runtime switches.
-const METADATA_KEYS: [&str; 17] = [
+const METADATA_KEYS: [&str; 15] = [
     "_name_or_path",
     "transformers_version",
     "torch_dtype",
@@ -105,8 +105,6 @@ const METADATA_KEYS: [&str; 17] = [
     "return_dict",
     "is_decoder",
     "_attn_implementation_autoset",
-    "tie_word_embeddings",
-    "architectures",
 ];
 
 fn usize_key(
@@ -302,7 +300,9 @@ pub fn read_config(dir: &Path) -> Result<HfConfig, String> {
 
     // Keys that must hold the value rlx implements.
     let mut understood: Vec<&str> = vec![
+        "architectures",
         "model_type",
+        "tie_word_embeddings",
         "vocab_size",
         "hidden_size",
         "num_hidden_layers",
@@ -398,10 +398,8 @@ pub fn read_config(dir: &Path) -> Result<HfConfig, String> {
     };
     let (rope_theta, rope_scaling) = rope(&path, &config)?;
     let tied = match config.get("tie_word_embeddings") {
-        None => match architecture {
-            // transformers' defaults of each config class.
-            Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3 => false,
-        },
+        // transformers' default for LlamaConfig, Qwen2Config and Qwen3Config.
+        None => false,
         Some(Value::Bool(b)) => *b,
         Some(v) => {
             return Err(err(
@@ -671,12 +669,12 @@ impl TokenIds {
 }
 
 /// The architecture of `model` for an export: Qwen3 with q/k norms, Qwen2 with biases, else Llama.
-pub fn architecture_of(model: &Model) -> Result<Architecture, String> {
+pub fn architecture_of(model: &Model) -> Architecture {
     let c = &model.config;
     match (c.qk_norm, c.attention_bias) {
-        (true, _) => Ok(Architecture::Qwen3),
-        (false, true) => Ok(Architecture::Qwen2),
-        (false, false) => Ok(Architecture::Llama),
+        (true, _) => Architecture::Qwen3,
+        (false, true) => Architecture::Qwen2,
+        (false, false) => Architecture::Llama,
     }
 }
 
@@ -701,18 +699,21 @@ fn save_safetensors(path: &Path, tensors: Vec<(String, Tensor)>) -> Result<(), S
 
 /// Create `out` (it must not exist, or be an empty directory: an export never overwrites files).
 fn fresh_dir(out: &Path) -> Result<(), String> {
-    if out.exists() {
-        let empty = std::fs::read_dir(out)
-            .map(|mut d| d.next().is_none())
-            .unwrap_or(false);
-        if !empty {
-            return Err(format!(
-                "{}: exists and is not an empty directory (an export does not overwrite files)",
-                out.display()
-            ));
-        }
-    }
+    check_output_dir(out)?;
     std::fs::create_dir_all(out).map_err(|e| err(out, e))
+}
+
+/// Whether `out` may receive an export: absent or an empty directory (checked again by the export
+/// itself; `rlx run --export-hf` checks it before a run starts).
+pub fn check_output_dir(out: &Path) -> Result<(), String> {
+    let empty = std::fs::read_dir(out).is_ok_and(|mut d| d.next().is_none());
+    if out.exists() && !empty {
+        return Err(format!(
+            "{}: exists and is not an empty directory (an export does not overwrite files)",
+            out.display()
+        ));
+    }
+    Ok(())
 }
 
 /// Write `model` (LoRA adapters merged) as a Hugging Face checkpoint folder `out`: config.json,
@@ -725,7 +726,7 @@ pub fn save(
     out: &Path,
     tokenizer: Option<&crate::tokenizer::ChatTokenizer>,
 ) -> Result<(), String> {
-    let architecture = architecture_of(model)?;
+    let architecture = architecture_of(model);
     fresh_dir(out)?;
     write_json(
         &out.join("config.json"),

@@ -30,7 +30,8 @@ pub struct SamplerConfig {
 pub struct Completion {
     pub tokens: Vec<u32>,
     pub logp: Vec<f32>,
-    /// The entropy of the sampling model's distribution (temperature 1, no top-p) at each token.
+    /// The entropy of the sampling model's distribution (temperature 1, no top-p) at each token, when
+    /// [`Settings::entropy`] asks for it (else empty).
     pub entropy: Vec<f32>,
 }
 
@@ -41,6 +42,9 @@ pub struct Settings {
     /// The stop tokens: a row ends at the first token it produces that is one of these (kept as its
     /// last token); empty = only `max_new_tokens` ends a row.
     pub stop: Vec<u32>,
+    /// Also record each token's entropy ([`Completion::entropy`]; a pass over the vocabulary per
+    /// token, so only when a recipe reads `entropy`). Without it `entropy` stays empty.
+    pub entropy: bool,
 }
 
 /// Left padding of each prompt to the longest, and the padded `[rows, len]` ids.
@@ -176,7 +180,9 @@ pub fn generate(
             let token = choose(&logits[r], settings, rng);
             out[r].tokens.push(token);
             out[r].logp.push(logp[r][token as usize]);
-            out[r].entropy.push(entropy(&logp[r]));
+            if settings.entropy {
+                out[r].entropy.push(entropy(&logp[r]));
+            }
             next[r] = token;
             if settings.stop.contains(&token) {
                 done[r] = true;

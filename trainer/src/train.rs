@@ -276,6 +276,7 @@ pub fn accuracy(
         top_p: 1.0,
         max_new_tokens,
         stop: task.stop_tokens(),
+        entropy: false,
     };
     let mut rng = Rng::new(0);
     let mut correct = 0.0;
@@ -744,7 +745,7 @@ pub fn run_with(
     // files of another run and this one does not resume the checkpoint in it.
     let resumed_here = match &options.resume {
         Some(dir) => {
-            let checkpoint = checkpoint::locate(dir)?;
+            let checkpoint = checkpoint::locate(dir).map_err(|e| format!("--resume {e}"))?;
             same_directory(checkpoint.parent(), out)
         }
         None => false,
@@ -906,6 +907,8 @@ pub fn run_with(
         top_p: plan.top_p,
         max_new_tokens: max_new,
         stop: task.stop_tokens(),
+        // The sampler's entropies fill `entropy` for the first evaluation.
+        entropy: plan.fills.contains(&Fill::Entropy),
     };
     let n = plan.group_size;
     let (mut sample_tokens, mut sample_time) = (0usize, 0f64);

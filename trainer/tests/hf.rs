@@ -231,6 +231,7 @@ fn against_transformers(arch: &'static str) {
         top_p: 1.0,
         max_new_tokens: max_new,
         stop: Vec::new(),
+        entropy: false,
     };
     let greedy = generate(
         &model,
@@ -557,6 +558,7 @@ fn smollm2_from_an_hf_folder_is_the_gguf_model() {
         top_p: 1.0,
         max_new_tokens: 16,
         stop: tokenizer.stop_ids().to_vec(),
+        entropy: false,
     };
     let greedy = |m: &Model| {
         generate(

@@ -144,6 +144,7 @@ fn greedy(stop: Vec<u32>, max_new_tokens: usize) -> Settings {
         top_p: 1.0,
         max_new_tokens,
         stop,
+        entropy: false,
     }
 }
 
@@ -254,6 +255,7 @@ fn sampled_rows_end_at_their_first_stop_id_or_the_length_limit() {
         top_p: 1.0,
         max_new_tokens: 10,
         stop: vec![4, 15, 20],
+        entropy: false,
     };
     let out = generate(
         &model,

@@ -434,6 +434,7 @@ fn smollm2_greedy_answer_names_paris_and_is_batch_invariant() {
         top_p: 1.0,
         max_new_tokens: 24,
         stop: tok.stop_ids().to_vec(),
+        entropy: false,
     };
     let question = tok.chat_ids("What is the capital of France?").unwrap();
     // A longer second prompt: the first is left-padded in the batch.

@@ -779,3 +779,21 @@ fn the_entropy_input_is_differentiated_through_the_head() {
         );
     }
 }
+
+/// A run of a recipe that reads `entropy`: the sampler records the entropies (Settings::entropy is
+/// set from the recipe's inputs), so the first evaluation sees them, and every step's entropy metric
+/// is a positive, finite number.
+#[test]
+fn a_run_fills_the_entropy_input() {
+    let out = out_dir("entropy");
+    let mut run_args = args(&["steps=3", "sft.steps=5", "task.eval_questions=8"]);
+    run_args.out = Some(out.clone());
+    let prepared = prepare(&recipe("trainer/tests/data/grpo_entropy.rlx"), &run_args).unwrap();
+    rlx_trainer::train::run(prepared.plan, &prepared.config, &prepared.out, |_| {}).unwrap();
+    let lines = metrics(&out);
+    assert_eq!(lines.len(), 3);
+    for line in &lines {
+        let h = line["recipe/entropy_mean"].as_f64().unwrap();
+        assert!(h.is_finite() && h > 0.0, "{line:?}");
+    }
+}
