@@ -3,6 +3,7 @@
 //! a candle custom op, and the training loop.
 
 pub mod assets;
+pub mod attention;
 pub mod chat_template;
 pub mod checkpoint;
 pub mod cli;
