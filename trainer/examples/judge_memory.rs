@@ -13,7 +13,6 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 use rlx_trainer::gguf::load_smollm2;
 use rlx_trainer::judge::{self, YesNo};
-use rlx_trainer::model::attention_mask;
 use rlx_trainer::sample::left_pad;
 
 /// A field of /proc/self/status in GiB (VmHWM: peak resident set size; VmRSS: current).
@@ -78,8 +77,7 @@ fn main() -> Result<(), String> {
             let (pads, ids, len) = left_pad(&prompts);
             let run = || -> candle_core::Result<Vec<f64>> {
                 let ids = Tensor::from_vec(ids, (prompts.len(), len), &device)?;
-                let mask = attention_mask(&pads, 0, len, &device)?;
-                let hidden = model.hidden(&ids, 0, &mask, None)?;
+                let hidden = model.hidden(&ids, 0, &pads, None)?;
                 let last = hidden.narrow(1, len - 1, 1)?.squeeze(1)?;
                 let logits = model.logits(&last)?;
                 assert!(logits.track_op());

@@ -39,7 +39,6 @@
 //! that share a key/value head go together: their dot products with each key row in turn (the keys are
 //! read once, in order), then P·v one row at a time, 64 columns wide (v's rows read whole, in order).
 
-use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Shape, Storage, Tensor};
 use rayon::prelude::*;
 
@@ -236,16 +235,7 @@ fn cpu_f32<'a>(
     storage: &'a CpuStorage,
     layout: &Layout,
 ) -> candle_core::Result<&'a [f32]> {
-    let CpuStorage::F32(data) = storage else {
-        bail!(
-            "causal-attention: {what} must be f32, got {:?}",
-            storage.dtype()
-        )
-    };
-    match layout.contiguous_offsets() {
-        Some((start, end)) => Ok(&data[start..end]),
-        None => bail!("causal-attention: {what} must be contiguous"),
-    }
+    crate::fused::cpu_f32(&format!("causal-attention: {what}"), storage, layout)
 }
 
 /// The forward op (its backward is [`CausalAttentionBackward`]).

@@ -14,7 +14,7 @@
 
 use candle_core::{Device, Result, Tensor};
 
-use crate::model::{attention_mask, Model};
+use crate::model::Model;
 use crate::sample::left_pad;
 use crate::tokenizer::{ChatTokenizer, Message};
 
@@ -103,8 +103,7 @@ pub fn p_yes(
             .collect::<Result<_>>()?;
         let (pads, ids, len) = left_pad(&prompts);
         let ids = Tensor::from_vec(ids, (prompts.len(), len), device)?;
-        let mask = attention_mask(&pads, 0, len, device)?;
-        let hidden = model.hidden(&ids, 0, &mask, None)?;
+        let hidden = model.hidden(&ids, 0, &pads, None)?;
         let last = hidden.narrow(1, len - 1, 1)?.squeeze(1)?;
         let logits = model.logits(&last)?.to_vec2::<f32>()?;
         for (row, question) in logits.iter().zip(chunk) {

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod config;
 pub mod embed;
 pub mod export;
+pub mod fused;
 pub mod gguf;
 pub mod head;
 pub mod hf;

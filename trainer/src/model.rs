@@ -1,8 +1,9 @@
-//! The policy: a Llama-family causal LM built only from differentiable candle primitives (candle's fused
-//! `rms_norm`, `softmax_last_dim` and `rope` have no backward pass): RMS norm as x / sqrt(mean(x²) + ε) · w,
-//! softmax with a detached max, rotary embeddings as x·cos + rotate_half(x)·sin, grouped-query attention,
-//! SwiGLU MLP. The architecture options cover the checkpoints `hf.rs` loads: Llama / SmolLM2 (plain),
-//! Qwen2 (biases on the q/k/v projections), Qwen3 (an RMS norm over each query and key head before the
+//! The policy: a Llama-family causal LM from candle matrix products and the fused layers of `fused.rs`
+//! (RMS norm, SwiGLU, the rotary embedding: one custom op each, with its own backward pass — candle's
+//! fused `rms_norm`, `softmax_last_dim` and `rope` have none) and the fused causal attention of
+//! `attention.rs` (grouped-query heads read their key/value head directly; left padding and the causal
+//! order are index ranges, not a mask tensor). The architecture options cover the checkpoints `hf.rs`
+//! loads: Llama / SmolLM2 (plain), Qwen2 (biases on the q/k/v projections), Qwen3 (an RMS norm over each query and key head before the
 //! rotary embedding, a head dimension of its own), tied or untied embeddings, Llama 3's rotary scaling.
 //!
 //! Parameters carry their Hugging Face names (`model.layers.0.self_attn.q_proj.weight`, …), so the
@@ -262,8 +263,14 @@ struct Linear {
 }
 
 impl Linear {
+    /// `x: [.., in]` → `[.., out]`, as one matrix product over all the leading positions (a batched
+    /// product against a broadcast weight would backpropagate a weight-sized gradient per batch row).
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mut y = x.broadcast_matmul(&self.weight.t()?)?;
+        let dims = x.dims().to_vec();
+        let inp = dims.last().copied().unwrap_or(0);
+        let rows = x.elem_count() / inp.max(1);
+        let x2 = x.reshape((rows, inp))?;
+        let mut y = x2.matmul(&self.weight.t()?)?;
         if let Some(bias) = &self.bias {
             y = y.broadcast_add(bias)?;
         }
@@ -271,12 +278,14 @@ impl Linear {
             // The scale on B ([out, rank], small), not on the [tokens, out] product: one activation
             // of the projection's output size fewer per adapter kept for the backward pass.
             let b = (&adapter.b * adapter.scale)?;
-            let low = x
-                .broadcast_matmul(&adapter.a.t()?)?
-                .broadcast_matmul(&b.t()?)?;
+            let low = x2.matmul(&adapter.a.t()?)?.matmul(&b.t()?)?;
             y = (y + low)?;
         }
-        Ok(y)
+        let mut out = dims;
+        if let Some(last) = out.last_mut() {
+            *last = y.dim(1)?;
+        }
+        y.reshape(out)
     }
 
     fn detached(&self) -> Linear {
@@ -345,6 +354,18 @@ impl Block {
 #[derive(Default)]
 pub struct KvCache {
     layers: Vec<Option<(Tensor, Tensor)>>,
+}
+
+impl KvCache {
+    /// Row `i` of the cache becomes the old row `rows[i]` (`rows`: u32 indices), e.g. a prompt's keys
+    /// and values repeated for each of its samples.
+    pub fn repeat_rows(&mut self, rows: &Tensor) -> Result<()> {
+        for (k, v) in self.layers.iter_mut().flatten() {
+            *k = k.index_select(rows, 0)?;
+            *v = v.index_select(rows, 0)?;
+        }
+        Ok(())
+    }
 }
 
 pub struct Model {
@@ -449,17 +470,8 @@ pub fn adapter_names(l: usize, module: &str) -> (String, String) {
     )
 }
 
-fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
-    let scale = (x.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?;
-    x.broadcast_div(&scale)?.broadcast_mul(w)
-}
-
-/// Softmax over the last axis; the max is detached (it only shifts for stability).
-pub fn softmax(x: &Tensor) -> Result<Tensor> {
-    let max = x.max_keepdim(D::Minus1)?.detach();
-    let e = x.broadcast_sub(&max)?.exp()?;
-    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
-}
+use crate::attention::causal_attention;
+use crate::fused::{rms_norm, rope, swiglu, RopeTables};
 
 /// Log-softmax over the last axis, differentiable (detached max).
 pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
@@ -467,47 +479,6 @@ pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
     let shifted = x.broadcast_sub(&max)?;
     let log_sum = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
     shifted.broadcast_sub(&log_sum)
-}
-
-fn rotate_half(x: &Tensor) -> Result<Tensor> {
-    let half = x.dim(D::Minus1)? / 2;
-    let x1 = x.narrow(D::Minus1, 0, half)?;
-    let x2 = x.narrow(D::Minus1, half, half)?;
-    Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)
-}
-
-/// `[b, kv, t, d]` → `[b, kv·rep, t, d]` (each key/value head serves `rep` query heads).
-fn repeat_kv(x: &Tensor, rep: usize) -> Result<Tensor> {
-    if rep == 1 {
-        return Ok(x.clone());
-    }
-    let (b, kv, t, d) = x.dims4()?;
-    x.unsqueeze(2)?
-        .broadcast_as((b, kv, rep, t, d))?
-        .reshape((b, kv * rep, t, d))
-}
-
-/// An additive attention mask `[batch, 1, t, offset + t]`: query i (absolute position offset + i) of row b
-/// sees key j when j ≤ offset + i and j ≥ left_pad[b]. Masked entries are −1e9 (finite, so rows that see
-/// nothing — padding queries — give no NaN).
-pub fn attention_mask(
-    left_pad: &[usize],
-    offset: usize,
-    t: usize,
-    device: &Device,
-) -> Result<Tensor> {
-    let total = offset + t;
-    let mut mask = vec![0f32; left_pad.len() * t * total];
-    for (b, pad) in left_pad.iter().enumerate() {
-        for i in 0..t {
-            for j in 0..total {
-                if j > offset + i || j < *pad {
-                    mask[(b * t + i) * total + j] = -1e9;
-                }
-            }
-        }
-    }
-    Tensor::from_vec(mask, (left_pad.len(), 1, t, total), device)
 }
 
 impl Model {
@@ -789,34 +760,13 @@ impl Model {
         !self.vars.is_empty()
     }
 
-    /// Rotary tables `[t, head_dim]` (the two halves repeated, HF's non-interleaved layout) for the
-    /// positions `offset..offset + t`.
-    fn rope_tables(&self, offset: usize, t: usize, device: &Device) -> Result<(Tensor, Tensor)> {
-        let hd = self.config.head_dim();
-        let mut cos = Vec::with_capacity(t * hd);
-        let mut sin = Vec::with_capacity(t * hd);
-        for p in offset..offset + t {
-            for _ in 0..2 {
-                for freq in &self.inv_freq {
-                    let angle = p as f64 * freq;
-                    cos.push(angle.cos() as f32);
-                    sin.push(angle.sin() as f32);
-                }
-            }
-        }
-        Ok((
-            Tensor::from_vec(cos, (t, hd), device)?,
-            Tensor::from_vec(sin, (t, hd), device)?,
-        ))
-    }
-
     /// Hidden states after the final norm, `[batch, t, hidden]`, for `ids: [batch, t]` (u32) at
     /// positions `offset..offset + t`. With a cache, keys/values are appended to it.
     pub fn hidden(
         &self,
         ids: &Tensor,
         offset: usize,
-        mask: &Tensor,
+        left_pad: &[usize],
         mut cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
         let c = &self.config;
@@ -829,10 +779,7 @@ impl Model {
             );
         }
         let hd = c.head_dim();
-        let (cos, sin) = self.rope_tables(offset, t, ids.device())?;
-        let rope = |x: &Tensor| -> Result<Tensor> {
-            x.broadcast_mul(&cos)? + rotate_half(x)?.broadcast_mul(&sin)?
-        };
+        let tables = RopeTables::new(&self.inv_freq, offset, t);
         // [b, t, heads·hd] → [b, heads, t, hd], each head RMS-normed first where the model has it.
         let heads = |x: Tensor, n: usize, norm: &Option<Tensor>| -> Result<Tensor> {
             let x = x.reshape((b, t, n, hd))?;
@@ -854,8 +801,8 @@ impl Model {
             let q = heads(block.q.forward(&h)?, c.heads, &block.q_norm)?;
             let k = heads(block.k.forward(&h)?, c.kv_heads, &block.k_norm)?;
             let v = heads(block.v.forward(&h)?, c.kv_heads, &None)?;
-            let q = rope(&q)?;
-            let mut k = rope(&k)?;
+            let q = rope(&q, &tables)?;
+            let mut k = rope(&k, &tables)?;
             let mut v = v;
             if let Some(cache) = cache.as_deref_mut() {
                 if let Some((pk, pv)) = &cache.layers[l] {
@@ -864,21 +811,15 @@ impl Model {
                 }
                 cache.layers[l] = Some((k.detach(), v.detach()));
             }
-            let rep = c.heads / c.kv_heads;
-            let k = repeat_kv(&k, rep)?;
-            let v = repeat_kv(&v, rep)?;
-            let scores =
-                (q.matmul(&k.t()?.contiguous()?)? / (hd as f64).sqrt())?.broadcast_add(mask)?;
-            let attn = softmax(&scores)?.matmul(&v)?;
+            let attn = causal_attention(&q, &k, &v, left_pad, offset)?;
             let attn = attn
                 .transpose(1, 2)?
                 .contiguous()?
                 .reshape((b, t, c.heads * hd))?;
             x = (x + block.o.forward(&attn)?)?;
             let h = rms_norm(&x, &block.mlp_norm, c.rms_eps)?;
-            let gate = block.gate.forward(&h)?;
-            let silu = (&gate * candle_nn::ops::sigmoid(&gate)?)?;
-            let mlp = block.down.forward(&(silu * block.up.forward(&h)?)?)?;
+            let act = swiglu(&block.gate.forward(&h)?, &block.up.forward(&h)?)?;
+            let mlp = block.down.forward(&act)?;
             x = (x + mlp)?;
         }
         rms_norm(&x, &self.norm, c.rms_eps)
@@ -902,8 +843,7 @@ impl Model {
         if start == 0 || start > t {
             candle_core::bail!("token_logp: start {start} must be in 1..={t}");
         }
-        let mask = attention_mask(left_pad, 0, t, ids.device())?;
-        let hidden = self.hidden(ids, 0, &mask, None)?;
+        let hidden = self.hidden(ids, 0, left_pad, None)?;
         let n = t - start;
         let logits = self.logits(&hidden.narrow(1, start - 1, n)?)?;
         let logp = log_softmax(&logits)?;
@@ -913,9 +853,7 @@ impl Model {
 
     /// Logits of every position, `[batch, t, vocab]` (no cache).
     pub fn forward(&self, ids: &Tensor, left_pad: &[usize]) -> Result<Tensor> {
-        let (_, t) = ids.dims2()?;
-        let mask = attention_mask(left_pad, 0, t, ids.device())?;
-        self.logits(&self.hidden(ids, 0, &mask, None)?)
+        self.logits(&self.hidden(ids, 0, left_pad, None)?)
     }
 }
 

@@ -3,7 +3,8 @@
 //!
 //! The update is exactly candle-nn's `AdamW` (PyTorch's, with bias correction and decoupled weight
 //! decay), operation for operation in f32, but done in one pass over each parameter's values instead of a
-//! dozen allocating tensor ops.
+//! dozen allocating tensor ops: in place on the parameter's storage (a candle in-place op), in parallel
+//! chunks (every element is independent, so the result does not depend on the split).
 
 use std::collections::HashMap;
 
@@ -102,6 +103,82 @@ impl Grads {
     }
 }
 
+/// The f32 constants of one AdamW step.
+#[derive(Clone, Copy)]
+struct Update {
+    b1: f32,
+    c1: f32,
+    b2: f32,
+    c2: f32,
+    scale_m: f32,
+    scale_v: f32,
+    decay: f32,
+    lr: f32,
+    eps: f32,
+}
+
+impl Update {
+    /// One parameter slice's update (every element independent: the split into tasks changes nothing).
+    fn apply(&self, theta: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+        for k in 0..theta.len() {
+            let next_m = m[k] * self.b1 + g[k] * self.c1;
+            let next_v = v[k] * self.b2 + (g[k] * g[k]) * self.c2;
+            let m_hat = next_m * self.scale_m;
+            let v_hat = next_v * self.scale_v;
+            let adjusted = m_hat / (v_hat.sqrt() + self.eps);
+            theta[k] = theta[k] * self.decay - adjusted * self.lr;
+            m[k] = next_m;
+            v[k] = next_v;
+        }
+    }
+}
+
+/// The update of one parameter as a candle in-place op on its storage.
+struct InPlace<'a> {
+    constants: Update,
+    grad: &'a [f32],
+    moments: std::cell::RefCell<(&'a mut Vec<f32>, &'a mut Vec<f32>)>,
+}
+
+/// Elements per parallel task of the update.
+const UPDATE_CHUNK: usize = 1 << 15;
+
+impl candle_core::InplaceOp1 for InPlace<'_> {
+    fn name(&self) -> &'static str {
+        "rlx-adamw"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &mut candle_core::CpuStorage,
+        layout: &candle_core::Layout,
+    ) -> Result<()> {
+        use rayon::prelude::*;
+        let candle_core::CpuStorage::F32(data) = storage else {
+            candle_core::bail!("AdamW: only f32 parameters are supported")
+        };
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("AdamW: the parameter is not contiguous")
+        };
+        let theta = &mut data[start..end];
+        let constants = self.constants;
+        let mut moments = self.moments.borrow_mut();
+        let (m, v) = &mut *moments;
+        if theta.len() != self.grad.len() || m.len() != theta.len() || v.len() != theta.len() {
+            candle_core::bail!("AdamW: parameter, gradient and moments differ in size")
+        }
+        theta
+            .par_chunks_mut(UPDATE_CHUNK)
+            .zip(self.grad.par_chunks(UPDATE_CHUNK))
+            .zip(
+                m.par_chunks_mut(UPDATE_CHUNK)
+                    .zip(v.par_chunks_mut(UPDATE_CHUNK)),
+            )
+            .for_each(|((theta, g), (m, v))| constants.apply(theta, g, m, v));
+        Ok(())
+    }
+}
+
 /// AdamW over a fixed list of named parameters.
 pub struct AdamW {
     pub params: AdamWParams,
@@ -146,27 +223,35 @@ impl AdamW {
         let decay = (1f64 - p.lr * p.weight_decay) as f32;
         let lr = p.lr as f32;
         let eps = p.eps as f32;
-        for (i, (_, var)) in self.vars.iter().enumerate() {
+        let constants = Update {
+            b1,
+            c1,
+            b2,
+            c2,
+            scale_m,
+            scale_v,
+            decay,
+            lr,
+            eps,
+        };
+        for (i, (name, var)) in self.vars.iter().enumerate() {
             let Some(g) = &grads.values[i] else {
                 continue;
             };
-            let theta = var.as_tensor();
-            let mut values = theta.flatten_all()?.to_vec1::<f32>()?;
-            if g.len() != values.len() {
-                candle_core::bail!("AdamW: gradient of {} values for {}", g.len(), values.len());
+            if g.len() != var.elem_count() {
+                candle_core::bail!(
+                    "AdamW: gradient of {} values for {name} ({} values)",
+                    g.len(),
+                    var.elem_count()
+                );
             }
             let (m, v) = (&mut self.m[i], &mut self.v[i]);
-            for k in 0..values.len() {
-                let next_m = m[k] * b1 + g[k] * c1;
-                let next_v = v[k] * b2 + (g[k] * g[k]) * c2;
-                let m_hat = next_m * scale_m;
-                let v_hat = next_v * scale_v;
-                let adjusted = m_hat / (v_hat.sqrt() + eps);
-                values[k] = values[k] * decay - adjusted * lr;
-                m[k] = next_m;
-                v[k] = next_v;
-            }
-            var.set(&Tensor::from_vec(values, theta.shape(), theta.device())?)?;
+            // In place on the parameter's own storage (views of the model share it and see the step).
+            var.as_tensor().inplace_op1(&InPlace {
+                constants,
+                grad: g,
+                moments: std::cell::RefCell::new((m, v)),
+            })?;
         }
         Ok(())
     }

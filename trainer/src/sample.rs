@@ -1,12 +1,16 @@
 //! Batched generation with a KV cache: temperature, top-p, a set of stop tokens, max new tokens, n samples
 //! per prompt. Prompts of different lengths are left-padded and the padding is masked out of attention
-//! (rotary embeddings are relative, so the shift does not change what a row computes). Generation runs on
+//! (rotary embeddings are relative, so the shift does not change what a row computes). Each prompt is
+//! run once (the prefill) and its keys and values are shared by its n samples; the per-row choice of
+//! the next token runs in parallel (one pre-drawn uniform per row keeps the stream seeded). Generation runs on
 //! the model's [`Model::no_grad`] view: nothing is recorded for backpropagation.
 
 use candle_core::{Device, Result, Tensor};
 use serde::{Deserialize, Serialize};
 
-use crate::model::{attention_mask, log_softmax, KvCache, Model};
+use rayon::prelude::*;
+
+use crate::model::{KvCache, Model};
 use crate::rng::Rng;
 use crate::task::PAD;
 
@@ -60,23 +64,34 @@ pub fn left_pad(prompts: &[Vec<u32>]) -> (Vec<usize>, Vec<u32>, usize) {
     (pads, ids, len)
 }
 
-/// −Σ p log p of one row of log-probabilities (f64 accumulation; a zero probability adds nothing).
-fn entropy(logp: &[f32]) -> f32 {
-    -logp
+/// log π(token) and (when asked, else 0) the entropy of one row's softmax at temperature 1, in f64:
+/// lse = max + ln Σ exp(z − max).
+fn logp_and_entropy(logits: &[f32], token: u32, entropy: bool) -> (f32, f32) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().map(|&z| (z as f64 - max).exp()).sum();
+    let lse = max + sum.ln();
+    let logp = (logits[token as usize] as f64 - lse) as f32;
+    if !entropy {
+        return (logp, 0.0);
+    }
+    // −Σ p log p, a zero probability adding nothing.
+    let h = -logits
         .iter()
-        .map(|&l| {
-            let l = f64::from(l);
-            if l == f64::NEG_INFINITY {
+        .map(|&z| {
+            let l = z as f64 - lse;
+            let p = l.exp();
+            if p == 0.0 {
                 0.0
             } else {
-                l.exp() * l
+                p * l
             }
         })
-        .sum::<f64>() as f32
+        .sum::<f64>();
+    (logp, h as f32)
 }
 
-/// Choose a token from `logits` (one row).
-fn choose(logits: &[f32], settings: &Settings, rng: &mut Rng) -> u32 {
+/// Choose a token from `logits` (one row), with `u` uniform in [0, 1) (unused when greedy).
+fn choose(logits: &[f32], settings: &Settings, u: f64) -> u32 {
     if settings.temperature <= 0.0 {
         return argmax(logits);
     }
@@ -104,7 +119,7 @@ fn choose(logits: &[f32], settings: &Settings, rng: &mut Rng) -> u32 {
         probs.truncate(keep);
     }
     let total: f64 = probs.iter().map(|p| p.1).sum();
-    let mut u = rng.uniform() * total;
+    let mut u = u * total;
     for p in &probs {
         if u < p.1 {
             return p.0;
@@ -144,12 +159,7 @@ pub fn generate(
         );
     }
     let model = &model.no_grad();
-    let rows: Vec<Vec<u32>> = prompts
-        .iter()
-        .flat_map(|p| std::iter::repeat_n(p.clone(), n))
-        .collect();
-    let batch = rows.len();
-    let (pads, ids, len) = left_pad(&rows);
+    let batch = prompts.len() * n;
     let mut out: Vec<Completion> = (0..batch)
         .map(|_| Completion {
             tokens: Vec::new(),
@@ -160,39 +170,68 @@ pub fn generate(
     if batch == 0 || settings.max_new_tokens == 0 {
         return Ok(out);
     }
+    // The prompts are run once each (the prefill), and their keys and values then repeated for the n
+    // rows of each: row r continues prompt r / n.
+    let (prompt_pads, ids, len) = left_pad(prompts);
+    let pads: Vec<usize> = prompt_pads
+        .iter()
+        .flat_map(|&p| std::iter::repeat_n(p, n))
+        .collect();
     let mut cache = KvCache::default();
+    let input = Tensor::from_vec(ids, (prompts.len(), len), device)?;
+    let hidden = model.hidden(&input, 0, &prompt_pads, Some(&mut cache))?;
+    let last = hidden.narrow(1, len - 1, 1)?.squeeze(1)?;
+    let rows_of_prompts: Vec<u32> = (0..batch).map(|r| (r / n) as u32).collect();
+    let rows_of_prompts = Tensor::from_vec(rows_of_prompts, batch, device)?;
+    if n > 1 {
+        cache.repeat_rows(&rows_of_prompts)?;
+    }
+    let mut logits = model.logits(&last)?.index_select(&rows_of_prompts, 0)?;
     let mut done = vec![false; batch];
-    let mut input = Tensor::from_vec(ids, (batch, len), device)?;
-    let mut offset = 0;
-    for _ in 0..settings.max_new_tokens {
-        let t = input.dim(1)?;
-        let mask = attention_mask(&pads, offset, t, device)?;
-        let hidden = model.hidden(&input, offset, &mask, Some(&mut cache))?;
-        let last = hidden.narrow(1, t - 1, 1)?.squeeze(1)?;
-        let logits = model.logits(&last)?;
-        let logp = log_softmax(&logits)?.to_vec2::<f32>()?;
-        let logits = logits.to_vec2::<f32>()?;
+    let mut offset = len;
+    for step in 0..settings.max_new_tokens {
+        let rows = logits.to_vec2::<f32>()?;
+        // One uniform per live row, drawn in row order (the sampling stream does not depend on the
+        // parallel split below); greedy decoding draws none.
+        let uniforms: Vec<Option<f64>> = done
+            .iter()
+            .map(|d| (!d && settings.temperature > 0.0).then(|| rng.uniform()))
+            .collect();
+        let picks: Vec<Option<(u32, f32, f32)>> = rows
+            .par_iter()
+            .zip(uniforms.par_iter())
+            .zip(done.par_iter())
+            .map(|((row, u), done)| {
+                if *done {
+                    return None;
+                }
+                let token = choose(row, settings, u.unwrap_or(0.0));
+                let (logp, entropy) = logp_and_entropy(row, token, settings.entropy);
+                Some((token, logp, entropy))
+            })
+            .collect();
         let mut next = vec![PAD; batch];
-        for r in 0..batch {
-            if done[r] {
+        for (r, pick) in picks.into_iter().enumerate() {
+            let Some((token, logp, h)) = pick else {
                 continue;
-            }
-            let token = choose(&logits[r], settings, rng);
+            };
             out[r].tokens.push(token);
-            out[r].logp.push(logp[r][token as usize]);
+            out[r].logp.push(logp);
             if settings.entropy {
-                out[r].entropy.push(entropy(&logp[r]));
+                out[r].entropy.push(h);
             }
             next[r] = token;
             if settings.stop.contains(&token) {
                 done[r] = true;
             }
         }
-        offset += t;
-        if done.iter().all(|d| *d) {
+        if done.iter().all(|d| *d) || step + 1 == settings.max_new_tokens {
             break;
         }
-        input = Tensor::from_vec(next, (batch, 1), device)?;
+        let input = Tensor::from_vec(next, (batch, 1), device)?;
+        let hidden = model.hidden(&input, offset, &pads, Some(&mut cache))?;
+        logits = model.logits(&hidden.squeeze(1)?)?;
+        offset += 1;
     }
     Ok(out)
 }

@@ -22,7 +22,7 @@ use rlx_runtime::interp::{Context, Outcome, ALL_FILTERED};
 
 use crate::checkpoint::{self, State};
 use crate::config::Config;
-use crate::model::{attention_mask, Model};
+use crate::model::Model;
 use crate::op::{Objective, RecipeOp};
 use crate::optim::{AdamW, AdamWParams, Grads};
 use crate::plot::{self, Panel};
@@ -229,8 +229,7 @@ pub fn completion_policy(
         packed.extend((0..completion.len()).map(|k| (r * longest + k) as u32));
     }
     let ids = Tensor::from_vec(ids, (rows, width), device)?;
-    let mask = attention_mask(&pads, 0, width, device)?;
-    let hidden = model.hidden(&ids, 0, &mask, None)?;
+    let hidden = model.hidden(&ids, 0, &pads, None)?;
     // Position p - 1 + k predicts completion token k; only the real tokens go through the head.
     let hidden = hidden
         .narrow(1, p - 1, longest)?

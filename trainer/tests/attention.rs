@@ -456,3 +456,89 @@ fn bad_shapes_and_dtypes_are_errors() {
         assert!(err.starts_with("causal_attention: "), "{err}");
     }
 }
+
+/// The op's output and gradients, flattened, for `case`.
+fn fused_values(case: &Case) -> Vec<f32> {
+    let (q, k, v, w) = case.inputs();
+    let vars = [q, k, v].map(|x| Var::from_tensor(&x).unwrap());
+    let out = causal_attention(&vars[0], &vars[1], &vars[2], &case.left_pad, case.offset).unwrap();
+    let g = (&out * &w).unwrap().sum_all().unwrap().backward().unwrap();
+    let mut values = flat(&out);
+    for x in &vars {
+        values.extend(flat(g.get(x).unwrap()));
+    }
+    values
+}
+
+#[test]
+fn concurrent_calls_of_different_shapes_give_the_results_of_a_lone_call() {
+    // Calls from several threads share rayon's pool (as concurrent tests and the trainer's phases do), so
+    // tasks of different problems interleave on its workers; each must still compute exactly what it
+    // computes alone (per-task scratch buffers are not shared or left stale between problems).
+    let cases = [
+        Case {
+            b: 6,
+            heads: 4,
+            kv: 2,
+            t: 9,
+            offset: 0,
+            d: 4,
+            left_pad: vec![1, 1, 1, 0, 0, 0],
+            spread: 1.0,
+            seed: 1,
+        },
+        Case {
+            b: 3,
+            heads: 6,
+            kv: 2,
+            t: 70,
+            offset: 0,
+            d: 16,
+            left_pad: vec![0, 5, 40],
+            spread: 1.0,
+            seed: 2,
+        },
+        Case {
+            b: 2,
+            heads: 9,
+            kv: 3,
+            t: 1,
+            offset: 40,
+            d: 64,
+            left_pad: vec![3, 0],
+            spread: 1.0,
+            seed: 3,
+        },
+        Case {
+            b: 4,
+            heads: 4,
+            kv: 4,
+            t: 45,
+            offset: 0,
+            d: 8,
+            left_pad: vec![0, 0, 10, 44],
+            spread: 3.0,
+            seed: 4,
+        },
+    ];
+    let alone: Vec<Vec<f32>> = cases.iter().map(fused_values).collect();
+    let mismatches = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for start in 0..cases.len() {
+            let (cases, alone, mismatches) = (&cases, &alone, &mismatches);
+            scope.spawn(move || {
+                for round in 0..40 {
+                    let i = (start + round) % cases.len();
+                    if fused_values(&cases[i]) != alone[i] {
+                        mismatches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(
+        mismatches.into_inner(),
+        0,
+        "concurrent results differ from lone ones"
+    );
+}

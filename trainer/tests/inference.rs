@@ -4,7 +4,7 @@
 //! stop set and generates nothing after it.
 
 use candle_core::{Device, Tensor};
-use rlx_trainer::model::{attention_mask, KvCache, Model, ModelConfig};
+use rlx_trainer::model::{KvCache, Model, ModelConfig};
 use rlx_trainer::rng::Rng;
 use rlx_trainer::sample::{generate, Completion, Settings};
 use rlx_trainer::train::completion_logp;
@@ -128,8 +128,7 @@ fn no_grad_kv_cache_matches_the_tracked_cache() {
         let mut offset = 0;
         for (start, len) in [(0, 4), (4, 1), (5, 1), (6, 1)] {
             let x = ids.narrow(1, start, len).unwrap();
-            let mask = attention_mask(&pads, offset, len, &Device::Cpu).unwrap();
-            let h = m.hidden(&x, offset, &mask, Some(&mut cache)).unwrap();
+            let h = m.hidden(&x, offset, &pads, Some(&mut cache)).unwrap();
             out.push(bits(&m.logits(&h).unwrap()));
             offset += len;
         }

@@ -14,7 +14,7 @@ use candle_core::{Device, Tensor};
 use rlx_trainer::embed::{cosine, MiniLm};
 use rlx_trainer::gguf::load_smollm2;
 use rlx_trainer::judge;
-use rlx_trainer::model::{attention_mask, Model};
+use rlx_trainer::model::Model;
 use rlx_trainer::rng::Rng;
 use rlx_trainer::sample::{generate, Settings};
 use rlx_trainer::tokenizer::{ChatTokenizer, GgufVocab, Message};
@@ -560,8 +560,7 @@ fn judge_puts_a_true_statement_above_a_false_one() {
         .unwrap()
         .unsqueeze(0)
         .unwrap();
-    let mask = attention_mask(&[0], 0, ids.len(), &Device::Cpu).unwrap();
-    let hidden = model.hidden(&x, 0, &mask, None).unwrap();
+    let hidden = model.hidden(&x, 0, &[0], None).unwrap();
     let logits = model
         .logits(&hidden.narrow(1, ids.len() - 1, 1).unwrap())
         .unwrap();

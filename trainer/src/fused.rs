@@ -1,0 +1,414 @@
+//! Fused layers of the policy with their own backward pass: RMS norm, SwiGLU and the rotary embedding.
+//!
+//! Built from candle primitives, each of these is a chain of small ops (RMS norm alone is square, mean,
+//! add, sqrt, divide, multiply), every one of which allocates an activation-sized tensor that autograd
+//! keeps alive until the backward pass, and walks memory once more. Here each is one candle custom op
+//! whose forward writes only its output, whose backward recomputes what it needs from the op's inputs
+//! (which the graph holds anyway), and whose loops run over rows in parallel (rayon). Values are those of
+//! the primitive versions up to the order of f32 operations; `trainer/tests/fused.rs` checks values and
+//! gradients against them.
+//!
+//! The maths, per row x of size h (RMS norm with weight w), elementwise (SwiGLU), per head (rope):
+//!
+//! * RMS norm: r = 1/√(mean(x²) + ε), y = x·r·w. With g = ∂y ⊙ w:
+//!   ∂x = r·g − x·r³·mean(g ⊙ x), ∂w = Σ_rows ∂y ⊙ x·r.
+//! * SwiGLU: y = silu(a)·b, silu(a) = a·σ(a): ∂a = ∂y·b·σ(a)·(1 + a·(1 − σ(a))), ∂b = ∂y·a·σ(a).
+//! * Rope (Hugging Face's non-interleaved halves x = [x₁, x₂], angle θ per pair):
+//!   y₁ = x₁ cos θ − x₂ sin θ, y₂ = x₂ cos θ + x₁ sin θ; the backward is the rotation by −θ.
+//!
+//! These are CPU kernels (f32, any layout: inputs are made contiguous first); a candle custom op keeps the
+//! CPU/CUDA split, and `cuda_fwd` is left to the GPU trainer (candle's default: an error naming the op).
+
+use std::sync::Arc;
+
+use candle_core::backend::BackendStorage;
+use candle_core::{
+    bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor,
+};
+use rayon::prelude::*;
+
+/// Rows per parallel task of the row-wise kernels (enough work per task to hide rayon's overhead).
+const ROWS_PER_TASK: usize = 16;
+/// Elements per parallel task of the elementwise kernels.
+const ELEMS_PER_TASK: usize = 1 << 14;
+
+/// The f32 data of a contiguous CPU storage (`what` names it in the error); the one reader of custom-op
+/// arguments for the trainer's CPU kernels (`fused.rs`, `attention.rs`).
+pub(crate) fn cpu_f32<'a>(what: &str, s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
+    let CpuStorage::F32(data) = s else {
+        bail!("{what} must be f32, got {:?}", s.dtype())
+    };
+    match l.contiguous_offsets() {
+        Some((start, end)) => Ok(&data[start..end]),
+        None => bail!("{what} must be contiguous"),
+    }
+}
+
+fn check_f32(op: &str, t: &Tensor) -> Result<()> {
+    if t.dtype() != candle_core::DType::F32 {
+        bail!("{op}: only f32 tensors are supported, got {:?}", t.dtype())
+    }
+    if !t.device().is_cpu() {
+        bail!("{op}: only the CPU is supported (the GPU kernels belong to the GPU trainer)")
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------------
+// RMS norm
+
+/// `x / √(mean(x²) + eps) · w` over the last axis; x: [.., h], w: [h] (f32, CPU).
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    check_f32("rms_norm", x)?;
+    check_f32("rms_norm", w)?;
+    let h = x.dim(candle_core::D::Minus1)?;
+    if w.dims() != [h] {
+        bail!(
+            "rms_norm: the weight has shape {:?}, the input's last axis is {h}",
+            w.dims()
+        )
+    }
+    if !(eps.is_finite() && eps >= 0.0) {
+        bail!("rms_norm: eps = {eps} must be a finite number ≥ 0")
+    }
+    x.contiguous()?
+        .apply_op2(&w.contiguous()?, RmsNorm { eps: eps as f32 })
+}
+
+struct RmsNorm {
+    eps: f32,
+}
+
+/// 1/√(mean(x²) + eps) of one row (summed in f64: rows are short and this is not the hot loop).
+fn inv_rms(row: &[f32], eps: f32) -> f32 {
+    let ss: f64 = row.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    1.0 / ((ss / row.len() as f64) as f32 + eps).sqrt()
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "rlx-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = cpu_f32("rms_norm: x", s1, l1)?;
+        let w = cpu_f32("rms_norm: the weight", s2, l2)?;
+        let h = w.len();
+        let mut y = vec![0f32; x.len()];
+        if h > 0 {
+            y.par_chunks_mut(h * ROWS_PER_TASK)
+                .zip(x.par_chunks(h * ROWS_PER_TASK))
+                .for_each(|(y, x)| {
+                    for (y, x) in y.chunks_mut(h).zip(x.chunks(h)) {
+                        let r = inv_rms(x, self.eps);
+                        for ((y, &x), &w) in y.iter_mut().zip(x).zip(w) {
+                            *y = x * r * w;
+                        }
+                    }
+                });
+        }
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let h = w.elem_count();
+        let rows = x.elem_count() / h.max(1);
+        // One pass computes ∂x ([rows, h]) and ∂w (a last row), returned stacked.
+        let both = x.apply_op3_no_bwd(w, &grad.contiguous()?, &RmsNormBwd { eps: self.eps })?;
+        let dx = both.narrow(0, 0, rows)?.reshape(x.shape())?;
+        let dw = both.narrow(0, rows, 1)?.reshape(w.shape())?;
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+struct RmsNormBwd {
+    eps: f32,
+}
+
+impl CustomOp3 for RmsNormBwd {
+    fn name(&self) -> &'static str {
+        "rlx-rms-norm-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = cpu_f32("rms_norm backward: x", s1, l1)?;
+        let w = cpu_f32("rms_norm backward: the weight", s2, l2)?;
+        let dy = cpu_f32("rms_norm backward: the gradient", s3, l3)?;
+        let h = w.len();
+        if h == 0 || x.len() != dy.len() {
+            bail!("rms_norm backward: the gradient's shape differs from the input's")
+        }
+        let mut out = vec![0f32; x.len() + h];
+        let (dx, _) = out.split_at_mut(x.len());
+        // ∂x row by row in parallel; each task also sums its rows' ∂w, the partial sums added after.
+        let partials: Vec<Vec<f64>> = dx
+            .par_chunks_mut(h * ROWS_PER_TASK)
+            .zip(x.par_chunks(h * ROWS_PER_TASK))
+            .zip(dy.par_chunks(h * ROWS_PER_TASK))
+            .map(|((dx, x), dy)| {
+                let mut dw = vec![0f64; h];
+                for ((dx, x), dy) in dx.chunks_mut(h).zip(x.chunks(h)).zip(dy.chunks(h)) {
+                    let r = inv_rms(x, self.eps);
+                    let mut gx = 0f64;
+                    for ((&x, &dy), &w) in x.iter().zip(dy).zip(w) {
+                        gx += (dy * w) as f64 * x as f64;
+                    }
+                    let c = (gx / h as f64) as f32 * r * r * r;
+                    for (k, ((dx, &x), &dy)) in dx.iter_mut().zip(x).zip(dy).enumerate() {
+                        *dx = r * dy * w[k] - x * c;
+                        dw[k] += (dy * x * r) as f64;
+                    }
+                }
+                dw
+            })
+            .collect();
+        // The partial sums of ∂w added in f64, rounded once.
+        let dw = &mut out[x.len()..];
+        for (k, d) in dw.iter_mut().enumerate() {
+            *d = partials.iter().map(|p| p[k]).sum::<f64>() as f32;
+        }
+        Ok((CpuStorage::F32(out), Shape::from((x.len() / h + 1, h))))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// SwiGLU
+
+/// `silu(gate) · up` elementwise (same shapes, f32, CPU).
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    check_f32("swiglu", gate)?;
+    check_f32("swiglu", up)?;
+    if gate.shape() != up.shape() {
+        bail!(
+            "swiglu: gate {:?} and up {:?} differ in shape",
+            gate.dims(),
+            up.dims()
+        )
+    }
+    gate.contiguous()?.apply_op2(&up.contiguous()?, SwiGlu)
+}
+
+struct SwiGlu;
+
+fn sigmoid(a: f32) -> f32 {
+    1.0 / (1.0 + (-a).exp())
+}
+
+impl CustomOp2 for SwiGlu {
+    fn name(&self) -> &'static str {
+        "rlx-swiglu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let a = cpu_f32("swiglu: gate", s1, l1)?;
+        let b = cpu_f32("swiglu: up", s2, l2)?;
+        let mut y = vec![0f32; a.len()];
+        y.par_chunks_mut(ELEMS_PER_TASK)
+            .zip(
+                a.par_chunks(ELEMS_PER_TASK)
+                    .zip(b.par_chunks(ELEMS_PER_TASK)),
+            )
+            .for_each(|(y, (a, b))| {
+                for ((y, &a), &b) in y.iter_mut().zip(a).zip(b) {
+                    *y = a * sigmoid(a) * b;
+                }
+            });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        gate: &Tensor,
+        up: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let n = gate.elem_count();
+        let both = gate.apply_op3_no_bwd(up, &grad.contiguous()?, &SwiGluBwd)?;
+        let da = both.narrow(0, 0, n)?.reshape(gate.shape())?;
+        let db = both.narrow(0, n, n)?.reshape(up.shape())?;
+        Ok((Some(da), Some(db)))
+    }
+}
+
+struct SwiGluBwd;
+
+impl CustomOp3 for SwiGluBwd {
+    fn name(&self) -> &'static str {
+        "rlx-swiglu-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let a = cpu_f32("swiglu backward: gate", s1, l1)?;
+        let b = cpu_f32("swiglu backward: up", s2, l2)?;
+        let dy = cpu_f32("swiglu backward: the gradient", s3, l3)?;
+        let n = a.len();
+        if dy.len() != n {
+            bail!("swiglu backward: the gradient's shape differs from the input's")
+        }
+        let mut out = vec![0f32; 2 * n];
+        let (da, db) = out.split_at_mut(n);
+        da.par_chunks_mut(ELEMS_PER_TASK)
+            .zip(db.par_chunks_mut(ELEMS_PER_TASK))
+            .zip(a.par_chunks(ELEMS_PER_TASK))
+            .zip(
+                b.par_chunks(ELEMS_PER_TASK)
+                    .zip(dy.par_chunks(ELEMS_PER_TASK)),
+            )
+            .for_each(|(((da, db), a), (b, dy))| {
+                for k in 0..a.len() {
+                    let s = sigmoid(a[k]);
+                    da[k] = dy[k] * b[k] * s * (1.0 + a[k] * (1.0 - s));
+                    db[k] = dy[k] * a[k] * s;
+                }
+            });
+        Ok((CpuStorage::F32(out), Shape::from(2 * n)))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Rotary embedding
+
+/// Rotary tables for positions `offset..offset + t`: cos and sin of `p · inv_freq[i]`, `[t, d/2]` each
+/// (computed in f64, stored in f32).
+#[derive(Clone)]
+pub struct RopeTables {
+    cos: Arc<Vec<f32>>,
+    sin: Arc<Vec<f32>>,
+    t: usize,
+    half: usize,
+}
+
+impl RopeTables {
+    pub fn new(inv_freq: &[f64], offset: usize, t: usize) -> RopeTables {
+        let half = inv_freq.len();
+        let mut cos = Vec::with_capacity(t * half);
+        let mut sin = Vec::with_capacity(t * half);
+        for p in offset..offset + t {
+            for freq in inv_freq {
+                let angle = p as f64 * freq;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        RopeTables {
+            cos: Arc::new(cos),
+            sin: Arc::new(sin),
+            t,
+            half,
+        }
+    }
+
+    /// The tables as `[t, d]` tensors with the halves repeated (the layout of the primitive version:
+    /// `x·cos + rotate_half(x)·sin`), for tests and references.
+    pub fn full(&self, device: &candle_core::Device) -> Result<(Tensor, Tensor)> {
+        let widen = |v: &[f32]| -> Vec<f32> {
+            v.chunks(self.half.max(1))
+                .flat_map(|row| row.iter().chain(row.iter()).copied())
+                .collect()
+        };
+        Ok((
+            Tensor::from_vec(widen(&self.cos), (self.t, 2 * self.half), device)?,
+            Tensor::from_vec(widen(&self.sin), (self.t, 2 * self.half), device)?,
+        ))
+    }
+}
+
+/// The rotary embedding of `x: [.., t, d]` (d = 2 · the tables' half, t their positions), f32, CPU.
+pub fn rope(x: &Tensor, tables: &RopeTables) -> Result<Tensor> {
+    check_f32("rope", x)?;
+    let dims = x.dims();
+    if dims.len() < 2 || dims[dims.len() - 1] != 2 * tables.half || dims[dims.len() - 2] != tables.t
+    {
+        bail!(
+            "rope: the input has shape {dims:?}, the tables are for [.., {}, {}]",
+            tables.t,
+            2 * tables.half
+        )
+    }
+    x.contiguous()?.apply_op1(Rope {
+        tables: tables.clone(),
+        inverse: false,
+    })
+}
+
+struct Rope {
+    tables: RopeTables,
+    /// Rotate by −θ (the backward pass).
+    inverse: bool,
+}
+
+impl CustomOp1 for Rope {
+    fn name(&self) -> &'static str {
+        "rlx-rope"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = cpu_f32("rope: input", s, l)?;
+        let (t, half) = (self.tables.t, self.tables.half);
+        let d = 2 * half;
+        let sign = if self.inverse { -1f32 } else { 1f32 };
+        let mut y = vec![0f32; x.len()];
+        if d > 0 && t > 0 {
+            // One task per [t, d] block (a head of a row).
+            y.par_chunks_mut(t * d)
+                .zip(x.par_chunks(t * d))
+                .for_each(|(y, x)| {
+                    for p in 0..t {
+                        let cos = &self.tables.cos[p * half..(p + 1) * half];
+                        let sin = &self.tables.sin[p * half..(p + 1) * half];
+                        let (x1, x2) = x[p * d..(p + 1) * d].split_at(half);
+                        let (y1, y2) = y[p * d..(p + 1) * d].split_at_mut(half);
+                        for i in 0..half {
+                            let s = sign * sin[i];
+                            y1[i] = x1[i] * cos[i] - x2[i] * s;
+                            y2[i] = x2[i] * cos[i] + x1[i] * s;
+                        }
+                    }
+                });
+        }
+        Ok((CpuStorage::F32(y), l.shape().clone()))
+    }
+
+    fn bwd(&self, _x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let dx = grad.contiguous()?.apply_op1_no_bwd(&Rope {
+            tables: self.tables.clone(),
+            inverse: !self.inverse,
+        })?;
+        Ok(Some(dx))
+    }
+}

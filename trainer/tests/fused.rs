@@ -1,0 +1,236 @@
+//! The fused layers (`fused.rs`) against the plain candle versions they replace: values and the
+//! gradients of every input, on random inputs with awkward sizes (rows that do not fill a parallel task,
+//! non-contiguous inputs), plus a finite-difference check of each op in f64 arithmetic and the errors.
+
+use candle_core::{DType, Device, Tensor, Var, D};
+use rlx_trainer::fused::{rms_norm, rope, swiglu, RopeTables};
+use rlx_trainer::rng::Rng;
+
+fn random(rng: &mut Rng, shape: &[usize], scale: f64) -> Tensor {
+    let n: usize = shape.iter().product();
+    let values: Vec<f32> = (0..n).map(|_| (rng.normal() * scale) as f32).collect();
+    Tensor::from_vec(values, shape, &Device::Cpu).unwrap()
+}
+
+fn values(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+/// max |a − b| / (1 + |b|) over the elements.
+fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
+    assert_eq!(a.dims(), b.dims());
+    values(a)
+        .iter()
+        .zip(values(b))
+        .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+        .fold(0.0, f32::max)
+}
+
+fn reference_rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Tensor {
+    let scale = (x.sqr().unwrap().mean_keepdim(D::Minus1).unwrap() + eps)
+        .unwrap()
+        .sqrt()
+        .unwrap();
+    x.broadcast_div(&scale).unwrap().broadcast_mul(w).unwrap()
+}
+
+fn reference_swiglu(a: &Tensor, b: &Tensor) -> Tensor {
+    let silu = (a * candle_nn::ops::sigmoid(a).unwrap()).unwrap();
+    (silu * b).unwrap()
+}
+
+fn rotate_half(x: &Tensor) -> Tensor {
+    let half = x.dim(D::Minus1).unwrap() / 2;
+    let x1 = x.narrow(D::Minus1, 0, half).unwrap();
+    let x2 = x.narrow(D::Minus1, half, half).unwrap();
+    Tensor::cat(&[&x2.neg().unwrap(), &x1], D::Minus1).unwrap()
+}
+
+fn reference_rope(x: &Tensor, tables: &RopeTables) -> Tensor {
+    let (cos, sin) = tables.full(&Device::Cpu).unwrap();
+    (x.broadcast_mul(&cos).unwrap() + rotate_half(x).broadcast_mul(&sin).unwrap()).unwrap()
+}
+
+/// The gradients of Σ out ⊙ weights w.r.t. `inputs`, for `f` of `inputs`.
+fn gradients(inputs: &[Tensor], weights: &Tensor, f: impl Fn(&[Tensor]) -> Tensor) -> Vec<Tensor> {
+    let vars: Vec<Var> = inputs
+        .iter()
+        .map(|t| Var::from_tensor(t).unwrap())
+        .collect();
+    let tensors: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+    let out = f(&tensors);
+    let loss = (out * weights).unwrap().sum_all().unwrap();
+    let store = loss.backward().unwrap();
+    vars.iter()
+        .map(|v| store.get(v.as_tensor()).expect("a gradient").clone())
+        .collect()
+}
+
+#[test]
+fn rms_norm_matches_the_primitive_version_in_values_and_gradients() {
+    let mut rng = Rng::new(1);
+    // 37 rows (not a multiple of the rows per parallel task) of 70.
+    for shape in [vec![37, 70], vec![3, 5, 64], vec![1, 1]] {
+        let h = *shape.last().unwrap();
+        let x = random(&mut rng, &shape, 2.0);
+        let w = random(&mut rng, &[h], 1.0);
+        let eps = 1e-5;
+        let fused = rms_norm(&x, &w, eps).unwrap();
+        let plain = reference_rms_norm(&x, &w, eps);
+        assert!(max_rel(&fused, &plain) < 1e-5, "values {shape:?}");
+        let weights = random(&mut rng, &shape, 1.0);
+        let g_fused = gradients(&[x.clone(), w.clone()], &weights, |t| {
+            rms_norm(&t[0], &t[1], eps).unwrap()
+        });
+        let g_plain = gradients(&[x.clone(), w.clone()], &weights, |t| {
+            reference_rms_norm(&t[0], &t[1], eps)
+        });
+        for (i, (a, b)) in g_fused.iter().zip(&g_plain).enumerate() {
+            let err = max_rel(a, b);
+            assert!(err < 1e-4, "gradient {i} of {shape:?}: {err}");
+        }
+    }
+}
+
+#[test]
+fn rms_norm_takes_non_contiguous_input() {
+    let mut rng = Rng::new(2);
+    let x = random(&mut rng, &[8, 6], 1.0).t().unwrap(); // [6, 8], strided
+    let w = random(&mut rng, &[8], 1.0);
+    let fused = rms_norm(&x, &w, 1e-6).unwrap();
+    let plain = reference_rms_norm(&x.contiguous().unwrap(), &w, 1e-6);
+    assert!(max_rel(&fused, &plain) < 1e-5);
+}
+
+#[test]
+fn swiglu_matches_the_primitive_version_in_values_and_gradients() {
+    let mut rng = Rng::new(3);
+    // Large values too: σ saturates to 0 and 1 without NaN.
+    for (shape, scale) in [(vec![40_000], 3.0), (vec![2, 3, 7], 30.0)] {
+        let a = random(&mut rng, &shape, scale);
+        let b = random(&mut rng, &shape, 1.0);
+        let fused = swiglu(&a, &b).unwrap();
+        let plain = reference_swiglu(&a, &b);
+        assert!(max_rel(&fused, &plain) < 1e-5, "values {shape:?}");
+        let weights = random(&mut rng, &shape, 1.0);
+        let g_fused = gradients(&[a.clone(), b.clone()], &weights, |t| {
+            swiglu(&t[0], &t[1]).unwrap()
+        });
+        let g_plain = gradients(&[a.clone(), b.clone()], &weights, |t| {
+            reference_swiglu(&t[0], &t[1])
+        });
+        for (i, (x, y)) in g_fused.iter().zip(&g_plain).enumerate() {
+            let err = max_rel(x, y);
+            assert!(err < 1e-5, "gradient {i} of {shape:?}: {err}");
+            assert!(values(x).iter().all(|v| v.is_finite()));
+        }
+    }
+}
+
+#[test]
+fn rope_matches_the_primitive_version_in_values_and_gradients() {
+    let mut rng = Rng::new(4);
+    let inv_freq: Vec<f64> = (0..8)
+        .map(|i| 1.0 / 10000f64.powf(i as f64 / 8.0))
+        .collect();
+    for offset in [0, 5] {
+        let tables = RopeTables::new(&inv_freq, offset, 7);
+        let x = random(&mut rng, &[2, 3, 7, 16], 1.0);
+        let fused = rope(&x, &tables).unwrap();
+        let plain = reference_rope(&x, &tables);
+        assert!(max_rel(&fused, &plain) < 1e-6, "values at offset {offset}");
+        let weights = random(&mut rng, &[2, 3, 7, 16], 1.0);
+        let g_fused = gradients(std::slice::from_ref(&x), &weights, |t| {
+            rope(&t[0], &tables).unwrap()
+        });
+        let g_plain = gradients(std::slice::from_ref(&x), &weights, |t| {
+            reference_rope(&t[0], &tables)
+        });
+        assert!(max_rel(&g_fused[0], &g_plain[0]) < 1e-6);
+        // A rotation: the norm of each pair is kept.
+        let n_in = x
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        let n_out = fused
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!((n_in - n_out).abs() < 1e-3 * n_in);
+    }
+    // A transposed (non-contiguous) input, as attention's heads are.
+    let tables = RopeTables::new(&inv_freq, 0, 4);
+    let x = random(&mut rng, &[2, 4, 3, 16], 1.0)
+        .transpose(1, 2)
+        .unwrap();
+    let fused = rope(&x, &tables).unwrap();
+    let plain = reference_rope(&x.contiguous().unwrap(), &tables);
+    assert!(max_rel(&fused, &plain) < 1e-6);
+}
+
+/// Central finite differences of Σ f(x) ⊙ weights at a few coordinates, against the op's gradient
+/// (f32 ops, so a loose tolerance with a moderate step).
+fn finite_difference(x: &Tensor, weights: &Tensor, f: impl Fn(&Tensor) -> Tensor) {
+    let grad = gradients(std::slice::from_ref(x), weights, |t| f(&t[0]));
+    let grad = values(&grad[0]);
+    let base = values(x);
+    let loss = |v: &[f32]| -> f64 {
+        let t = Tensor::from_vec(v.to_vec(), x.shape(), &Device::Cpu).unwrap();
+        let out = (f(&t) * weights).unwrap();
+        out.to_dtype(DType::F64)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
+    };
+    for k in [0, base.len() / 3, base.len() - 1] {
+        let h = 1e-2f32;
+        let mut plus = base.clone();
+        plus[k] += h;
+        let mut minus = base.clone();
+        minus[k] -= h;
+        let numeric = (loss(&plus) - loss(&minus)) / (2.0 * h as f64);
+        let analytic = grad[k] as f64;
+        assert!(
+            (numeric - analytic).abs() < 2e-2 * (1.0 + analytic.abs()),
+            "coordinate {k}: finite difference {numeric}, gradient {analytic}"
+        );
+    }
+}
+
+#[test]
+fn the_fused_gradients_agree_with_finite_differences() {
+    let mut rng = Rng::new(5);
+    let x = random(&mut rng, &[4, 12], 1.0);
+    let w = random(&mut rng, &[12], 1.0);
+    let weights = random(&mut rng, &[4, 12], 1.0);
+    finite_difference(&x, &weights, |x| rms_norm(x, &w, 1e-5).unwrap());
+    let b = random(&mut rng, &[4, 12], 1.0);
+    finite_difference(&x, &weights, |x| swiglu(x, &b).unwrap());
+    let inv_freq = [1.0, 0.1, 0.01, 0.001, 0.0001, 0.00001];
+    let tables = RopeTables::new(&inv_freq, 3, 4);
+    let weights = random(&mut rng, &[1, 4, 12], 1.0);
+    let x = random(&mut rng, &[1, 4, 12], 1.0);
+    finite_difference(&x, &weights, |x| rope(x, &tables).unwrap());
+}
+
+#[test]
+fn bad_inputs_are_errors_not_panics() {
+    let mut rng = Rng::new(6);
+    let x = random(&mut rng, &[3, 4], 1.0);
+    let message = |r: candle_core::Result<Tensor>| r.unwrap_err().to_string();
+    assert!(message(rms_norm(&x, &random(&mut rng, &[5], 1.0), 1e-5)).contains("weight has shape"));
+    assert!(message(rms_norm(&x, &random(&mut rng, &[4], 1.0), f64::NAN)).contains("eps"));
+    let x64 = x.to_dtype(DType::F64).unwrap();
+    assert!(message(rms_norm(&x64, &random(&mut rng, &[4], 1.0), 1e-5)).contains("f32"));
+    assert!(message(swiglu(&x, &random(&mut rng, &[4, 3], 1.0))).contains("differ in shape"));
+    let tables = RopeTables::new(&[1.0, 0.5], 0, 5);
+    assert!(message(rope(&x, &tables)).contains("tables are for"));
+}
