@@ -108,6 +108,40 @@ enum Command {
         #[arg(long)]
         adapter: bool,
     },
+    /// Measure the trainer on a config's model: sampling, forward + backward + AdamW, and real steps
+    /// of `rlx run`, one JSON line per phase with "phase", "seconds", "tokens_per_s", "peak_bytes" and
+    /// "peak_rss_bytes" (docs/performance.md).
+    BenchModel {
+        /// The TOML config whose model, task and settings are measured (as `rlx run --config`).
+        #[arg(long)]
+        config: PathBuf,
+        /// The recipe of the step phase.
+        #[arg(long, default_value = "recipes/grpo.rlx")]
+        recipe: PathBuf,
+        /// Rows sampled (one completion per prompt) and trained on in the sample and train phases.
+        #[arg(long, default_value_t = 16)]
+        rows: usize,
+        /// New tokens per row in the sample phase (stop tokens ignored).
+        #[arg(long, default_value_t = 64)]
+        new_tokens: usize,
+        /// Timed forward + backward + AdamW passes in the train phase (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Real steps of `rlx run` in the step phase (the median step time is reported).
+        #[arg(long, default_value_t = 2)]
+        steps: usize,
+        /// Phases to run (a comma list of sample, train, step).
+        #[arg(
+            long,
+            value_enum,
+            value_delimiter = ',',
+            default_value = "sample,train,step"
+        )]
+        phases: Vec<PhaseArg>,
+        /// Override a recipe param or a config key (as `rlx run --set`).
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        set: Vec<String>,
+    },
     /// Measure a recipe on a synthetic packed batch: per backend, one JSON line with the kernel time
     /// (median of --runs), tokens/s, peak memory above the batch, and the memory-bandwidth bound
     /// (docs/kernels.md).
@@ -151,6 +185,13 @@ enum Command {
 static ALLOCATOR: rlx_runtime::bench::CountingAllocator = rlx_runtime::bench::CountingAllocator;
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PhaseArg {
+    Sample,
+    Train,
+    Step,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum BenchBackend {
     Interp,
     Jit,
@@ -181,7 +222,22 @@ enum BackendArg {
     Jit,
 }
 
+/// glibc's malloc returns large blocks (≥ 128 KiB, or the dynamic threshold) to the system with munmap
+/// when they are freed, so every activation-sized tensor of a forward or backward pass is fresh memory
+/// that the kernel must fault in and zero page by page (a quarter of a SmolLM2 training step's time).
+/// Serving blocks up to 32 MiB (glibc's largest threshold) from the heap and keeping freed memory for
+/// reuse makes them recycled instead; the peak resident memory is unchanged (docs/performance.md).
+fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes glibc's allocator parameters; called before any other thread starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+    }
+}
+
 fn main() -> ExitCode {
+    tune_allocator();
     let cli = Cli::parse();
     match cli.command {
         Command::Score {
@@ -296,6 +352,18 @@ fn main() -> ExitCode {
                 export_hf.as_deref(),
             )
         }
+        Command::BenchModel {
+            config,
+            recipe,
+            rows,
+            new_tokens,
+            runs,
+            steps,
+            phases,
+            set,
+        } => bench_model(
+            &config, &recipe, set, rows, new_tokens, runs, steps, &phases,
+        ),
         Command::Bench {
             recipe,
             groups,
@@ -396,8 +464,10 @@ fn checked_recipe(recipe: &Path) -> Option<rlx_compiler::hir::Recipe> {
     check_reported(recipe)?.recipe
 }
 
+/// The recipe (checked `.rlx` or loaded `.rlxc`) and the config of `rlx run` (and `rlx bench-model`),
+/// prepared: errors are printed, and their exit status returned.
 #[allow(clippy::too_many_arguments)]
-fn run(
+fn prepare_run(
     recipe: &Path,
     config: Option<&Path>,
     sets: Vec<String>,
@@ -406,8 +476,7 @@ fn run(
     out: Option<PathBuf>,
     resume: Option<PathBuf>,
     gpu: Option<usize>,
-    export_hf: Option<&Path>,
-) -> ExitCode {
+) -> Result<rlx_trainer::cli::Prepared, ExitCode> {
     let (hir, artifact);
     // The files the run directory records (with their sha256): the one given, then its imports.
     let mut recipe_files = Vec::new();
@@ -416,7 +485,7 @@ fn run(
             Ok(artifact) => artifact,
             Err(error) => {
                 eprintln!("error: {error}");
-                return ExitCode::from(1);
+                return Err(ExitCode::from(1));
             }
         };
         // Through the untrusted reader, at the size bound `load` applies.
@@ -427,13 +496,13 @@ fn run(
             }),
             Err(error) => {
                 eprintln!("error: cannot read {}: {error}", recipe.display());
-                return ExitCode::from(1);
+                return Err(ExitCode::from(1));
             }
         }
         (&artifact).into()
     } else {
         let Some(checked) = check_reported(recipe) else {
-            return ExitCode::from(1);
+            return Err(ExitCode::from(1));
         };
         recipe_files.extend(checked.disk_files().into_iter().map(|(path, text)| {
             rlx_trainer::run_dir::RecipeFile {
@@ -442,7 +511,7 @@ fn run(
             }
         }));
         let Some(checked) = checked.recipe else {
-            return ExitCode::from(1);
+            return Err(ExitCode::from(1));
         };
         hir = checked;
         (&hir).into()
@@ -454,7 +523,7 @@ fn run(
                 Ok(text) => Some(text),
                 Err(error) => {
                     eprintln!("error: cannot read {}: {error}", path.display());
-                    return ExitCode::from(1);
+                    return Err(ExitCode::from(1));
                 }
             }
         }
@@ -473,12 +542,93 @@ fn run(
         gpu,
         recipe_files,
     };
-    let prepared = match rlx_trainer::cli::prepare(source, &args) {
+    rlx_trainer::cli::prepare(source, &args).map_err(|message| {
+        eprintln!("error: {message}");
+        ExitCode::from(1)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bench_model(
+    config: &Path,
+    recipe: &Path,
+    sets: Vec<String>,
+    rows: usize,
+    new_tokens: usize,
+    runs: usize,
+    steps: usize,
+    phases: &[PhaseArg],
+) -> ExitCode {
+    let dir = std::env::temp_dir().join(format!("rlx-bench-model-{}", std::process::id()));
+    let prepared = match prepare_run(
+        recipe,
+        Some(config),
+        sets,
+        None,
+        None,
+        Some(dir),
+        None,
+        None,
+    ) {
         Ok(prepared) => prepared,
+        Err(code) => return code,
+    };
+    let mut wanted = Vec::new();
+    for phase in phases {
+        let phase = match phase {
+            PhaseArg::Sample => rlx_trainer::bench_model::Phase::Sample,
+            PhaseArg::Train => rlx_trainer::bench_model::Phase::Train,
+            PhaseArg::Step => rlx_trainer::bench_model::Phase::Step,
+        };
+        if !wanted.contains(&phase) {
+            wanted.push(phase);
+        }
+    }
+    let options = rlx_trainer::bench_model::Options {
+        rows,
+        new_tokens,
+        runs,
+        steps,
+        phases: wanted,
+    };
+    let mut out = std::io::stdout().lock();
+    let mut write_error = None;
+    let result = rlx_trainer::bench_model::bench_model(prepared, &options, |line| {
+        use std::io::Write;
+        if write_error.is_none() {
+            if let Err(e) = writeln!(out, "{line}").and_then(|_| out.flush()) {
+                write_error = Some(e);
+            }
+        }
+    });
+    if let Some(e) = write_error {
+        eprintln!("error: cannot write to stdout: {e}");
+        return ExitCode::from(1);
+    }
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("error: {message}");
-            return ExitCode::from(1);
+            ExitCode::from(1)
         }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(
+    recipe: &Path,
+    config: Option<&Path>,
+    sets: Vec<String>,
+    steps: Option<usize>,
+    seed: Option<u64>,
+    out: Option<PathBuf>,
+    resume: Option<PathBuf>,
+    gpu: Option<usize>,
+    export_hf: Option<&Path>,
+) -> ExitCode {
+    let prepared = match prepare_run(recipe, config, sets, steps, seed, out, resume, gpu) {
+        Ok(prepared) => prepared,
+        Err(code) => return code,
     };
     for note in &prepared.notes {
         eprintln!("note: {note}");

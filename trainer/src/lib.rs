@@ -4,6 +4,7 @@
 
 pub mod assets;
 pub mod attention;
+pub mod bench_model;
 pub mod chat_template;
 pub mod checkpoint;
 pub mod cli;
