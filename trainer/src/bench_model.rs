@@ -10,8 +10,8 @@
 //!   position of the padded batch (`rows × width`), as a forward pass over the batch processes them;
 //!   `completion_tokens` is given too.
 //! * `step`: `steps` real steps of `rlx run` with the recipe (sampling with the task's stop tokens,
-//!   reference log-probs, the signals, the fused kernel, backward, AdamW), in a temporary run directory
-//!   that is removed after; `seconds` is the median step time, `tokens_per_s` the sampled tokens per
+//!   reference log-probs, the signals, the fused kernel, backward, AdamW; no greedy evaluation), in a
+//!   temporary run directory that is removed after; `seconds` is the median step time, `tokens_per_s` the sampled tokens per
 //!   second of step.
 //!
 //! Every phase line has `"phase"`, `"seconds"`, `"tokens_per_s"`, `"peak_bytes"` (the peak of live heap
@@ -264,6 +264,7 @@ pub fn bench_model(
         let run_options = RunOptions {
             resume: None,
             stop_after: Some(options.steps),
+            skip_evaluation: true,
         };
         let mut step_times = Vec::new();
         let (summary, peak, rss) = measured(|| {

@@ -183,6 +183,7 @@ pub fn prepare<'a>(source: impl Into<Source<'a>>, args: &RunArgs) -> Result<Prep
     let options = RunOptions {
         resume: loaded.map(|l| l.dir),
         stop_after: None,
+        skip_evaluation: false,
     };
     let notes = unused_rollout_settings(&plan.rollout);
     Ok(Prepared {

@@ -437,8 +437,11 @@ pub struct RunOptions {
     /// Continue from this checkpoint (a run directory or its `checkpoint/`).
     pub resume: Option<PathBuf>,
     /// Stop once this many steps are done, as if killed there (no final checkpoint, plot or summary);
-    /// for tests of `resume`.
+    /// for tests of `resume` and `rlx bench-model`.
     pub stop_after: Option<usize>,
+    /// Skip the greedy held-out evaluations (before the first step and every `eval_every` steps), as
+    /// `rlx bench-model` does to time steps alone.
+    pub skip_evaluation: bool,
 }
 
 /// A step's samples and the batch the recipe sees for them.
@@ -869,7 +872,11 @@ pub fn run_with(
         None => {
             let sft_start = Instant::now();
             let sft_loss = supervised(&policy, task.as_ref(), config, &mut sft_rng, &device)?;
-            let before = accuracy(&policy, task.as_ref(), &eval, max_new, &device)?;
+            let before = if options.skip_evaluation {
+                None
+            } else {
+                accuracy(&policy, task.as_ref(), &eval, max_new, &device)?
+            };
             progress(&Event::Info(format!(
                 "{}; {} parameters; warm start: {} steps in {:.1}s{}; greedy accuracy {}",
                 task.name(),
@@ -1174,7 +1181,7 @@ pub fn run_with(
         let last = step + 1 == config.steps;
         let every = config.train.eval_every;
         let mut eval_accuracy = None;
-        if last || (every > 0 && (step + 1) % every == 0) {
+        if !options.skip_evaluation && (last || (every > 0 && (step + 1) % every == 0)) {
             eval_accuracy = accuracy(&policy, task.as_ref(), &eval, max_new, &device)?;
             if let Some(a) = eval_accuracy {
                 accuracy_after = Some(a);

@@ -86,6 +86,7 @@ fn a_killed_run_resumed_from_its_checkpoint_matches_an_uninterrupted_run() {
     let options = RunOptions {
         resume: None,
         stop_after: Some(5),
+        skip_evaluation: false,
     };
     let stopped = run_with(
         prepared.plan,

@@ -63,6 +63,7 @@ fn smollm2_darling_step_on_ifeval() {
     let options = RunOptions {
         resume: None,
         stop_after: Some(1),
+        skip_evaluation: false,
     };
     let summary = run_with(
         prepared.plan,
@@ -259,6 +260,7 @@ fn smollm2_lora_run_checkpoints_only_the_adapters() {
         let options = RunOptions {
             resume,
             stop_after: None,
+            skip_evaluation: false,
         };
         run_with(
             prepared.plan,
