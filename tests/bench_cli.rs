@@ -4,34 +4,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use serde_json::Value;
-
-fn rlx(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_rlx"))
-        .args(args)
-        .current_dir(PathBuf::from(env!("CARGO_MANIFEST_DIR")))
-        .output()
-        .expect("rlx runs")
-}
-
-fn json_lines(output: &std::process::Output) -> Vec<Value> {
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout.clone())
-        .unwrap()
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("each line is one JSON object"))
-        .collect()
-}
-
-fn number(line: &Value, key: &str) -> f64 {
-    line[key]
-        .as_f64()
-        .unwrap_or_else(|| panic!("`{key}` is not a number in {line}"))
-}
+mod common;
+use common::{json_lines, number, rlx};
 
 #[test]
 fn bench_prints_one_json_line_per_backend() {

@@ -2,24 +2,8 @@
 //! in order, with the documented keys (docs/performance.md) and values that follow from the shapes; and
 //! clear errors for bad arguments.
 
-use std::path::PathBuf;
-use std::process::Command;
-
-use serde_json::Value;
-
-fn rlx(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_rlx"))
-        .args(args)
-        .current_dir(PathBuf::from(env!("CARGO_MANIFEST_DIR")))
-        .output()
-        .expect("rlx runs")
-}
-
-fn number(line: &Value, key: &str) -> f64 {
-    line[key]
-        .as_f64()
-        .unwrap_or_else(|| panic!("`{key}` is not a number in {line}"))
-}
+mod common;
+use common::{json_lines, number, rlx};
 
 #[test]
 fn bench_model_prints_one_json_line_per_phase() {
@@ -38,16 +22,7 @@ fn bench_model_prints_one_json_line_per_phase() {
         "--set",
         "sft.steps=0",
     ]);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let lines: Vec<Value> = String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("each line is one JSON object"))
-        .collect();
+    let lines = json_lines(&output);
     let phases: Vec<&str> = lines.iter().map(|l| l["phase"].as_str().unwrap()).collect();
     assert_eq!(phases, ["sample", "train", "step"]);
     for line in &lines {

@@ -28,9 +28,7 @@ use crate::optim::{AdamW, AdamWParams, Grads};
 use crate::progress::Event;
 use crate::rng::Rng;
 use crate::sample::{generate, Settings};
-use crate::train::{completion_logp, run_with, RunOptions};
-
-type Error = String;
+use crate::train::{completion_logp, err, run_with, Error, RunOptions};
 
 /// Which phases to measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,10 +102,6 @@ fn median(values: &mut [f64]) -> f64 {
         n if n % 2 == 1 => values[n / 2],
         n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
     }
-}
-
-fn err(e: candle_core::Error) -> Error {
-    e.to_string()
 }
 
 /// Measure the phases of `options` on `prepared`'s config and recipe, calling `emit` with one JSON object

@@ -2,8 +2,8 @@
 //! per prompt. Prompts of different lengths are left-padded and the padding is masked out of attention
 //! (rotary embeddings are relative, so the shift does not change what a row computes). Each prompt is
 //! run once (the prefill) and its keys and values are shared by its n samples; the per-row choice of
-//! the next token runs in parallel (one pre-drawn uniform per row keeps the stream seeded). Generation runs on
-//! the model's [`Model::no_grad`] view: nothing is recorded for backpropagation.
+//! the next token runs in parallel (one pre-drawn uniform per row keeps the stream seeded). Generation
+//! runs on the model's [`Model::no_grad`] view: nothing is recorded for backpropagation.
 
 use candle_core::{Device, Result, Tensor};
 use serde::{Deserialize, Serialize};

@@ -32,7 +32,7 @@ use crate::run_dir::{self, RunDir};
 use crate::sample::{generate, left_pad, Completion, Settings};
 use crate::task::{Prompt, Task, TaskModels, PAD};
 
-type Error = String;
+pub(crate) type Error = String;
 
 /// The trainer's own KL monitor (the `kl` metric and plot), written in rlx so the estimator has one
 /// home: std/loss `k3` of the sampled tokens' old and reference log-probabilities, token mean.
@@ -74,7 +74,7 @@ fn monitor_kl(
         .ok_or_else(|| "the KL monitor has no `kl` metric".to_string())
 }
 
-fn err(e: candle_core::Error) -> Error {
+pub(crate) fn err(e: candle_core::Error) -> Error {
     e.to_string()
 }
 
