@@ -3,7 +3,10 @@
 //!
 //! * `sample`: the config's policy generates `rows` completions of exactly `new_tokens` tokens (stop
 //!   tokens ignored, so every row has the same length) for `rows` of the task's prompts, batched with the
-//!   KV cache, at the config's temperature and top-p. `tokens_per_s` counts generated tokens.
+//!   KV cache, at the config's temperature and top-p. `tokens_per_s` counts generated tokens over the
+//!   whole call; `prefill_seconds` (the `prompt_tokens` of the rows' prompts, one row per prompt) and
+//!   `decode_seconds` split it, and `decode_tokens_per_s` is the rate of the decoding steps alone (the
+//!   tokens after each row's first), the rate a GRPO step's n samples per prompt mostly run at.
 //! * `train`: forward + backward + AdamW over those rows (prompt + completion, the log-probabilities of
 //!   the completion tokens through the fused LM head, loss −mean logp, micro-batches of
 //!   `train.micro_batch` rows), `runs` times; `seconds` is the median. `tokens_per_s` counts every
@@ -27,7 +30,7 @@ use crate::cli::Prepared;
 use crate::optim::{AdamW, AdamWParams, Grads};
 use crate::progress::Event;
 use crate::rng::Rng;
-use crate::sample::{generate, Settings};
+use crate::sample::{generate_timed, Settings};
 use crate::train::{completion_logp, err, run_with, Error, RunOptions};
 
 /// Which phases to measure.
@@ -164,8 +167,8 @@ pub fn bench_model(
         };
         let mut sample_rng = Rng::new(config.seed ^ 0x5eed);
         let start = Instant::now();
-        let (completions, peak, rss) = measured(|| {
-            generate(
+        let (generated, peak, rss) = measured(|| {
+            generate_timed(
                 &policy.no_grad(),
                 &prompts,
                 1,
@@ -174,9 +177,12 @@ pub fn bench_model(
                 &device,
             )
         });
-        let completions = completions.map_err(err)?;
+        let (completions, timing) = generated.map_err(err)?;
         let seconds = start.elapsed().as_secs_f64();
         let generated: usize = completions.iter().map(|c| c.tokens.len()).sum();
+        // The first token of each row comes from the prefill's logits; the decoding steps make the rest.
+        let decoded = generated.saturating_sub(completions.len());
+        let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
         if options.phases.contains(&Phase::Sample) {
             emit(&json!({
                 "phase": "sample",
@@ -185,6 +191,10 @@ pub fn bench_model(
                 "tokens": generated,
                 "seconds": seconds,
                 "tokens_per_s": generated as f64 / seconds,
+                "prompt_tokens": prompt_tokens,
+                "prefill_seconds": timing.prefill_seconds,
+                "decode_seconds": timing.decode_seconds,
+                "decode_tokens_per_s": decoded as f64 / timing.decode_seconds,
                 "peak_bytes": peak,
                 "peak_rss_bytes": rss,
                 "threads": threads,

@@ -1,4 +1,5 @@
-//! Fused layers of the policy with their own backward pass: RMS norm, SwiGLU and the rotary embedding.
+//! Fused layers of the policy with their own backward pass: RMS norm, SwiGLU, the rotary embedding, and
+//! the product with a frozen weight.
 //!
 //! Built from candle primitives, each of these is a chain of small ops (RMS norm alone is square, mean,
 //! add, sqrt, divide, multiply), every one of which allocates an activation-sized tensor that autograd
@@ -15,6 +16,10 @@
 //! * SwiGLU: y = silu(a)·b, silu(a) = a·σ(a): ∂a = ∂y·b·σ(a)·(1 + a·(1 − σ(a))), ∂b = ∂y·a·σ(a).
 //! * Rope (Hugging Face's non-interleaved halves x = [x₁, x₂], angle θ per pair):
 //!   y₁ = x₁ cos θ − x₂ sin θ, y₂ = x₂ cos θ + x₁ sin θ; the backward is the rotation by −θ.
+//! * A frozen weight (LoRA's base, any weight not trained): y = x·Wᵀ, ∂x = ∂y·W and nothing else. candle's
+//!   own matrix product always computes both operands' gradients, so a frozen [out, in] weight would
+//!   cost one more product of the forward's size per projection in every backward pass (a third of a
+//!   LoRA step's backward and forward compute) and a weight-sized buffer each, only to be dropped.
 //!
 //! These are CPU kernels (f32, any layout: inputs are made contiguous first); a candle custom op keeps the
 //! CPU/CUDA split, and `cuda_fwd` is left to the GPU trainer (candle's default: an error naming the op).
@@ -23,7 +28,7 @@ use std::sync::Arc;
 
 use candle_core::backend::BackendStorage;
 use candle_core::{
-    bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor,
+    bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Storage, Tensor,
 };
 use rayon::prelude::*;
 
@@ -188,6 +193,64 @@ impl CustomOp3 for RmsNormBwd {
             *d = partials.iter().map(|p| p[k]).sum::<f64>() as f32;
         }
         Ok((CpuStorage::F32(out), Shape::from((x.len() / h + 1, h))))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The product with a frozen weight
+
+/// `x · wᵀ` for x: [n, in], w: [out, in] → [n, out]. When `w` takes no gradient (neither a variable nor
+/// computed from one) the backward pass computes only ∂x = ∂y·w; else this is candle's matrix product
+/// (both gradients). Any dtype and device candle's product takes on the trained path; the frozen path
+/// runs on the CPU (its `cuda_fwd` belongs to the GPU trainer).
+pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    if w.is_variable() || w.track_op() || !x.device().is_cpu() {
+        return x.matmul(&w.t()?);
+    }
+    let (n, inp) = x.dims2()?;
+    let (out, w_in) = w.dims2()?;
+    if inp != w_in {
+        bail!(
+            "linear: x {:?} and weight {:?} disagree on the input size",
+            x.dims(),
+            w.dims()
+        )
+    }
+    if x.dtype() != w.dtype() {
+        bail!(
+            "linear: x is {:?} but the weight is {:?}",
+            x.dtype(),
+            w.dtype()
+        )
+    }
+    x.contiguous()?.apply_op1(FrozenLinear {
+        w: w.detach(),
+        bmnk: (1, n, out, inp),
+    })
+}
+
+struct FrozenLinear {
+    w: Tensor,
+    bmnk: (usize, usize, usize, usize),
+}
+
+impl CustomOp1 for FrozenLinear {
+    fn name(&self) -> &'static str {
+        "frozen-linear"
+    }
+
+    fn cpu_fwd(&self, x: &CpuStorage, xl: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (storage, wl) = self.w.storage_and_layout();
+        let Storage::Cpu(w) = &*storage else {
+            bail!("linear: the weight is not on the CPU")
+        };
+        // wᵀ as a strided view of w: the layout candle's own `x.matmul(&w.t())` hands the kernel.
+        let y = x.matmul(w, self.bmnk, xl, &wl.transpose(0, 1)?)?;
+        Ok((y, Shape::from((self.bmnk.1, self.bmnk.2))))
+    }
+
+    fn bwd(&self, _x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(dy.matmul(&self.w)?))
     }
 }
 

@@ -270,7 +270,8 @@ impl Linear {
         let inp = dims.last().copied().unwrap_or(0);
         let rows = x.elem_count() / inp.max(1);
         let x2 = x.reshape((rows, inp))?;
-        let mut y = x2.matmul(&self.weight.t()?)?;
+        // A frozen weight (LoRA's base) gets no gradient computed for it (`fused::linear`).
+        let mut y = linear(&x2, &self.weight)?;
         if let Some(bias) = &self.bias {
             y = y.broadcast_add(bias)?;
         }
@@ -357,6 +358,51 @@ pub struct KvCache {
 }
 
 impl KvCache {
+    /// A cache of `len` positions of zeros for `rows` rows in each of the model's layers: the left
+    /// padding of rows whose prompts are run after it, at positions `len..` (their own padding must
+    /// cover these positions, so that no query sees the zeros). Empty when `len` is 0.
+    pub fn zero_prefix(
+        config: &ModelConfig,
+        rows: usize,
+        len: usize,
+        device: &Device,
+    ) -> Result<Self> {
+        if len == 0 {
+            return Ok(KvCache::default());
+        }
+        let zeros = Tensor::zeros(
+            (rows, config.kv_heads, len, config.head_dim()),
+            DType::F32,
+            device,
+        )?;
+        Ok(KvCache {
+            layers: vec![Some((zeros.clone(), zeros)); config.layers],
+        })
+    }
+
+    /// The rows of `parts` one after the other (each part a cache of the same layers and positions).
+    pub fn concat_rows(parts: &[KvCache]) -> Result<Self> {
+        let Some(first) = parts.first() else {
+            return Ok(KvCache::default());
+        };
+        let mut layers = Vec::with_capacity(first.layers.len());
+        for l in 0..first.layers.len() {
+            let mut ks = Vec::with_capacity(parts.len());
+            let mut vs = Vec::with_capacity(parts.len());
+            for part in parts {
+                match part.layers.get(l) {
+                    Some(Some((k, v))) => {
+                        ks.push(k);
+                        vs.push(v);
+                    }
+                    _ => candle_core::bail!("KV caches of different layers cannot be joined"),
+                }
+            }
+            layers.push(Some((Tensor::cat(&ks, 0)?, Tensor::cat(&vs, 0)?)));
+        }
+        Ok(KvCache { layers })
+    }
+
     /// Row `i` of the cache becomes the old row `rows[i]` (`rows`: u32 indices), e.g. a prompt's keys
     /// and values repeated for each of its samples.
     pub fn repeat_rows(&mut self, rows: &Tensor) -> Result<()> {
@@ -471,7 +517,7 @@ pub fn adapter_names(l: usize, module: &str) -> (String, String) {
 }
 
 use crate::attention::causal_attention;
-use crate::fused::{rms_norm, rope, swiglu, RopeTables};
+use crate::fused::{linear, rms_norm, rope, swiglu, RopeTables};
 
 /// Log-softmax over the last axis, differentiable (detached max).
 pub fn log_softmax(x: &Tensor) -> Result<Tensor> {

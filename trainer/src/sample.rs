@@ -1,7 +1,8 @@
 //! Batched generation with a KV cache: temperature, top-p, a set of stop tokens, max new tokens, n samples
 //! per prompt. Prompts of different lengths are left-padded and the padding is masked out of attention
 //! (rotary embeddings are relative, so the shift does not change what a row computes). Each prompt is
-//! run once (the prefill) and its keys and values are shared by its n samples; the per-row choice of
+//! run once (the prefill, longest prompts first in chunks, so that a short prompt is not computed at
+//! the longest one's padded length) and its keys and values are shared by its n samples; the per-row choice of
 //! the next token runs in parallel (one pre-drawn uniform per row keeps the stream seeded). Generation
 //! runs on the model's [`Model::no_grad`] view: nothing is recorded for backpropagation.
 
@@ -13,6 +14,11 @@ use rayon::prelude::*;
 use crate::model::{KvCache, Model};
 use crate::rng::Rng;
 use crate::task::PAD;
+
+/// The most padded positions (rows × the chunk's longest prompt) one chunk of the prefill runs at once:
+/// large enough for the matrix products to run at full speed, small enough that a short prompt is not
+/// padded to a long one's length and that the chunk's activations stay small.
+const PREFILL_POSITIONS: usize = 1024;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -139,6 +145,14 @@ fn argmax(values: &[f32]) -> u32 {
     best as u32
 }
 
+/// Where a [`generate_timed`] call spent its time: the prefill (the prompts' forward pass and the first
+/// tokens' logits, the cache repeated for the samples) and the decoding steps after it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Timing {
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+}
+
 /// Generate `n` completions for each prompt; the result is prompt-major (all samples of prompt 0, then
 /// prompt 1, …), which is the packed order of groups and responses.
 pub fn generate(
@@ -149,6 +163,20 @@ pub fn generate(
     rng: &mut Rng,
     device: &Device,
 ) -> Result<Vec<Completion>> {
+    generate_timed(model, prompts, n, settings, rng, device).map(|(completions, _)| completions)
+}
+
+/// [`generate`], and how long its prefill and its decoding took.
+pub fn generate_timed(
+    model: &Model,
+    prompts: &[Vec<u32>],
+    n: usize,
+    settings: &Settings,
+    rng: &mut Rng,
+    device: &Device,
+) -> Result<(Vec<Completion>, Timing)> {
+    let start = std::time::Instant::now();
+    let mut timing = Timing::default();
     let vocab = model.config.vocab;
     if let Some(bad) = settings.stop.iter().find(|id| **id as usize >= vocab) {
         candle_core::bail!("stop token {bad} is outside the model's vocabulary of {vocab}");
@@ -168,27 +196,52 @@ pub fn generate(
         })
         .collect();
     if batch == 0 || settings.max_new_tokens == 0 {
-        return Ok(out);
+        return Ok((out, timing));
     }
-    // The prompts are run once each (the prefill), and their keys and values then repeated for the n
-    // rows of each: row r continues prompt r / n.
-    let (prompt_pads, ids, len) = left_pad(prompts);
+    // The prefill: each prompt is run once, and its keys and values then repeated for the n rows of
+    // each (row r continues prompt r / n). The prompts go longest first, in chunks of at most
+    // PREFILL_POSITIONS padded positions, so that a short prompt is not padded to the longest of the
+    // whole batch: a chunk whose longest prompt has lc tokens runs after a prefix of len − lc zero
+    // positions (a zero-prefix cache its rows' padding covers), which puts each of its tokens at the
+    // position it has in the batch left-padded to `len` (rope angles included). The chunks' caches and
+    // first-token logits are then joined and put back in row order.
+    let (prompt_pads, _, len) = left_pad(prompts);
     let pads: Vec<usize> = prompt_pads
         .iter()
         .flat_map(|&p| std::iter::repeat_n(p, n))
         .collect();
-    let mut cache = KvCache::default();
-    let input = Tensor::from_vec(ids, (prompts.len(), len), device)?;
-    let hidden = model.hidden(&input, 0, &prompt_pads, Some(&mut cache))?;
-    let last = hidden.narrow(1, len - 1, 1)?.squeeze(1)?;
-    let rows_of_prompts: Vec<u32> = (0..batch).map(|r| (r / n) as u32).collect();
-    let rows_of_prompts = Tensor::from_vec(rows_of_prompts, batch, device)?;
-    if n > 1 {
-        cache.repeat_rows(&rows_of_prompts)?;
+    let mut order: Vec<usize> = (0..prompts.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(prompts[i].len()));
+    let mut caches = Vec::new();
+    let mut first_logits = Vec::new();
+    let mut begin = 0;
+    while begin < order.len() {
+        let lc = prompts[order[begin]].len();
+        let chunk = &order[begin..(begin + (PREFILL_POSITIONS / lc).max(1)).min(order.len())];
+        let chunk_prompts: Vec<Vec<u32>> = chunk.iter().map(|&i| prompts[i].clone()).collect();
+        let (_, ids, _) = left_pad(&chunk_prompts);
+        let chunk_pads: Vec<usize> = chunk.iter().map(|&i| prompt_pads[i]).collect();
+        let mut cache = KvCache::zero_prefix(&model.config, chunk.len(), len - lc, device)?;
+        let input = Tensor::from_vec(ids, (chunk.len(), lc), device)?;
+        let hidden = model.hidden(&input, len - lc, &chunk_pads, Some(&mut cache))?;
+        let last = hidden.narrow(1, lc - 1, 1)?.squeeze(1)?;
+        first_logits.push(model.logits(&last)?);
+        caches.push(cache);
+        begin += chunk.len();
     }
-    let mut logits = model.logits(&last)?.index_select(&rows_of_prompts, 0)?;
+    let mut rank = vec![0u32; prompts.len()];
+    for (position, &i) in order.iter().enumerate() {
+        rank[i] = position as u32;
+    }
+    let rows_of_chunks: Vec<u32> = (0..batch).map(|r| rank[r / n]).collect();
+    let rows_of_chunks = Tensor::from_vec(rows_of_chunks, batch, device)?;
+    let mut cache = KvCache::concat_rows(&caches)?;
+    drop(caches);
+    cache.repeat_rows(&rows_of_chunks)?;
+    let mut logits = Tensor::cat(&first_logits, 0)?.index_select(&rows_of_chunks, 0)?;
     let mut done = vec![false; batch];
     let mut offset = len;
+    timing.prefill_seconds = start.elapsed().as_secs_f64();
     for step in 0..settings.max_new_tokens {
         let rows = logits.to_vec2::<f32>()?;
         // One uniform per live row, drawn in row order (the sampling stream does not depend on the
@@ -233,5 +286,6 @@ pub fn generate(
         logits = model.logits(&hidden.squeeze(1)?)?;
         offset += 1;
     }
-    Ok(out)
+    timing.decode_seconds = start.elapsed().as_secs_f64() - timing.prefill_seconds;
+    Ok((out, timing))
 }

@@ -3,7 +3,7 @@
 //! non-contiguous inputs), plus a finite-difference check of each op in f64 arithmetic and the errors.
 
 use candle_core::{DType, Device, Tensor, Var, D};
-use rlx_trainer::fused::{rms_norm, rope, swiglu, RopeTables};
+use rlx_trainer::fused::{linear, rms_norm, rope, swiglu, RopeTables};
 use rlx_trainer::rng::Rng;
 
 fn random(rng: &mut Rng, shape: &[usize], scale: f64) -> Tensor {
@@ -233,4 +233,50 @@ fn bad_inputs_are_errors_not_panics() {
     assert!(message(swiglu(&x, &random(&mut rng, &[4, 3], 1.0))).contains("differ in shape"));
     let tables = RopeTables::new(&[1.0, 0.5], 0, 5);
     assert!(message(rope(&x, &tables)).contains("tables are for"));
+}
+
+#[test]
+fn a_frozen_weight_gets_no_gradient_and_the_input_gets_candles() {
+    let mut rng = Rng::new(7);
+    // 37 rows × 29 in → 13 out: no size a multiple of a kernel tile.
+    let x = random(&mut rng, &[37, 29], 1.0);
+    let w = random(&mut rng, &[13, 29], 0.3);
+    let weights = random(&mut rng, &[37, 13], 1.0);
+    let fused = linear(&x, &w).unwrap();
+    let plain = x.matmul(&w.t().unwrap()).unwrap();
+    assert!(
+        max_rel(&fused, &plain) < 1e-6,
+        "{}",
+        max_rel(&fused, &plain)
+    );
+    // The weight a plain tensor: only ∂x, equal to candle's.
+    let xv = Var::from_tensor(&x).unwrap();
+    let loss = (linear(xv.as_tensor(), &w).unwrap() * &weights)
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    let store = loss.backward().unwrap();
+    let dx = store.get(xv.as_tensor()).expect("∂x").clone();
+    assert!(store.get(&w).is_none(), "a frozen weight got a gradient");
+    let [want_dx, _] = gradients(&[x.clone(), w.clone()], &weights, |t| {
+        t[0].matmul(&t[1].t().unwrap()).unwrap()
+    })
+    .try_into()
+    .unwrap();
+    assert!(max_rel(&dx, &want_dx) < 1e-5, "{}", max_rel(&dx, &want_dx));
+    // A trained weight: both gradients, candle's.
+    let got = gradients(&[x.clone(), w.clone()], &weights, |t| {
+        linear(&t[0], &t[1]).unwrap()
+    });
+    let want = gradients(&[x.clone(), w.clone()], &weights, |t| {
+        t[0].matmul(&t[1].t().unwrap()).unwrap()
+    });
+    for (g, r) in got.iter().zip(&want) {
+        assert!(max_rel(g, r) < 1e-5);
+    }
+    // A transposed (non-contiguous) input gives the same product.
+    let xt = x.t().unwrap().contiguous().unwrap().t().unwrap();
+    assert!(max_rel(&linear(&xt, &w).unwrap(), &plain) < 1e-6);
+    let message = |r: candle_core::Result<Tensor>| r.unwrap_err().to_string();
+    assert!(message(linear(&x, &random(&mut rng, &[13, 28], 1.0))).contains("input size"));
 }

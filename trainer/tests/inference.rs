@@ -329,3 +329,60 @@ fn sampler_input_errors_name_the_problem() {
     .to_string();
     assert!(err.contains("prompt 1 is empty"), "{err}");
 }
+
+#[test]
+fn a_prefill_split_into_chunks_gives_the_whole_batchs_tokens_and_log_probs() {
+    // Long enough prompts that the prefill runs in three chunks (1024 padded positions at most each,
+    // longest first): [700], [450, 300] after a zero prefix of 250 positions, [30, 5] after one of 670.
+    let config = ModelConfig {
+        max_positions: 760,
+        ..config()
+    };
+    let model = Model::new(&config, 11, &Device::Cpu).unwrap();
+    let mut rng = Rng::new(3);
+    let prompts: Vec<Vec<u32>> = [30usize, 700, 5, 450, 300]
+        .iter()
+        .map(|&len| {
+            (0..len)
+                .map(|_| (rng.uniform() * 23.0) as u32 % 23)
+                .collect()
+        })
+        .collect();
+    let settings = Settings {
+        temperature: 1.0,
+        top_p: 1.0,
+        max_new_tokens: 12,
+        stop: Vec::new(),
+        entropy: true,
+    };
+    let device = Device::Cpu;
+    let out = generate(&model, &prompts, 2, &settings, &mut Rng::new(5), &device).unwrap();
+    assert_eq!(out.len(), 10);
+    // The trainer's forward pass over the whole batch left-padded to the longest prompt (one pass, no
+    // cache): the same log-probabilities of every sampled token, so each chunk's keys sit at the
+    // positions, rope angles included, of the padded batch.
+    let repeated: Vec<Vec<u32>> = prompts
+        .iter()
+        .flat_map(|p| [p.clone(), p.clone()])
+        .collect();
+    let tokens: Vec<Vec<u32>> = out.iter().map(|c| c.tokens.clone()).collect();
+    let packed = completion_logp(&model, &repeated, &tokens, &device)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let sampled: Vec<f32> = out.iter().flat_map(|c| c.logp.clone()).collect();
+    assert_eq!(packed.len(), 120);
+    for (i, (p, s)) in packed.iter().zip(&sampled).enumerate() {
+        assert!((p - s).abs() < 1e-4, "token {i}: {p} vs {s}");
+    }
+    // Each prompt alone (one chunk, no prefix) chooses the same greedy tokens as in the batch.
+    let greedy = greedy(Vec::new(), 8);
+    let batch = generate(&model, &prompts, 1, &greedy, &mut Rng::new(0), &device).unwrap();
+    for (p, row) in prompts.iter().zip(&batch) {
+        let alone = generate(&model, &[p.clone()], 1, &greedy, &mut Rng::new(0), &device).unwrap();
+        assert_eq!(alone[0].tokens, row.tokens, "prompt of {} tokens", p.len());
+        for (a, b) in alone[0].logp.iter().zip(&row.logp) {
+            assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+        }
+    }
+}
