@@ -15,7 +15,8 @@
 //! * `step`: `steps` real steps of `rlx run` with the recipe (sampling with the task's stop tokens,
 //!   reference log-probs, the signals, the fused kernel, backward, AdamW; no greedy evaluation), in a
 //!   temporary run directory that is removed after; `seconds` is the median step time, `tokens_per_s` the sampled tokens per
-//!   second of step.
+//!   second of step; `sample_seconds`, `score_seconds` (signals and reference log-probs) and
+//!   `train_seconds` (forward, backward, AdamW) are the medians of the step's parts.
 //!
 //! Every phase line has `"phase"`, `"seconds"`, `"tokens_per_s"`, `"peak_bytes"` (the peak of live heap
 //! bytes during the phase, model weights included, when the binary counts allocations; else null) and
@@ -282,12 +283,23 @@ pub fn bench_model(
         let _ = std::fs::remove_dir_all(&out);
         summary?;
         let rows = (config.train.prompts_per_step * group_size) as f64;
-        let sampled: Vec<f64> = metrics
+        let lines: Vec<Value> = metrics
             .lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .collect();
+        let sampled: Vec<f64> = lines
+            .iter()
             .filter_map(|v| v.get("response_length/mean").and_then(Value::as_f64))
             .map(|mean| mean * rows)
             .collect();
+        // The median over the steps of each part of a step (the run's `time/…` metrics).
+        let part = |key: &str| {
+            let mut values: Vec<f64> = lines
+                .iter()
+                .filter_map(|v| v.get(key).and_then(Value::as_f64))
+                .collect();
+            (!values.is_empty()).then(|| median(&mut values))
+        };
         let seconds = median(&mut step_times.clone());
         let tokens = if sampled.is_empty() {
             None
@@ -302,6 +314,9 @@ pub fn bench_model(
             "max_new_tokens": config.sampler.max_new_tokens,
             "seconds": seconds,
             "seconds_each": step_times,
+            "sample_seconds": part("time/sample_s"),
+            "score_seconds": part("time/score_s"),
+            "train_seconds": part("time/train_s"),
             "sampled_tokens": tokens,
             "tokens_per_s": tokens.map(|t| t / seconds),
             "peak_bytes": peak,

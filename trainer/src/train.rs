@@ -712,7 +712,14 @@ fn mean(values: &[f64]) -> f64 {
 }
 
 /// Keys of a metrics line that measure time (they differ between otherwise identical runs).
-pub const TIMING_KEYS: [&str; 3] = ["sample_tokens_per_s", "train_tokens_per_s", "step_time_s"];
+pub const TIMING_KEYS: [&str; 6] = [
+    "sample_tokens_per_s",
+    "train_tokens_per_s",
+    "time/sample_s",
+    "time/score_s",
+    "time/train_s",
+    "step_time_s",
+];
 
 /// Run the whole job: warm start, then `config.steps` RL steps; metrics go to `out/metrics.jsonl`.
 fn describe_base(base: Option<&checkpoint::BaseModel>) -> String {
@@ -993,6 +1000,8 @@ pub fn run_with(
         let wanted = config.train.prompts_per_step;
         let filtering = !plan.graph.outputs.keeps.is_empty();
         let (mut generated, mut sample_s, mut rounds) = (0usize, 0f64, 0usize);
+        // The samples' signals and reference log-probs (and the recipe's `keep`), over all rounds.
+        let mut score_s = 0f64;
         let mut kept_prompts: Vec<Prompt> = Vec::new();
         let mut kept_completions: Vec<Completion> = Vec::new();
         // The samples and, when the recipe filters, how many of their groups it keeps.
@@ -1005,7 +1014,9 @@ pub fn run_with(
                 generate(&policy, &ids, n, &settings, &mut sample_rng, &device).map_err(err)?;
             sample_s += t0.elapsed().as_secs_f64();
             generated += completions.iter().map(|c| c.tokens.len()).sum::<usize>();
+            let t_score = Instant::now();
             let round = build(prompts, completions)?;
+            score_s += t_score.elapsed().as_secs_f64();
             if !filtering {
                 break (round, None);
             }
@@ -1178,6 +1189,9 @@ pub fn run_with(
             "train_tokens_per_s".into(),
             json!(trained_tokens as f64 / train_s.max(1e-9)),
         );
+        line.insert("time/sample_s".into(), json!(sample_s));
+        line.insert("time/score_s".into(), json!(score_s));
+        line.insert("time/train_s".into(), json!(train_s));
         let last = step + 1 == config.steps;
         let every = config.train.eval_every;
         let mut eval_accuracy = None;

@@ -549,6 +549,9 @@ fn a_short_grpo_run_on_arithmetic_raises_the_reward() {
             "grad_norm",
             "sample_tokens_per_s",
             "train_tokens_per_s",
+            "time/sample_s",
+            "time/score_s",
+            "time/train_s",
             "step_time_s",
         ] {
             let value = line.get(key).and_then(|v| v.as_f64());
