@@ -1002,6 +1002,8 @@ pub fn run_with(
         let (mut generated, mut sample_s, mut rounds) = (0usize, 0f64, 0usize);
         // The samples' signals and reference log-probs (and the recipe's `keep`), over all rounds.
         let mut score_s = 0f64;
+        // Whether each response sampled in this step (every round, kept or not) is exactly right.
+        let mut sampled_correct: Vec<f64> = Vec::new();
         let mut kept_prompts: Vec<Prompt> = Vec::new();
         let mut kept_completions: Vec<Completion> = Vec::new();
         // The samples and, when the recipe filters, how many of their groups it keeps.
@@ -1027,8 +1029,28 @@ pub fn run_with(
                 )
             })?;
             let count = kept.iter().filter(|k| **k).count();
-            if config.train.max_sampling_rounds <= 1 || (rounds == 1 && count == kept.len()) {
+            if let Some(c) = &round.correct {
+                sampled_correct.extend_from_slice(c);
+            }
+            if count == kept.len() && rounds == 1 {
                 break (round, Some(count));
+            }
+            if config.train.max_sampling_rounds <= 1 {
+                // One round: the step trains on the groups it keeps, and only on them. A dropped
+                // group has advantage and gradient 0 and is outside the loss's normalisations, so the
+                // update is the recipe's, without a forward and backward pass over its responses.
+                if count == 0 {
+                    break (round, Some(0));
+                }
+                let (mut prompts, mut completions) = (Vec::new(), Vec::new());
+                for (g, _) in kept.iter().enumerate().filter(|(_, k)| **k) {
+                    prompts.push(round.prompts[g].clone());
+                    completions.extend_from_slice(&round.completions[g * n..(g + 1) * n]);
+                }
+                let t_score = Instant::now();
+                let kept = build(prompts, completions)?;
+                score_s += t_score.elapsed().as_secs_f64();
+                break (kept, Some(count));
             }
             for (g, _) in kept.iter().enumerate().filter(|(_, k)| **k) {
                 if kept_prompts.len() < wanted {
@@ -1130,6 +1152,11 @@ pub fn run_with(
         let mut line = Map::new();
         line.insert("step".into(), json!(step));
         line.insert("reward/mean".into(), json!(reward_mean));
+        // Over every response sampled in the step (with `keep` filters, also those of dropped groups).
+        let correct = match correct {
+            Some(_) if filtering => Some(sampled_correct),
+            other => other,
+        };
         if let Some(correct) = &correct {
             line.insert("accuracy".into(), json!(mean(correct)));
         }
@@ -1177,7 +1204,7 @@ pub fn run_with(
             json!(total_tokens as f64 / lengths.len() as f64),
         );
         line.insert("grad_norm".into(), json!(grad_norm));
-        if config.train.max_sampling_rounds > 1 && filtering {
+        if filtering {
             line.insert("sampling/rounds".into(), json!(rounds));
             line.insert("sampling/kept_groups".into(), json!(kept_count));
         }

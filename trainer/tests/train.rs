@@ -663,16 +663,27 @@ fn dynamic_sampling_refills_the_batch_with_kept_groups() {
         }
         if rounds > 1 {
             resampled += 1;
-            // The batch is exactly the kept groups: every one has both right and wrong answers.
+            // Every round's samples count in `accuracy`, and a kept group has both right and wrong
+            // answers.
             let accuracy = line["accuracy"].as_f64().unwrap();
             assert!(accuracy > 0.0 && accuracy < 1.0, "{line:?}");
         }
     }
     assert!(resampled > 0, "no step needed a second round: {refilled:?}");
+    // One round: the step trains on the groups that round kept (only on them: a dropped group is
+    // outside the loss and its normalisations, so no forward or backward pass runs over it).
     let once = run("once", "1");
+    let mut dropped = 0;
     for line in &once {
-        assert!(!line.contains_key("sampling/rounds"), "{line:?}");
+        assert_eq!(number(line, "sampling/rounds"), 1, "{line:?}");
+        let kept = number(line, "sampling/kept_groups");
+        assert!(kept <= 4, "{line:?}");
+        dropped += 4 - kept;
+        if kept > 0 {
+            assert!(line["loss"].is_number(), "{line:?}");
+        }
     }
+    assert!(dropped > 0, "no step dropped a group: {once:?}");
 }
 
 /// `input entropy : f32[tok] policy` trains for real: the entropy bonus's share of the gradient (the
