@@ -37,7 +37,14 @@ pub struct TrainConfig {
     /// DAPO's dynamic sampling: when the recipe's `keep` drops groups, sample more prompts, up to this
     /// many rounds per step, until `prompts_per_step` groups are kept (1 = never resample).
     pub max_sampling_rounds: usize,
+    /// Write every response of every this many steps (from the first) to `OUT/samples.jsonl`: prompt,
+    /// completion, signals, reward, advantage, kept (0 = never). Optional (the default config's 10).
+    pub samples_every: usize,
 }
+
+/// Keys a config may leave out (added after configs were first written, so that older configs and
+/// checkpoints still load): an absent one takes the value of the default config.
+const OPTIONAL_KEYS: [&str; 1] = ["train.samples_every"];
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -77,6 +84,15 @@ impl Config {
         let mut value: toml::Table =
             toml::from_str(text).map_err(|e| format!("config: {}", e.message()))?;
         check_keys(&value)?;
+        // Keys added since configs were first written take the default config's value when absent.
+        let default: toml::Table = toml::from_str(DEFAULT_CONFIG).expect("default config parses");
+        for path in OPTIONAL_KEYS {
+            let (section, key) = path.split_once('.').expect("a section.key path");
+            let fallback = default[section][key].clone();
+            if let Some(toml::Value::Table(t)) = value.get_mut(section) {
+                t.entry(key).or_insert(fallback);
+            }
+        }
         // The kinds of `[model]` and `[task]` default to the built-in job's.
         for (section, kind) in [("model", "tiny"), ("task", "arithmetic")] {
             if let Some(toml::Value::Table(t)) = value.get_mut(section) {
@@ -329,7 +345,9 @@ fn check_keys(table: &toml::Table) -> Result<(), String> {
             }
         }
         for (key, expected) in want {
-            if !have.contains_key(key) {
+            if !have.contains_key(key)
+                && !OPTIONAL_KEYS.contains(&format!("{prefix}{key}").as_str())
+            {
                 let what = if expected.is_table() {
                     "section"
                 } else {

@@ -683,6 +683,119 @@ pub fn loss_and_gradients(
     Ok((outcome, grads))
 }
 
+/// The file of a run directory that holds the sampled responses of every `train.samples_every` steps.
+pub const SAMPLES_FILE: &str = "samples.jsonl";
+
+/// The lines of `path` (a previous run's samples.jsonl) of the steps before `first_step`; a missing file
+/// is empty, a line that is not a JSON object with a `step` number an error naming it.
+fn samples_before(path: &Path, first_step: usize) -> Result<String, Error> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(String::new()),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let mut kept = String::new();
+    for (k, line) in text.lines().enumerate() {
+        let step = serde_json::from_str::<Value>(line)
+            .ok()
+            .and_then(|v| v.get("step").and_then(Value::as_u64));
+        match step {
+            Some(step) if (step as usize) < first_step => {
+                kept.push_str(line);
+                kept.push('\n');
+            }
+            Some(_) => {}
+            None => {
+                return Err(format!(
+                    "{} line {}: not a JSON object with a `step` number (the samples of the run being resumed)",
+                    path.display(),
+                    k + 1
+                ))
+            }
+        }
+    }
+    Ok(kept)
+}
+
+/// One JSON line per response of a step: its group and index in the group, the prompt and completion
+/// as text, its token count, each signal (a number when the signal has one value per response, else
+/// the response's values: per criterion, or a fixed number per response), and the recipe's `reward`,
+/// `advantage` (a number, or per token) and `kept` when the recipe has them (first epoch).
+#[allow(clippy::too_many_arguments)]
+fn sample_lines(
+    step: usize,
+    task: &dyn Task,
+    n: usize,
+    rows: &[Vec<u32>],
+    tokens: &[Vec<u32>],
+    signals: &[(String, Vec<f64>)],
+    layout: &Layout,
+    outcome: Option<&Outcome>,
+) -> String {
+    let responses = tokens.len();
+    let groups = layout.response_groups();
+    // Per-criterion values: response r has the criteria of its group.
+    let crit_offsets: Vec<usize> = std::iter::once(0)
+        .chain(groups.iter().scan(0, |sum, &g| {
+            *sum += layout.crit_count(g);
+            Some(*sum)
+        }))
+        .collect();
+    let per_token_offsets: Vec<usize> = std::iter::once(0)
+        .chain(tokens.iter().scan(0, |sum, t| {
+            *sum += t.len();
+            Some(*sum)
+        }))
+        .collect();
+    let of_response = |values: &[f64], r: usize| -> Option<Value> {
+        if values.len() == responses {
+            Some(json!(values[r]))
+        } else if values.len() == crit_offsets[responses] {
+            Some(json!(values[crit_offsets[r]..crit_offsets[r + 1]]))
+        } else if values.len() == per_token_offsets[responses] {
+            Some(json!(
+                values[per_token_offsets[r]..per_token_offsets[r + 1]]
+            ))
+        } else if responses > 0 && values.len().is_multiple_of(responses) {
+            let k = values.len() / responses;
+            Some(json!(values[r * k..(r + 1) * k]))
+        } else {
+            None
+        }
+    };
+    let mut text = String::new();
+    for r in 0..responses {
+        let mut line = Map::new();
+        line.insert("step".into(), json!(step));
+        line.insert("group".into(), json!(r / n.max(1)));
+        line.insert("index".into(), json!(r % n.max(1)));
+        line.insert("prompt".into(), json!(task.decode(&rows[r])));
+        line.insert("completion".into(), json!(task.decode(&tokens[r])));
+        line.insert("tokens".into(), json!(tokens[r].len()));
+        let mut values = Map::new();
+        for (name, v) in signals {
+            if let Some(value) = of_response(v, r) {
+                values.insert(name.clone(), value);
+            }
+        }
+        line.insert("signals".into(), Value::Object(values));
+        if let Some(outcome) = outcome {
+            if let Some(value) = outcome.reward.as_deref().and_then(|v| of_response(v, r)) {
+                line.insert("reward".into(), value);
+            }
+            if let Some(value) = outcome.advantage.as_deref().and_then(|v| of_response(v, r)) {
+                line.insert("advantage".into(), value);
+            }
+            if outcome.kept.len() == responses {
+                line.insert("kept".into(), json!(outcome.kept[r]));
+            }
+        }
+        text.push_str(&Value::Object(line).to_string());
+        text.push('\n');
+    }
+    text
+}
+
 /// The name of the recipe input the trainer fills with the policy's per-token entropy.
 pub const ENTROPY: &str = "entropy";
 
@@ -914,6 +1027,20 @@ pub fn run_with(
         .append(true)
         .open(&metrics_path)
         .map_err(|e| write_err(&metrics_path, e))?;
+
+    // OUT/samples.jsonl: on a resume, the lines of the steps before the checkpoint's are kept (those
+    // of later steps, from the run that stopped, are written again by the steps that redo them).
+    let samples_path = out.join(SAMPLES_FILE);
+    let kept_samples = if options.resume.is_some() {
+        samples_before(&samples_path, first_step)?
+    } else {
+        String::new()
+    };
+    std::fs::write(&samples_path, &kept_samples).map_err(|e| write_err(&samples_path, e))?;
+    let mut samples_file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&samples_path)
+        .map_err(|e| write_err(&samples_path, e))?;
 
     let settings = Settings {
         temperature: plan.temperature,
@@ -1228,6 +1355,22 @@ pub fn run_with(
                 accuracy_after = Some(a);
                 line.insert("eval/accuracy".into(), json!(a));
             }
+        }
+        let every = config.train.samples_every;
+        if every > 0 && step % every == 0 {
+            let text = sample_lines(
+                step,
+                task.as_ref(),
+                n,
+                &rows,
+                &tokens,
+                &signal_values,
+                &batch.layout,
+                outcome.as_ref(),
+            );
+            samples_file
+                .write_all(text.as_bytes())
+                .map_err(|e| write_err(&samples_path, e))?;
         }
         let step_s = step_start.elapsed().as_secs_f64();
         line.insert("step_time_s".into(), json!(step_s));

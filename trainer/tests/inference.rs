@@ -379,7 +379,15 @@ fn a_prefill_split_into_chunks_gives_the_whole_batchs_tokens_and_log_probs() {
     let greedy = greedy(Vec::new(), 8);
     let batch = generate(&model, &prompts, 1, &greedy, &mut Rng::new(0), &device).unwrap();
     for (p, row) in prompts.iter().zip(&batch) {
-        let alone = generate(&model, &[p.clone()], 1, &greedy, &mut Rng::new(0), &device).unwrap();
+        let alone = generate(
+            &model,
+            std::slice::from_ref(p),
+            1,
+            &greedy,
+            &mut Rng::new(0),
+            &device,
+        )
+        .unwrap();
         assert_eq!(alone[0].tokens, row.tokens, "prompt of {} tokens", p.len());
         for (a, b) in alone[0].logp.iter().zip(&row.logp) {
             assert!((a - b).abs() < 1e-4, "{a} vs {b}");

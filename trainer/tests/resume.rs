@@ -20,7 +20,7 @@ fn out_dir(name: &str) -> PathBuf {
 
 // Small, but with everything that carries state across steps: AdamW moments, the prompt and sampler
 // RNGs, the reference model (grpo's KL term), several epochs and micro-batches.
-const SETS: [&str; 10] = [
+const SETS: [&str; 11] = [
     "steps=7",
     "sft.steps=20",
     "sft.batch=16",
@@ -31,6 +31,7 @@ const SETS: [&str; 10] = [
     "train.micro_batch=12",
     "train.checkpoint_every=2",
     "train.lr=1e-3",
+    "train.samples_every=2",
 ];
 
 fn args(out: &Path, resume: Option<PathBuf>) -> RunArgs {
@@ -123,6 +124,11 @@ fn a_killed_run_resumed_from_its_checkpoint_matches_an_uninterrupted_run() {
     assert_eq!(resumed.rewards, uninterrupted.rewards);
     assert_eq!(resumed.accuracy_after, uninterrupted.accuracy_after);
     assert_eq!(lines(&killed), lines(&whole));
+    // samples.jsonl: the killed run wrote steps 0, 2 and 4; the resumed one kept those (before the
+    // checkpoint's step 5) and wrote step 6: the same file as the uninterrupted run's.
+    let samples = |out: &Path| std::fs::read_to_string(out.join("samples.jsonl")).unwrap();
+    assert!(!samples(&whole).is_empty());
+    assert_eq!(samples(&killed), samples(&whole));
     assert!(killed.join("metrics.png").is_file());
     for out in [whole, killed] {
         let _ = std::fs::remove_dir_all(out);
