@@ -1162,23 +1162,9 @@ pub fn run_with(
             if count == kept.len() && rounds == 1 {
                 break (round, Some(count));
             }
-            if config.train.max_sampling_rounds <= 1 {
-                // One round: the step trains on the groups it keeps, and only on them. A dropped
-                // group has advantage and gradient 0 and is outside the loss's normalisations, so the
-                // update is the recipe's, without a forward and backward pass over its responses.
-                if count == 0 {
-                    break (round, Some(0));
-                }
-                let (mut prompts, mut completions) = (Vec::new(), Vec::new());
-                for (g, _) in kept.iter().enumerate().filter(|(_, k)| **k) {
-                    prompts.push(round.prompts[g].clone());
-                    completions.extend_from_slice(&round.completions[g * n..(g + 1) * n]);
-                }
-                let t_score = Instant::now();
-                let kept = build(prompts, completions)?;
-                score_s += t_score.elapsed().as_secs_f64();
-                break (kept, Some(count));
-            }
+            // The step trains on the kept groups only, refilled as one batch (with one round too: a
+            // dropped group has advantage and gradient 0 and is outside the loss's normalisations, so
+            // this is the recipe's update without a forward and backward pass over its responses).
             for (g, _) in kept.iter().enumerate().filter(|(_, k)| **k) {
                 if kept_prompts.len() < wanted {
                     kept_prompts.push(round.prompts[g].clone());
@@ -1190,10 +1176,12 @@ pub fn run_with(
                     break (round, Some(0));
                 }
                 let count = kept_prompts.len();
+                let t_score = Instant::now();
                 let kept = build(
                     std::mem::take(&mut kept_prompts),
                     std::mem::take(&mut kept_completions),
                 )?;
+                score_s += t_score.elapsed().as_secs_f64();
                 break (kept, Some(count));
             }
         };
