@@ -9,9 +9,15 @@ use serde::Deserialize;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Extract {
-    /// `boxed`, else `answer_is`, else (for a numeric reference) `last_number`, else `whole`.
+    /// `answer_tag`, else `boxed`, else `answer_is`, else (for a numeric reference) `last_number`, else
+    /// `whole`.
     #[default]
     Auto,
+    /// The content of the last `<answer>…</answer>` (the format of R1-style prompts), trimmed.
+    AnswerTag,
+    /// The last match of the signal's `pattern`: its first capture group when it has one, else the
+    /// whole match.
+    Regex,
     /// The content of the last `\boxed{…}` (or `\fbox{…}`), braces balanced.
     Boxed,
     /// The rest of the line after the last "answer is" / "answer:" (case-insensitive).
@@ -166,16 +172,52 @@ fn plain(s: &str) -> Option<f64> {
     Some(if neg { -v } else { v })
 }
 
+/// The content of the last `<answer>…</answer>` (case-insensitive tags, spanning lines), trimmed.
+pub fn answer_tag(text: &str) -> Option<&str> {
+    static RE: OnceLock<Regex> = OnceLock::new();
+    let re =
+        RE.get_or_init(|| Regex::new(r"(?is)<answer>(.*?)</answer>").expect("answer tag regex"));
+    re.captures_iter(text)
+        .last()
+        .and_then(|c| c.get(1))
+        .map(|m| m.as_str().trim())
+}
+
+/// The last match of `pattern` in `text`: its first capture group when the pattern has one (and it
+/// took part in the match), else the whole match; trimmed.
+pub fn last_match<'t>(text: &'t str, pattern: &Regex) -> Option<&'t str> {
+    let c = pattern.captures_iter(text).last()?;
+    let m = if pattern.captures_len() > 1 {
+        c.get(1)?
+    } else {
+        c.get(0)?
+    };
+    Some(m.as_str().trim())
+}
+
 /// Extracts the final answer of `text` with `how`. `numeric_reference` tells `auto` whether to fall
-/// back to the last number (true) or to the whole completion (false).
+/// back to the last number (true) or to the whole completion (false). `Extract::Regex` needs
+/// [`extract_with`] and its pattern (here it finds nothing).
 pub fn extract(text: &str, how: Extract, numeric_reference: bool) -> Option<&str> {
+    extract_with(text, how, None, numeric_reference)
+}
+
+/// [`extract`] with the pattern of `Extract::Regex`.
+pub fn extract_with<'t>(
+    text: &'t str,
+    how: Extract,
+    pattern: Option<&Regex>,
+    numeric_reference: bool,
+) -> Option<&'t str> {
     match how {
+        Extract::AnswerTag => answer_tag(text),
+        Extract::Regex => pattern.and_then(|p| last_match(text, p)),
         Extract::Boxed => last_boxed(text).map(str::trim),
         Extract::AnswerIs => after_answer_is(text),
         Extract::LastNumber => last_number(text),
         Extract::Whole => Some(text.trim()),
-        Extract::Auto => last_boxed(text)
-            .map(str::trim)
+        Extract::Auto => answer_tag(text)
+            .or_else(|| last_boxed(text).map(str::trim))
             .or_else(|| after_answer_is(text))
             .or_else(|| {
                 if numeric_reference {
@@ -209,18 +251,45 @@ pub fn normalize(s: &str, case_sensitive: bool) -> String {
     }
 }
 
-/// `exact_answer`: the extracted answer equals the reference after [`normalize`] of both.
-pub fn exact_match(text: &str, reference: &str, how: Extract, case_sensitive: bool) -> bool {
-    let numeric = parse_number(reference).is_some();
-    match extract(text, how, numeric) {
-        Some(a) => normalize(a, case_sensitive) == normalize(reference, case_sensitive),
-        None => false,
+/// Whether two numbers are the same answer under `math_equivalence`: equal up to 1e-9 relative to
+/// the larger magnitude (or 1e-12 absolute), so `1/2` = `0.5` = `\frac{1}{2}` and `1,000` = `1000`.
+pub fn same_number(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-12_f64.max(1e-9 * a.abs().max(b.abs()))
+}
+
+/// `exact_answer`: the extracted answer equals the reference after [`normalize`] of both; with
+/// `math_equivalence`, also when both parse as the same number ([`parse_number`], [`same_number`]).
+pub fn exact_match(
+    text: &str,
+    reference: &str,
+    how: Extract,
+    pattern: Option<&Regex>,
+    case_sensitive: bool,
+    math_equivalence: bool,
+) -> bool {
+    let reference_number = parse_number(reference);
+    let Some(a) = extract_with(text, how, pattern, reference_number.is_some()) else {
+        return false;
+    };
+    if normalize(a, case_sensitive) == normalize(reference, case_sensitive) {
+        return true;
+    }
+    match (math_equivalence, reference_number, parse_number(a)) {
+        (true, Some(r), Some(x)) => same_number(x, r),
+        _ => false,
     }
 }
 
 /// `numeric_answer`: the extracted answer parses as a number x with |x − ref| ≤ abs_tol + rel_tol·|ref|.
-pub fn numeric_match(text: &str, reference: f64, how: Extract, abs_tol: f64, rel_tol: f64) -> bool {
-    let Some(a) = extract(text, how, true) else {
+pub fn numeric_match(
+    text: &str,
+    reference: f64,
+    how: Extract,
+    pattern: Option<&Regex>,
+    abs_tol: f64,
+    rel_tol: f64,
+) -> bool {
+    let Some(a) = extract_with(text, how, pattern, true) else {
         return false;
     };
     match parse_number(a).or_else(|| last_number(a).and_then(parse_number)) {

@@ -50,6 +50,10 @@ pub struct Prompt {
     pub unsupported: Vec<String>,
     /// Free tags (HealthBench `example_tags`).
     pub tags: Vec<String>,
+    /// Every column of the prompt's row in a prompts file (`answer`, `tests`, `rubric`, `split`…, the
+    /// prompt itself included), as read: what reward programs receive as `row`. Empty for HealthBench
+    /// and IFEval.
+    pub columns: Map<String, Value>,
 }
 
 impl Prompt {
@@ -181,6 +185,7 @@ pub fn load_healthbench(path: &Path) -> Result<Vec<Prompt>, DataError> {
             instructions: Vec::new(),
             unsupported: Vec::new(),
             tags: row.example_tags,
+            columns: Map::new(),
         });
     }
     Ok(out)

@@ -10,9 +10,11 @@
 
 pub mod answer;
 pub mod data;
+pub mod dataset;
 pub mod ifeval;
 pub mod judge;
 pub mod partition;
+pub mod program;
 pub mod registry;
 pub mod spec;
 pub mod text;

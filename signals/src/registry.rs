@@ -3,14 +3,22 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
 
 use crate::answer::{self, parse_number};
 use crate::data::Prompt;
 use crate::judge::{self, format_conversation, render, Embed, YesNo};
 use crate::partition::partition;
+use crate::program::Program;
 use crate::spec::{Kind, SignalSpec, TextSource};
 use crate::text::{measure, within};
-use crate::types::{fits, AxisMap, Feature, InputDecl, OutType};
+use crate::types::{fits, AxisMap, Elem, Feature, InputDecl, Level, OutFeature, OutType};
+
+/// A reward program and its output objects for a batch, one per response.
+type ProgramOutput = (Arc<Program>, Vec<Map<String, Value>>);
 
 /// A signal problem: which signal (if any) and what.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -135,6 +143,7 @@ impl Registry {
         inputs: &[InputDecl],
     ) -> Result<Registry, SignalError> {
         let mut signals = Vec::with_capacity(specs.len());
+        let mut programs: Vec<Arc<Program>> = Vec::new();
         for (name, spec) in specs {
             let Some(input) = inputs.iter().find(|i| &i.name == name) else {
                 let known: Vec<String> = inputs.iter().map(|i| format!("`{}`", i.name)).collect();
@@ -150,9 +159,26 @@ impl Registry {
                     ),
                 ));
             };
-            let (kind, out) = spec
-                .compile()
-                .map_err(|m| SignalError::at(name, format!("{}: {m}", spec.kind_name())))?;
+            let (kind, out) = match spec {
+                SignalSpec::Program {
+                    command,
+                    timeout_s,
+                    persistent,
+                    key,
+                } => bind_program(
+                    name,
+                    command,
+                    *timeout_s,
+                    *persistent,
+                    key.as_deref(),
+                    input,
+                    &mut programs,
+                )
+                .map_err(|m| SignalError::at(name, format!("program: {m}")))?,
+                _ => spec
+                    .compile()
+                    .map_err(|m| SignalError::at(name, format!("{}: {m}", spec.kind_name())))?,
+            };
             if let (crate::types::OutFeature::Named(names), Feature::Rubric { .. }) =
                 (&out.feature, &input.feature)
             {
@@ -221,17 +247,19 @@ impl Registry {
         let mut values = Vec::with_capacity(self.signals.len());
         let mut crit: Option<(String, Vec<usize>)> = None;
         let mut dim: Option<(String, usize)> = None;
+        let outputs = self.run_programs(groups)?;
         for s in &self.signals {
             let raw = self
-                .compute_one(s, groups, models)
+                .compute_one(s, groups, models, &outputs)
                 .map_err(|m| SignalError::at(&s.name, m))?;
             // Criterion counts per group, as laid out in the input.
             let counts: Option<Vec<usize>> = match (&raw, &s.input.feature) {
                 (Raw::RespRows(rows), Feature::Crit) => {
+                    // Every response of a group has the group's criteria.
                     let mut counts = Vec::with_capacity(groups.len());
                     let mut r = 0;
                     for g in groups {
-                        counts.push(per_group_crit(s, g));
+                        counts.push(rows.get(r).map_or(0, Vec::len));
                         r += g.completions.len();
                     }
                     debug_assert_eq!(r, rows.len());
@@ -291,25 +319,65 @@ impl Registry {
         })
     }
 
-    fn compute_one(&self, s: &Bound, groups: &[Group], models: &Models) -> Result<Raw, String> {
+    /// Runs each reward program once on the batch, asking for the keys of every signal it fills.
+    fn run_programs(&self, groups: &[Group]) -> Result<Vec<ProgramOutput>, SignalError> {
+        let mut outputs: Vec<ProgramOutput> = Vec::new();
+        for s in &self.signals {
+            let Kind::Program { program, .. } = &s.kind else {
+                continue;
+            };
+            if outputs.iter().any(|(p, _)| Arc::ptr_eq(p, program)) {
+                continue;
+            }
+            let keys: Vec<&str> = self
+                .signals
+                .iter()
+                .filter_map(|t| match &t.kind {
+                    Kind::Program { program: p, key } if Arc::ptr_eq(p, program) => {
+                        Some(key.as_str())
+                    }
+                    _ => None,
+                })
+                .collect();
+            let requests = program_requests(groups, &keys);
+            let lines = program
+                .run(&requests)
+                .map_err(|m| SignalError::at(&s.name, m))?;
+            outputs.push((program.clone(), lines));
+        }
+        Ok(outputs)
+    }
+
+    fn compute_one(
+        &self,
+        s: &Bound,
+        groups: &[Group],
+        models: &Models,
+        outputs: &[ProgramOutput],
+    ) -> Result<Raw, String> {
         let per_resp =
             |f: &dyn Fn(&Prompt, &Completion) -> Result<f64, String>| per_response(groups, f);
         let b = |x: bool| if x { 1.0 } else { 0.0 };
         Ok(match &s.kind {
             Kind::Exact {
                 extract,
+                pattern,
                 case_sensitive,
+                math_equivalence,
             } => Raw::Resp(per_resp(&|p, c| {
                 let reference = reference(p)?;
                 Ok(b(answer::exact_match(
                     &c.text,
                     reference,
                     *extract,
+                    pattern.as_ref(),
                     *case_sensitive,
+                    *math_equivalence,
                 )))
             })?),
             Kind::Numeric {
                 extract,
+                pattern,
                 abs_tol,
                 rel_tol,
             } => Raw::Resp(per_resp(&|p, c| {
@@ -318,7 +386,12 @@ impl Registry {
                     format!("prompt `{}`: reference answer `{r}` is not a number", p.id)
                 })?;
                 Ok(b(answer::numeric_match(
-                    &c.text, x, *extract, *abs_tol, *rel_tol,
+                    &c.text,
+                    x,
+                    *extract,
+                    pattern.as_ref(),
+                    *abs_tol,
+                    *rel_tol,
                 )))
             })?),
             Kind::Regex { re, count } => Raw::Resp(per_resp(&|_, c| {
@@ -451,6 +524,14 @@ impl Registry {
             Kind::WrongScript => Raw::Resp(per_resp(&|p, c| {
                 Ok(b(crate::text::wrong_script(p.last_user_text(), &c.text)))
             })?),
+            Kind::Program { program, key } => {
+                let lines = outputs
+                    .iter()
+                    .find(|(p, _)| Arc::ptr_eq(p, program))
+                    .map(|(_, lines)| lines)
+                    .ok_or("the reward program did not run")?;
+                program_values(program, key, &s.input, groups, lines)?
+            }
             Kind::Points => Raw::GroupRows(
                 groups
                     .iter()
@@ -472,20 +553,6 @@ fn per_response(
         }
     }
     Ok(out)
-}
-
-fn per_group_crit(s: &Bound, g: &Group) -> usize {
-    match &s.kind {
-        Kind::Ifeval {
-            checks: Some(cs), ..
-        } => cs.len(),
-        Kind::Ifeval { checks: None, .. } => g.prompt.instructions.len(),
-        Kind::Judge {
-            criteria: Some(cs), ..
-        } => cs.len(),
-        Kind::Judge { criteria: None, .. } | Kind::Points => g.prompt.rubric.len(),
-        _ => 0,
-    }
 }
 
 fn reference(p: &Prompt) -> Result<&str, String> {
@@ -536,4 +603,231 @@ fn embed_all(groups: &[Group], text: TextSource, models: &Models) -> Result<Vec<
         }
     }
     Ok(embs)
+}
+
+/// Validates a `program` signal and binds it to `input`: the program's values take the input's type
+/// (per response: a value, or one per criterion of `crit`, of a named rubric or of `dim`). Signals with
+/// the same command, timeout and mode share one program (one run per batch).
+fn bind_program(
+    name: &str,
+    command: &[String],
+    timeout_s: f64,
+    persistent: bool,
+    key: Option<&str>,
+    input: &InputDecl,
+    programs: &mut Vec<Arc<Program>>,
+) -> Result<(Kind, OutType), String> {
+    if command.first().is_none_or(|c| c.trim().is_empty()) {
+        return Err("`command` is empty: give the program and its arguments, e.g. [\"python3\", \"reward.py\"]".into());
+    }
+    if !(timeout_s.is_finite() && timeout_s > 0.0 && timeout_s <= crate::spec::MAX_TIMEOUT_S) {
+        return Err(format!(
+            "`timeout_s` must be in (0, {}] seconds, got {timeout_s}",
+            crate::spec::MAX_TIMEOUT_S
+        ));
+    }
+    let key = key.unwrap_or(name);
+    if key.is_empty() {
+        return Err("`key` is empty".into());
+    }
+    if input.level != Level::Resp {
+        return Err(format!(
+            "a reward program gives per-response values, but input `{}` is {input}; declare it at the `resp` level (a group's value is then the recipe's reduction)",
+            input.name
+        ));
+    }
+    let feature = match &input.feature {
+        Feature::None => OutFeature::None,
+        Feature::Crit => OutFeature::PromptCrit,
+        Feature::Dim => OutFeature::Dim,
+        Feature::Rubric { criteria, .. } => OutFeature::Named(criteria.clone()),
+    };
+    let timeout = Duration::from_secs_f64(timeout_s);
+    let program = match programs
+        .iter()
+        .find(|p| p.command == command && p.timeout == timeout && p.persistent == persistent)
+    {
+        Some(p) => p.clone(),
+        None => {
+            let p = Arc::new(Program::new(command.to_vec(), timeout, persistent));
+            programs.push(p.clone());
+            p
+        }
+    };
+    Ok((
+        Kind::Program {
+            program,
+            key: key.to_string(),
+        },
+        OutType {
+            elem: input.elem,
+            level: Level::Resp,
+            feature,
+        },
+    ))
+}
+
+/// One JSON request per response, in packed order (docs/signals.md, `program`).
+fn program_requests(groups: &[Group], keys: &[&str]) -> Vec<Value> {
+    let mut out = Vec::new();
+    for (g, group) in groups.iter().enumerate() {
+        let p = group.prompt;
+        let messages: Vec<Value> = p
+            .messages
+            .iter()
+            .map(|m| json!({"role": m.role, "content": m.content}))
+            .collect();
+        for (i, c) in group.completions.iter().enumerate() {
+            out.push(json!({
+                "index": out.len(),
+                "group": g,
+                "sample": i,
+                "id": p.id,
+                "prompt": p.last_user_text(),
+                "messages": messages,
+                "completion": c.text,
+                "tokens": c.tokens,
+                "answer": p.answer,
+                "row": p.columns,
+                "keys": keys,
+            }));
+        }
+    }
+    out
+}
+
+/// One value of a program's output, checked against the input's element type.
+fn program_scalar(v: &Value, elem: Elem) -> Result<f64, String> {
+    let b = |x: bool| if x { 1.0 } else { 0.0 };
+    match (v, elem) {
+        (Value::Bool(x), _) => Ok(b(*x)),
+        (Value::Number(n), Elem::I32) => match n.as_i64() {
+            Some(i) if i32::try_from(i).is_ok() => Ok(i as f64),
+            _ => Err(format!("must be an integer (i32), got {n}")),
+        },
+        (Value::Number(n), Elem::F32) => match n.as_f64() {
+            Some(x) if x.is_finite() && x.abs() <= f32::MAX as f64 => Ok(x),
+            _ => Err(format!("must be a finite f32 number, got {n}")),
+        },
+        (other, Elem::Bool) => Err(format!("must be true or false, got {other}")),
+        (Value::Null, _) => Err("is null; a reward must be a number".into()),
+        (other, _) => Err(format!("must be a number, got {other}")),
+    }
+}
+
+/// The values of `key` in a program's output lines, laid out as `input` needs them.
+fn program_values(
+    program: &Program,
+    key: &str,
+    input: &InputDecl,
+    groups: &[Group],
+    lines: &[Map<String, Value>],
+) -> Result<Raw, String> {
+    let label = program.label();
+    let mut scalars = Vec::new();
+    let mut rows: Vec<Vec<f64>> = Vec::new();
+    let mut r = 0;
+    for group in groups {
+        let mut group_width: Option<usize> = None;
+        for i in 0..group.completions.len() {
+            let at = || {
+                format!(
+                    "reward program `{label}`: output line {} (prompt `{}`, sample {i}): `{key}`",
+                    r + 1,
+                    group.prompt.id
+                )
+            };
+            let line = &lines[r];
+            let Some(v) = line.get(key) else {
+                let keys: Vec<String> = line.keys().map(|k| format!("`{k}`")).collect();
+                return Err(format!(
+                    "{} is missing (the line's keys: {})",
+                    at(),
+                    if keys.is_empty() {
+                        "none".into()
+                    } else {
+                        keys.join(", ")
+                    }
+                ));
+            };
+            let typed = |v: &Value| {
+                program_scalar(v, input.elem)
+                    .map_err(|m| format!("{} {m} (input `{}` is {input})", at(), input.name))
+            };
+            match &input.feature {
+                Feature::None => scalars.push(typed(v)?),
+                Feature::Crit | Feature::Dim => {
+                    let Value::Array(items) = v else {
+                        return Err(format!(
+                            "{} must be a list of values, one per criterion (input `{}` is {input})",
+                            at(),
+                            input.name
+                        ));
+                    };
+                    let row: Vec<f64> = items.iter().map(typed).collect::<Result<_, _>>()?;
+                    let width = match input.feature {
+                        Feature::Dim => rows.first().map(Vec::len),
+                        _ => group_width,
+                    };
+                    if let Some(w) = width {
+                        if w != row.len() {
+                            return Err(format!(
+                                "{} has {} values but an earlier response {} {w} (every response of a {} has the same number)",
+                                at(),
+                                row.len(),
+                                if input.feature == Feature::Dim { "of the batch has" } else { "of the prompt has" },
+                                if input.feature == Feature::Dim { "batch" } else { "prompt" },
+                            ));
+                        }
+                    }
+                    if input.feature == Feature::Dim && row.is_empty() {
+                        return Err(format!(
+                            "{} is an empty list (input `{}` is {input})",
+                            at(),
+                            input.name
+                        ));
+                    }
+                    group_width = Some(row.len());
+                    rows.push(row);
+                }
+                Feature::Rubric { name, criteria } => {
+                    let row: Vec<f64> = match v {
+                        Value::Object(map) => {
+                            if let Some(extra) = map.keys().find(|k| !criteria.contains(k)) {
+                                return Err(format!(
+                                    "{} names `{extra}`, which is not a criterion of rubric `{name}` ({})",
+                                    at(),
+                                    criteria.join(", ")
+                                ));
+                            }
+                            criteria
+                                .iter()
+                                .map(|c| match map.get(c) {
+                                    Some(x) => typed(x),
+                                    None => Err(format!("{} has no value for criterion `{c}` of rubric `{name}`", at())),
+                                })
+                                .collect::<Result<_, _>>()?
+                        }
+                        Value::Array(items) if items.len() == criteria.len() => {
+                            items.iter().map(typed).collect::<Result<_, _>>()?
+                        }
+                        _ => {
+                            return Err(format!(
+                                "{} must be an object {{criterion: value}} or a list of {} values in rubric `{name}`'s order ({})",
+                                at(),
+                                criteria.len(),
+                                criteria.join(", ")
+                            ))
+                        }
+                    };
+                    rows.push(row);
+                }
+            }
+            r += 1;
+        }
+    }
+    Ok(match input.feature {
+        Feature::None => Raw::Resp(scalars),
+        _ => Raw::RespRows(rows),
+    })
 }

@@ -88,12 +88,20 @@ pub enum SignalSpec {
     ExactAnswer {
         #[serde(default)]
         extract: Extract,
+        /// The regex of `extract = "regex"`.
+        #[serde(default)]
+        pattern: Option<String>,
         #[serde(default)]
         case_sensitive: bool,
+        /// Numbers equal as numbers also match (`1/2` = `0.5`, `1,000` = `1000`).
+        #[serde(default)]
+        math_equivalence: bool,
     },
     NumericAnswer {
         #[serde(default)]
         extract: Extract,
+        #[serde(default)]
+        pattern: Option<String>,
         #[serde(default = "default_abs_tol")]
         abs_tol: f64,
         #[serde(default)]
@@ -151,17 +159,39 @@ pub enum SignalSpec {
     },
     Points {},
     WrongScript {},
+    /// A reward program (`program.rs`): `command` (the executable and its arguments) run once per
+    /// batch, or one process for the run with `persistent`; its output objects' `key` (default: the
+    /// signal's name) fills the input.
+    Program {
+        command: Vec<String>,
+        #[serde(default = "default_timeout")]
+        timeout_s: f64,
+        #[serde(default)]
+        persistent: bool,
+        #[serde(default)]
+        key: Option<String>,
+    },
 }
+
+fn default_timeout() -> f64 {
+    60.0
+}
+
+/// The longest `timeout_s` of a reward program (a day).
+pub const MAX_TIMEOUT_S: f64 = 86_400.0;
 
 /// The executable form of a signal.
 #[derive(Clone, Debug)]
 pub(crate) enum Kind {
     Exact {
         extract: Extract,
+        pattern: Option<Regex>,
         case_sensitive: bool,
+        math_equivalence: bool,
     },
     Numeric {
         extract: Extract,
+        pattern: Option<Regex>,
         abs_tol: f64,
         rel_tol: f64,
     },
@@ -196,10 +226,15 @@ pub(crate) enum Kind {
     },
     Points,
     WrongScript,
+    /// A reward program and the key of its output objects that fills the input.
+    Program {
+        program: std::sync::Arc<crate::program::Program>,
+        key: String,
+    },
 }
 
 /// The documented names of the kinds, for messages.
-pub const KINDS: [&str; 11] = [
+pub const KINDS: [&str; 12] = [
     "exact_answer",
     "numeric_answer",
     "regex",
@@ -211,6 +246,7 @@ pub const KINDS: [&str; 11] = [
     "judge",
     "points",
     "wrong_script",
+    "program",
 ];
 
 fn resp(elem: Elem) -> OutType {
@@ -249,6 +285,7 @@ impl SignalSpec {
             SignalSpec::Judge { .. } => "judge",
             SignalSpec::Points {} => "points",
             SignalSpec::WrongScript {} => "wrong_script",
+            SignalSpec::Program { .. } => "program",
         }
     }
 
@@ -257,19 +294,25 @@ impl SignalSpec {
         Ok(match self {
             SignalSpec::ExactAnswer {
                 extract,
+                pattern,
                 case_sensitive,
+                math_equivalence,
             } => (
                 Kind::Exact {
                     extract: *extract,
+                    pattern: extract_pattern(*extract, pattern)?,
                     case_sensitive: *case_sensitive,
+                    math_equivalence: *math_equivalence,
                 },
                 resp(Elem::Bool),
             ),
             SignalSpec::NumericAnswer {
                 extract,
+                pattern,
                 abs_tol,
                 rel_tol,
             } => {
+                let pattern = extract_pattern(*extract, pattern)?;
                 for (k, v) in [("abs_tol", abs_tol), ("rel_tol", rel_tol)] {
                     if !(v.is_finite() && *v >= 0.0) {
                         return Err(format!("`{k}` must be finite and ≥ 0, got {v}"));
@@ -278,6 +321,7 @@ impl SignalSpec {
                 (
                     Kind::Numeric {
                         extract: *extract,
+                        pattern,
                         abs_tol: *abs_tol,
                         rel_tol: *rel_tol,
                     },
@@ -462,6 +506,9 @@ impl SignalSpec {
                 )
             }
             SignalSpec::WrongScript {} => (Kind::WrongScript, resp(Elem::Bool)),
+            SignalSpec::Program { .. } => {
+                return Err("a reward program takes its type from the input it fills (bound by `Registry::new`)".into())
+            }
             SignalSpec::Points {} => (
                 Kind::Points,
                 OutType {
@@ -471,6 +518,20 @@ impl SignalSpec {
                 },
             ),
         })
+    }
+}
+
+/// The compiled `pattern` of `extract = "regex"` (required there, and only there).
+fn extract_pattern(extract: Extract, pattern: &Option<String>) -> Result<Option<Regex>, String> {
+    match (extract, pattern) {
+        (Extract::Regex, None) => Err(
+            "`extract = \"regex\"` needs a `pattern` (its first capture group is the answer)"
+                .into(),
+        ),
+        (Extract::Regex, Some(p)) if p.is_empty() => Err("`pattern` is empty".into()),
+        (Extract::Regex, Some(p)) => compile_regex(p, false).map(Some),
+        (_, Some(_)) => Err("`pattern` applies only to `extract = \"regex\"`".into()),
+        (_, None) => Ok(None),
     }
 }
 

@@ -98,19 +98,132 @@ fn exact_match_positive_and_negative() {
         "The answer is Paris.",
         "paris",
         Extract::Auto,
+        None,
+        false,
         false
     ));
     assert!(!exact_match(
         "The answer is Paris.",
         "paris",
         Extract::Auto,
+        None,
+        true,
+        false
+    ));
+    assert!(exact_match(
+        "17+25=42",
+        "42",
+        Extract::Auto,
+        None,
+        false,
+        false
+    ));
+    assert!(!exact_match(
+        "17+25=43",
+        "42",
+        Extract::Auto,
+        None,
+        false,
+        false
+    ));
+    // Exact is a string comparison: 42.0 is not "42".
+    assert!(!exact_match(
+        r"\boxed{42.0}",
+        "42",
+        Extract::Auto,
+        None,
+        false,
+        false
+    ));
+    assert!(!exact_match(
+        "London",
+        "Paris",
+        Extract::Whole,
+        None,
+        false,
+        false
+    ));
+    // math_equivalence: numbers compare as numbers.
+    for (answer, reference) in [
+        (r"\boxed{42.0}", "42"),
+        ("<answer>1/2</answer>", "0.5"),
+        (r"<answer>\frac{1}{2}</answer>", "0.5"),
+        ("The answer is 1,000.", "1000"),
+        ("<answer> 0.50 </answer>", "1/2"),
+    ] {
+        assert!(
+            exact_match(answer, reference, Extract::Auto, None, false, true),
+            "{answer} = {reference}"
+        );
+        assert!(
+            !exact_match(answer, reference, Extract::Auto, None, false, false),
+            "{answer} is not the string {reference}"
+        );
+    }
+    assert!(!exact_match(
+        "<answer>0.51</answer>",
+        "1/2",
+        Extract::Auto,
+        None,
+        false,
         true
     ));
-    assert!(exact_match("17+25=42", "42", Extract::Auto, false));
-    assert!(!exact_match("17+25=43", "42", Extract::Auto, false));
-    // Exact is a string comparison: 42.0 is not "42".
-    assert!(!exact_match(r"\boxed{42.0}", "42", Extract::Auto, false));
-    assert!(!exact_match("London", "Paris", Extract::Whole, false));
+    assert!(!exact_match(
+        "<answer>Paris</answer>",
+        "1/2",
+        Extract::Auto,
+        None,
+        false,
+        true
+    ));
+}
+
+#[test]
+fn answer_tags_and_user_patterns_extract_the_answer() {
+    use rlx_signals::answer::{answer_tag, extract_with};
+    // The last tag, trimmed, across lines, tags in any case.
+    assert_eq!(
+        answer_tag("<answer>3</answer> wait <ANSWER>\n 4 \n</Answer>"),
+        Some("4")
+    );
+    assert_eq!(answer_tag("<answer>unclosed"), None);
+    // auto prefers the tag to a later number or \boxed.
+    assert_eq!(
+        extract(r"<answer>7</answer> \boxed{8} and 9", Extract::Auto, true),
+        Some("7")
+    );
+    assert!(numeric_match(
+        "<think>2+2 is 4, not 5</think><answer>4</answer>",
+        4.0,
+        Extract::AnswerTag,
+        None,
+        0.0,
+        0.0
+    ));
+    // A user regex: the first capture group, of the last match.
+    let re = regex::Regex::new(r"FINAL: (\S+)").unwrap();
+    assert_eq!(
+        extract_with("FINAL: 1 then FINAL: 2", Extract::Regex, Some(&re), true),
+        Some("2")
+    );
+    // Without a group, the whole match.
+    let re = regex::Regex::new(r"\d+ apples").unwrap();
+    assert_eq!(
+        extract_with("3 apples, 5 apples", Extract::Regex, Some(&re), false),
+        Some("5 apples")
+    );
+    assert_eq!(
+        extract_with("nothing", Extract::Regex, Some(&re), false),
+        None
+    );
+    assert!(exact_match(
+        "FINAL: B",
+        "b",
+        Extract::Regex,
+        Some(&regex::Regex::new("FINAL: (.)").unwrap()),
+        false,
+        false
+    ));
 }
 
 #[test]
@@ -119,6 +232,7 @@ fn numeric_match_with_tolerances() {
         r"\boxed{42.0}",
         42.0,
         Extract::Auto,
+        None,
         1e-6,
         0.0
     ));
@@ -126,27 +240,58 @@ fn numeric_match_with_tolerances() {
         "so the answer is 1,000 dollars",
         1000.0,
         Extract::Auto,
+        None,
         0.0,
         0.0
     ));
-    assert!(numeric_match("0.3333", 1.0 / 3.0, Extract::Auto, 1e-3, 0.0));
+    assert!(numeric_match(
+        "0.3333",
+        1.0 / 3.0,
+        Extract::Auto,
+        None,
+        1e-3,
+        0.0
+    ));
     assert!(!numeric_match(
         "0.3333",
         1.0 / 3.0,
         Extract::Auto,
+        None,
         1e-6,
         0.0
     ));
     // Relative tolerance: 1% of 200 = 2.
-    assert!(numeric_match("201.9", 200.0, Extract::Auto, 0.0, 0.01));
-    assert!(!numeric_match("202.1", 200.0, Extract::Auto, 0.0, 0.01));
+    assert!(numeric_match(
+        "201.9",
+        200.0,
+        Extract::Auto,
+        None,
+        0.0,
+        0.01
+    ));
+    assert!(!numeric_match(
+        "202.1",
+        200.0,
+        Extract::Auto,
+        None,
+        0.0,
+        0.01
+    ));
     // Boundary is inclusive: |x − ref| = abs_tol.
-    assert!(numeric_match("1.5", 1.0, Extract::Auto, 0.5, 0.0));
-    assert!(!numeric_match("no number", 1.0, Extract::Auto, 0.5, 0.0));
+    assert!(numeric_match("1.5", 1.0, Extract::Auto, None, 0.5, 0.0));
+    assert!(!numeric_match(
+        "no number",
+        1.0,
+        Extract::Auto,
+        None,
+        0.5,
+        0.0
+    ));
     assert!(numeric_match(
         r"\boxed{\frac{3}{4}}",
         0.75,
         Extract::Boxed,
+        None,
         1e-9,
         0.0
     ));
