@@ -58,12 +58,18 @@ enum Command {
     Run {
         /// The recipe (.rlx), or its compiled artifact (.rlxc).
         recipe: PathBuf,
-        /// A TOML config replacing the embedded default (every key required, unknown keys are errors).
+        /// A TOML config stating what it changes: every key it leaves out takes its default (the
+        /// embedded configs/default.toml, with configs/defaults-pretrained.toml for a pretrained
+        /// model); unknown keys are errors.
         #[arg(long)]
         config: Option<PathBuf>,
         /// Override a recipe param (`--set beta=0.01`) or a config key (`--set train.lr=1e-3`).
         #[arg(long = "set", value_name = "NAME=VALUE")]
         set: Vec<String>,
+        /// Print the resolved config (every key, defaults and the recipe's rollout settings filled in)
+        /// as TOML, and exit without running.
+        #[arg(long)]
+        print_config: bool,
         /// Number of RL steps.
         #[arg(long)]
         steps: Option<usize>,
@@ -323,6 +329,7 @@ fn main() -> ExitCode {
             recipe,
             config,
             set,
+            print_config,
             steps,
             seed,
             out,
@@ -334,6 +341,18 @@ fn main() -> ExitCode {
                 Device::Cpu => None,
                 Device::Cuda(n) => Some(n),
             };
+            if print_config {
+                return print_resolved_config(
+                    &recipe,
+                    config.as_deref(),
+                    set,
+                    steps,
+                    seed,
+                    out,
+                    resume,
+                    gpu,
+                );
+            }
             if let Some(dir) = &export_hf {
                 if let Err(message) = rlx_trainer::hf::check_output_dir(dir) {
                     eprintln!("error: --export-hf {message}");
@@ -607,6 +626,34 @@ fn bench_model(
     }
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `rlx run --print-config`: the config as the run would use it, printed as TOML; nothing is written.
+#[allow(clippy::too_many_arguments)]
+fn print_resolved_config(
+    recipe: &Path,
+    config: Option<&Path>,
+    sets: Vec<String>,
+    steps: Option<usize>,
+    seed: Option<u64>,
+    out: Option<PathBuf>,
+    resume: Option<PathBuf>,
+    gpu: Option<usize>,
+) -> ExitCode {
+    let prepared = match prepare_run(recipe, config, sets, steps, seed, out, resume, gpu) {
+        Ok(prepared) => prepared,
+        Err(code) => return code,
+    };
+    match prepared.resolved_config().to_toml() {
+        Ok(text) => match rlx::output::println(text.trim_end()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(code) => code,
+        },
         Err(message) => {
             eprintln!("error: {message}");
             ExitCode::from(1)

@@ -96,6 +96,9 @@ pub struct State {
     pub prompt_rng: u64,
     pub sample_rng: u64,
     pub accuracy_before: Option<f64>,
+    /// The held-out evaluation before the first step (`eval/…` metrics).
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub eval_before: serde_json::Map<String, serde_json::Value>,
     /// Mean reward of each completed step.
     pub rewards: Vec<f64>,
     /// The recipe's params as compiled (a resumed run must use the same).

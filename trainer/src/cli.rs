@@ -93,6 +93,14 @@ pub struct Prepared {
     pub notes: Vec<String>,
 }
 
+impl Prepared {
+    /// The config as the run uses it (`OUT/config.toml`): the sampler settings the recipe's `rollout`
+    /// gives where the config leaves them to it (`n = 0`, `temperature < 0`, `top_p = 0`).
+    pub fn resolved_config(&self) -> Config {
+        self.plan.resolve(&self.config)
+    }
+}
+
 fn parse_number(name: &str, value: &str) -> Result<f64, String> {
     match value.trim() {
         "true" => Ok(1.0),

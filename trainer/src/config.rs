@@ -14,6 +14,10 @@ use crate::task::TaskConfig;
 
 pub const DEFAULT_CONFIG: &str = include_str!("../../configs/default.toml");
 
+/// The defaults of a run on a pretrained model where they differ from [`DEFAULT_CONFIG`] (its
+/// `[lora.*]` tables apply with `[model.lora]`).
+pub const PRETRAINED_DEFAULTS: &str = include_str!("../../configs/defaults-pretrained.toml");
+
 /// The most bytes of a config file `rlx run --config` and `rlx export --config` read (untrusted input:
 /// a config is a page of TOML).
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -38,13 +42,11 @@ pub struct TrainConfig {
     /// many rounds per step, until `prompts_per_step` groups are kept (1 = never resample).
     pub max_sampling_rounds: usize,
     /// Write every response of every this many steps (from the first) to `OUT/samples.jsonl`: prompt,
-    /// completion, signals, reward, advantage, kept (0 = never). Optional (the default config's 10).
+    /// completion, signals, reward, advantage, kept (0 = never).
     pub samples_every: usize,
+    /// Sampled completions per held-out prompt for pass@k at every evaluation (k; 0 = greedy only).
+    pub eval_samples: usize,
 }
-
-/// Keys a config may leave out (added after configs were first written, so that older configs and
-/// checkpoints still load): an absent one takes the value of the default config.
-const OPTIONAL_KEYS: [&str; 1] = ["train.samples_every"];
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -79,35 +81,62 @@ impl Config {
         Config::parse(DEFAULT_CONFIG, &[]).expect("the embedded default config is valid")
     }
 
-    /// Parse `text` (TOML) and apply `sets` (`section.key`, value as TOML or a bare string).
+    /// Parse `text` (TOML) and apply `sets` (`section.key`, value as TOML or a bare string). Every key
+    /// may be left out: it then takes its default ([`defaults_for`]); an unknown key is an error with
+    /// the closest known one.
     pub fn parse(text: &str, sets: &[(String, String)]) -> Result<Config, String> {
-        let mut value: toml::Table =
+        let user: toml::Table =
             toml::from_str(text).map_err(|e| format!("config: {}", e.message()))?;
-        check_keys(&value)?;
-        // Keys added since configs were first written take the default config's value when absent.
-        let default: toml::Table = toml::from_str(DEFAULT_CONFIG).expect("default config parses");
-        for path in OPTIONAL_KEYS {
-            let (section, key) = path.split_once('.').expect("a section.key path");
-            let fallback = default[section][key].clone();
-            if let Some(toml::Value::Table(t)) = value.get_mut(section) {
-                t.entry(key).or_insert(fallback);
+        let kind = |section: &str, default: &str| -> Result<String, String> {
+            match user
+                .get(section)
+                .and_then(|s| s.as_table())
+                .and_then(|t| t.get("kind"))
+            {
+                None => Ok(default.to_string()),
+                Some(toml::Value::String(k)) => Ok(k.clone()),
+                Some(other) => Err(format!(
+                    "config: `{section}.kind` = {other} is a {}, expected a string",
+                    other.type_str()
+                )),
             }
-        }
-        // The kinds of `[model]` and `[task]` default to the built-in job's.
-        for (section, kind) in [("model", "tiny"), ("task", "arithmetic")] {
-            if let Some(toml::Value::Table(t)) = value.get_mut(section) {
-                t.entry("kind")
-                    .or_insert_with(|| toml::Value::String(kind.into()));
-            }
-        }
-        for (key, raw) in sets {
-            set_key(&mut value, key, raw)?;
-        }
+        };
+        let (model_kind, task_kind) = (kind("model", "tiny")?, kind("task", "arithmetic")?);
+        let lora = user
+            .get("model")
+            .and_then(|m| m.as_table())
+            .is_some_and(|m| m.contains_key("lora"));
+        let defaults = defaults_for(&model_kind, &task_kind, lora);
+        check_keys(&user, &defaults)?;
+        let mut value = defaults;
+        merge(&mut value, user);
         let config: Config = toml::Value::Table(value)
             .try_into()
             .map_err(|e: toml::de::Error| format!("config: {}", e.message()))?;
+        let config = if sets.is_empty() {
+            config
+        } else {
+            // Every key of the resolved config (the kinds' own defaults included) may be set.
+            let mut table = config.to_table()?;
+            for (key, raw) in sets {
+                set_key(&mut table, key, raw)?;
+            }
+            toml::Value::Table(table)
+                .try_into()
+                .map_err(|e: toml::de::Error| format!("config: {}", e.message()))?
+        };
         config.validate()?;
         Ok(config)
+    }
+
+    /// The resolved config as TOML (every key, defaults included): `OUT/config.toml`, the checkpoint's
+    /// config and `rlx run --print-config`.
+    pub fn to_toml(&self) -> Result<String, String> {
+        toml::to_string(self).map_err(|e| format!("config: {e}"))
+    }
+
+    fn to_table(&self) -> Result<toml::Table, String> {
+        toml::Table::try_from(self).map_err(|e| format!("config: {e}"))
     }
 
     pub fn validate(&self) -> Result<(), String> {
@@ -193,6 +222,11 @@ impl Config {
                 1..=65_536,
             ),
             ("train.epochs", self.train.epochs, 1..=1_000),
+            (
+                "train.eval_samples",
+                self.train.eval_samples,
+                0..=crate::train::MAX_GROUP_SIZE,
+            ),
             (
                 "train.max_sampling_rounds",
                 self.train.max_sampling_rounds,
@@ -299,6 +333,65 @@ fn in_range(key: &str, value: usize, range: RangeInclusive<usize>) -> Result<(),
     }
 }
 
+/// The defaults of a config whose `[model]` and `[task]` have these kinds: configs/default.toml (the
+/// built-in job), its `[model]` and `[task]` replaced by the other kinds' own defaults, and for a
+/// pretrained model configs/defaults-pretrained.toml over it (its `[lora]` part with `[model.lora]`).
+pub fn defaults_for(model_kind: &str, task_kind: &str, lora: bool) -> toml::Table {
+    let mut table: toml::Table = toml::from_str(DEFAULT_CONFIG).expect("default config parses");
+    if model_kind != "tiny" {
+        table.insert("model".into(), toml::Table::new().into());
+        let mut pretrained: toml::Table =
+            toml::from_str(PRETRAINED_DEFAULTS).expect("pretrained defaults parse");
+        let with_lora = pretrained.remove("lora");
+        merge(&mut table, pretrained);
+        if let (true, Some(toml::Value::Table(with_lora))) = (lora, with_lora) {
+            merge(&mut table, with_lora);
+        }
+    }
+    if task_kind != "arithmetic" {
+        table.insert("task".into(), toml::Table::new().into());
+    }
+    for (section, kind) in [("model", model_kind), ("task", task_kind)] {
+        if let Some(toml::Value::Table(t)) = table.get_mut(section) {
+            t.insert("kind".into(), kind.into());
+        }
+    }
+    table
+}
+
+/// `over`'s keys put into `base`, tables merged key by key.
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (key, value) in over {
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, value) => {
+                base.insert(key, value);
+            }
+        }
+    }
+}
+
+/// The keys a section of another kind than the default's may have besides its defaults' (checked
+/// further by their own types).
+fn kind_keys(section: &str, kind: &str) -> Option<Vec<String>> {
+    let names: &[&str] = match (section, kind) {
+        ("model", "smollm2") => &["kind", "lora"],
+        ("model", "hf") => &["kind", "path", "lora"],
+        ("task", "healthbench" | "ifeval" | "prompts") => {
+            let text: crate::text_task::TextTaskConfig =
+                toml::from_str("").expect("every text task key has a default");
+            let mut keys: Vec<String> = toml::Table::try_from(&text)
+                .map(|t| t.keys().cloned().collect())
+                .unwrap_or_default();
+            keys.push("kind".into());
+            return Some(keys);
+        }
+        // An unknown kind: its own type names the kinds.
+        _ => return None,
+    };
+    Some(names.iter().map(|s| s.to_string()).collect())
+}
+
 /// Every `section.key` (and top-level key) of the default config, for messages.
 pub fn config_keys() -> Vec<String> {
     let table: toml::Table = toml::from_str(DEFAULT_CONFIG).expect("default config parses");
@@ -314,22 +407,47 @@ pub fn config_keys() -> Vec<String> {
     keys
 }
 
-/// Every key of the default must be there with the default's type (an integer where a float is expected
-/// is fine), and no other key: checked here so that each message names the key.
-fn check_keys(table: &toml::Table) -> Result<(), String> {
-    let default: toml::Table = toml::from_str(DEFAULT_CONFIG).expect("default config parses");
-    fn walk(prefix: &str, have: &toml::Table, want: &toml::Table) -> Result<(), String> {
+/// Every key of `table` must be a key of `defaults` (or of its section's kind) with the default's
+/// type (an integer where a float is expected is fine); checked here so that each message names the
+/// key and the closest known one. `[signals]` and the tables inside `[model]` are checked by their own
+/// types.
+fn check_keys(table: &toml::Table, defaults: &toml::Table) -> Result<(), String> {
+    fn walk(
+        prefix: &str,
+        have: &toml::Table,
+        want: &toml::Table,
+        extra: &[String],
+    ) -> Result<(), String> {
         for (key, value) in have {
             let path = format!("{prefix}{key}");
             let Some(expected) = want.get(key) else {
+                if extra.contains(key) {
+                    continue;
+                }
+                let mut known: Vec<String> = want.keys().cloned().collect();
+                known.extend(extra.iter().cloned());
+                known.sort();
+                known.dedup();
+                let hint = match rlx_compiler::diagnostic::closest_name(
+                    key,
+                    known.iter().map(String::as_str),
+                ) {
+                    Some(k) => format!("did you mean `{prefix}{k}`? "),
+                    None => String::new(),
+                };
+                let section = if prefix.is_empty() {
+                    "the top level".to_string()
+                } else {
+                    format!("[{}]", prefix.trim_end_matches('.'))
+                };
                 return Err(format!(
-                    "config: unknown key `{path}` (keys: {})",
-                    config_keys().join(", ")
+                    "config: unknown key `{path}` ({hint}the keys of {section}: {})",
+                    known.join(", ")
                 ));
             };
             match (expected, value) {
                 (toml::Value::Table(want), toml::Value::Table(have)) => {
-                    walk(&format!("{path}."), have, want)?
+                    walk(&format!("{path}."), have, want, &[])?
                 }
                 (toml::Value::Float(_), toml::Value::Integer(_)) => {}
                 (expected, value)
@@ -344,44 +462,34 @@ fn check_keys(table: &toml::Table) -> Result<(), String> {
                 _ => {}
             }
         }
-        for (key, expected) in want {
-            if !have.contains_key(key)
-                && !OPTIONAL_KEYS.contains(&format!("{prefix}{key}").as_str())
-            {
-                let what = if expected.is_table() {
-                    "section"
-                } else {
-                    "key"
-                };
-                return Err(format!(
-                    "config: missing {what} `{prefix}{key}` (every key is required; the default is in configs/default.toml)"
-                ));
-            }
-        }
         Ok(())
     }
-    // `[model]`/`[task]` of another kind than the default's, and `[signals]`, are checked by their
-    // own types (unknown keys are errors there too).
     let mut have = table.clone();
     have.remove("signals");
+    let mut want = defaults.clone();
+    want.insert("signals".into(), toml::Table::new().into());
+    // The sections whose kind is not the default's: their own keys, then their types.
     for section in ["model", "task"] {
-        let want = default.get(section).cloned();
-        if let (Some(toml::Value::Table(t)), Some(want)) = (have.get_mut(section), want) {
+        if let Some(toml::Value::Table(t)) = have.get(section) {
+            let kind = t.get("kind").and_then(|k| k.as_str()).unwrap_or("");
             let default_kind = if section == "model" {
                 "tiny"
             } else {
                 "arithmetic"
             };
-            match t.remove("kind") {
-                None => {}
-                Some(toml::Value::String(k)) if k == default_kind => {}
-                Some(_) => {
-                    have.insert(section.into(), want);
+            if !kind.is_empty() && kind != default_kind {
+                if let Some(keys) = kind_keys(section, kind) {
+                    let mut inner = t.clone();
+                    if section == "model" {
+                        inner.remove("lora");
+                    }
+                    walk(&format!("{section}."), &inner, &toml::Table::new(), &keys)?;
                 }
+                have.remove(section);
             }
         }
     }
-    walk("", &have, &default)
+    walk("", &have, &want, &[])
 }
 
 fn set_key(table: &mut toml::Table, key: &str, raw: &str) -> Result<(), String> {

@@ -170,7 +170,11 @@ impl ModelConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LoraConfig {
+    /// The adapters' rank (default 16).
+    #[serde(default = "LoraConfig::default_rank")]
     pub rank: usize,
+    /// The scale is `alpha / rank` (default 32: twice the default rank).
+    #[serde(default = "LoraConfig::default_alpha")]
     pub alpha: f64,
     /// Dropout on the adapters' input (PEFT's `lora_dropout`); only 0 is supported.
     #[serde(default)]
@@ -192,6 +196,14 @@ pub const LORA_TARGETS: [(&str, &str); 7] = [
 ];
 
 impl LoraConfig {
+    fn default_rank() -> usize {
+        16
+    }
+
+    fn default_alpha() -> f64 {
+        32.0
+    }
+
     fn all_targets() -> Vec<String> {
         LORA_TARGETS.iter().map(|(t, _)| t.to_string()).collect()
     }

@@ -48,6 +48,13 @@ impl Rng {
         (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
     }
 
+    /// Shuffles `items` in place (Fisher–Yates), deterministic in the stream's state.
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            items.swap(i, self.int(0, i));
+        }
+    }
+
     /// An independent stream for a sub-task (deterministic in the parent's state).
     pub fn fork(&mut self) -> Rng {
         Rng::new(self.next_u64())

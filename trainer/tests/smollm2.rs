@@ -147,16 +147,18 @@ fn kind_and_signal_errors() {
             "kind = \"smollm2\"",
             "kind = \"smollm2\"\nhidden = 64"
         )),
-        "config: unknown field `hidden`, expected `lora`"
+        "config: unknown key `model.hidden` (the keys of [model]: kind, lora)"
     );
     let message = parse(&edited("limit = 0", "limt = 0"));
     assert!(
-        message.starts_with("config: unknown field `limt`, expected one of `path`, `limit`"),
+        message.starts_with(
+            "config: unknown key `task.limt` (did you mean `task.limit`? the keys of [task]: answer_key, "
+        ),
         "{message}"
     );
     assert_eq!(
         parse(&edited("kind = \"smollm2\"", "kind = \"tiny\"")),
-        "config: missing key `model.heads` (every key is required; the default is in configs/default.toml)"
+        "config: task.kind = \"ifeval\" needs a pretrained model, model.kind = \"smollm2\" or \"hf\" (its prompts are written in that model's tokenizer and chat template)"
     );
     assert_eq!(
         parse(&edited("judge = \"policy\"", "judge = \"teacher\"")),
@@ -182,7 +184,7 @@ fn kind_and_signal_errors() {
     );
     assert_eq!(
         parse(&edited("kind = \"partition\"", "kind = \"clusters\"")),
-        "config: [signals.cluster]: unknown variant `clusters`, expected one of `exact_answer`, `numeric_answer`, `regex`, `contains`, `length`, `ifeval`, `partition`, `embedding`, `judge`, `points`, `wrong_script`"
+        "config: [signals.cluster]: unknown variant `clusters`, expected one of `exact_answer`, `numeric_answer`, `regex`, `contains`, `length`, `ifeval`, `partition`, `embedding`, `judge`, `points`, `wrong_script`, `program`"
     );
 
     // Kinds that do not go together.
