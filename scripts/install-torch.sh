@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install CPU-capable PyTorch, transformers and PEFT (and, with --with-verl, verl's loss registry) for
-# the torch export tests (tests/export.rs) and the Hugging Face checkpoint tests (trainer/tests/hf.rs)
-# into a virtual environment of its own: $RLX_TORCH_VENV, by default ~/.cache/rlx/torch (outside the
+# the torch export tests (tests/export.rs) and the Hugging Face checkpoint tests (trainer/tests/hf.rs),
+# plus tensorboard (the independent reader of the trainer's event files, trainer/tests/tensorboard.rs)
+# and pyarrow (the Parquet files of the prompts-file tests) into a virtual environment of its own: $RLX_TORCH_VENV, by default ~/.cache/rlx/torch (outside the
 # repository, so a later clone on the same machine reuses it). The tests use $RLX_PYTHON, else that
 # environment's python (tools/src/lib.rs).
 #
@@ -22,6 +23,8 @@ set -uo pipefail
 VENV="${RLX_TORCH_VENV:-$HOME/.cache/rlx/torch}"
 TRANSFORMERS=5.24.0
 PEFT=0.18.1
+TENSORBOARD=2.21.0
+PYARROW=26.0.1
 WITH_VERL=0
 for argument in "$@"; do
     case "$argument" in
@@ -75,6 +78,21 @@ else
         echo "install-torch: WARNING: transformers/peft could not be installed; the Hugging Face checkpoint tests will be reported as ignored" >&2
     fi
 fi
+
+# tensorboard and pyarrow, pinned: each installed only where it does not already import.
+for pinned in "tensorboard==$TENSORBOARD" "pyarrow==$PYARROW"; do
+    module="${pinned%%==*}"
+    if imports "$module"; then
+        echo "install-torch: $module $("$PYTHON" -c "import $module; print($module.__version__)") is already installed"
+    else
+        extra_start=$(date +%s)
+        if pip_install "$pinned"; then
+            echo "install-torch: $pinned installed in $(( $(date +%s) - extra_start )) s"
+        else
+            echo "install-torch: WARNING: $pinned could not be installed; the tests that read back with it will fail" >&2
+        fi
+    fi
+done
 
 if [ "$WITH_VERL" = 1 ]; then
     if imports verl.trainer.ppo.core_algos; then

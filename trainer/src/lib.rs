@@ -27,6 +27,7 @@ pub mod rng;
 pub mod run_dir;
 pub mod sample;
 pub mod task;
+pub mod tensorboard;
 pub mod text_task;
 pub mod tokenizer;
 pub mod train;

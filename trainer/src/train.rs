@@ -25,7 +25,7 @@ use crate::config::Config;
 use crate::model::Model;
 use crate::op::{Objective, RecipeOp};
 use crate::optim::{AdamW, AdamWParams, Grads};
-use crate::plot::{self, Panel};
+use crate::plot;
 use crate::progress::{Event, StepReport};
 use crate::rng::Rng;
 use crate::run_dir::{self, RunDir};
@@ -1171,6 +1171,9 @@ pub fn run_with(
         .append(true)
         .open(&metrics_path)
         .map_err(|e| write_err(&metrics_path, e))?;
+    // OUT/tensorboard: the same metrics as TensorBoard event files (rewritten from the kept lines on a
+    // resume).
+    let mut events = crate::tensorboard::EventWriter::create(out, &history)?;
 
     // OUT/samples.jsonl: on a resume, the lines of the steps before the checkpoint's are kept (those
     // of later steps, from the run that stopped, are written again by the steps that redo them).
@@ -1556,6 +1559,7 @@ pub fn run_with(
             .write_all(text.as_bytes())
             .map_err(|e| write_err(&metrics_path, e))?;
         metrics_text.push_str(&text);
+        events.write_line(&line)?;
         history.push(line);
         step_times.push(step_s);
         step += 1;
@@ -1604,10 +1608,23 @@ pub fn run_with(
         });
     }
     let plot_path = out.join("metrics.png");
+    let run_name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let recipe_name = plan
+        .recipe_files
+        .first()
+        .and_then(|f| f.path.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "recipe".into());
     plot::write_png(
         &plot_path,
-        &format!("rlx run: {} steps, seed {}", step, config.seed),
-        &panels(&history, accuracy_before),
+        &format!(
+            "{recipe_name} - run {run_name}: {} steps, seed {}",
+            step, config.seed
+        ),
+        &plot::metric_panels(&history, &eval_before),
     )?;
     let summary = Summary {
         out: out.to_path_buf(),
@@ -1655,53 +1672,4 @@ fn same_directory(a: Option<&Path>, b: &Path) -> bool {
         (Some(a), Some(b)) => a == b,
         _ => false,
     }
-}
-
-/// The panels of the curves PNG: reward, accuracy (per step and held-out), KL, loss. Step k's values
-/// are plotted at x = k + 1 (steps done).
-fn panels(history: &[Map<String, Value>], accuracy_before: Option<f64>) -> Vec<Panel> {
-    let series = |key: &str| -> Vec<(f64, f64)> {
-        history
-            .iter()
-            .filter_map(|line| {
-                let step = line.get("step")?.as_f64()?;
-                Some((step + 1.0, line.get(key)?.as_f64()?))
-            })
-            .collect()
-    };
-    let kl_key = if history.iter().any(|l| l.contains_key("kl")) {
-        "kl"
-    } else {
-        "recipe/kl"
-    };
-    vec![
-        Panel {
-            title: "reward/mean".into(),
-            series: vec![("reward/mean".into(), plot::COLORS[0], series("reward/mean"))],
-        },
-        Panel {
-            title: "accuracy".into(),
-            series: vec![
-                ("samples".into(), plot::COLORS[0], series("accuracy")),
-                (
-                    "held-out greedy".into(),
-                    plot::COLORS[1],
-                    // The accuracy after the warm start is the curve's first point (step 0).
-                    accuracy_before
-                        .map(|a| (0.0, a))
-                        .into_iter()
-                        .chain(series("eval/accuracy"))
-                        .collect(),
-                ),
-            ],
-        },
-        Panel {
-            title: "KL to the reference (k3)".into(),
-            series: vec![("kl".into(), plot::COLORS[2], series(kl_key))],
-        },
-        Panel {
-            title: "loss".into(),
-            series: vec![("loss".into(), plot::COLORS[3], series("loss"))],
-        },
-    ]
 }

@@ -268,9 +268,41 @@ fn a_chat_dataset_with_a_reward_program_trains_evaluates_and_logs() {
         assert!(line.contains_key("signal/accuracy_reward/mean"));
         assert!(line.contains_key("recipe/format_mean"));
     }
+    // The PNG: one panel per metric.
+    assert!(out.join("metrics.png").is_file());
     let summary_json: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert!(summary_json.is_object());
+
+    // TensorBoard: every numeric metric of every step.
+    let events = std::fs::read_dir(out.join(rlx_trainer::tensorboard::DIR))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .contains("tfevents")
+        })
+        .expect("an event file");
+    let scalars = rlx_trainer::tensorboard::read_scalars(&events).unwrap();
+    for (k, line) in m.iter().enumerate() {
+        for (key, value) in line {
+            if key == "step" {
+                continue;
+            }
+            if let Some(v) = value.as_f64() {
+                let found = scalars
+                    .iter()
+                    .find(|(step, tag, _)| *step == k as i64 && tag == key)
+                    .unwrap_or_else(|| panic!("no event for {key} at step {k}"));
+                assert!(
+                    (found.2 as f64 - v).abs() <= 1e-6 * v.abs().max(1.0),
+                    "{key}"
+                );
+            }
+        }
+    }
 }
 
 #[cfg_attr(
