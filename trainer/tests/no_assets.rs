@@ -65,7 +65,7 @@ fn config_and_signal_errors_come_before_any_asset_is_located() {
         ),
         (
             edited("kind = \"ifeval\"", "kind = \"prompts\""),
-            "config: task.kind = \"prompts\" needs task.path: a JSONL file of {\"prompt\": …, \"answer\": …}",
+            "config: task.kind = \"prompts\" needs task.path: a JSONL or Parquet file of rows with `prompt` or `messages` (docs/training.md, \"Your own task\")",
         ),
     ];
     for (config, expected) in cases {

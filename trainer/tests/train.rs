@@ -602,14 +602,27 @@ fn a_short_grpo_run_on_arithmetic_raises_the_reward() {
         );
         assert_eq!(sample["kept"], true, "{sample}");
     }
-    // The curves: a PNG of the documented size.
+    // The curves: a PNG with a panel per metric (every numeric key of the metrics lines), its height
+    // the rows of panels.
+    let history: Vec<serde_json::Map<String, serde_json::Value>> =
+        std::fs::read_to_string(out.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+    let panels = rlx_trainer::plot::metric_panels(&history, &serde_json::Map::new());
+    assert!(panels.iter().any(|p| p.title == "reward/mean"));
+    assert!(panels.iter().any(|p| p.title == "eval/greedy/score"));
     let png = std::fs::read(out.join("metrics.png")).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     let width = u32::from_be_bytes(png[16..20].try_into().unwrap());
     let height = u32::from_be_bytes(png[20..24].try_into().unwrap());
     assert_eq!(
         (width, height),
-        (rlx_trainer::plot::WIDTH, rlx_trainer::plot::HEIGHT)
+        (
+            rlx_trainer::plot::WIDTH,
+            rlx_trainer::plot::height(panels.len())
+        )
     );
     // The final checkpoint.
     for file in [
