@@ -341,18 +341,6 @@ fn main() -> ExitCode {
                 Device::Cpu => None,
                 Device::Cuda(n) => Some(n),
             };
-            if print_config {
-                return print_resolved_config(
-                    &recipe,
-                    config.as_deref(),
-                    set,
-                    steps,
-                    seed,
-                    out,
-                    resume,
-                    gpu,
-                );
-            }
             if let Some(dir) = &export_hf {
                 if let Err(message) = rlx_trainer::hf::check_output_dir(dir) {
                     eprintln!("error: --export-hf {message}");
@@ -369,6 +357,7 @@ fn main() -> ExitCode {
                 resume,
                 gpu,
                 export_hf.as_deref(),
+                print_config,
             )
         }
         Command::BenchModel {
@@ -633,34 +622,6 @@ fn bench_model(
     }
 }
 
-/// `rlx run --print-config`: the config as the run would use it, printed as TOML; nothing is written.
-#[allow(clippy::too_many_arguments)]
-fn print_resolved_config(
-    recipe: &Path,
-    config: Option<&Path>,
-    sets: Vec<String>,
-    steps: Option<usize>,
-    seed: Option<u64>,
-    out: Option<PathBuf>,
-    resume: Option<PathBuf>,
-    gpu: Option<usize>,
-) -> ExitCode {
-    let prepared = match prepare_run(recipe, config, sets, steps, seed, out, resume, gpu) {
-        Ok(prepared) => prepared,
-        Err(code) => return code,
-    };
-    match prepared.resolved_config().to_toml() {
-        Ok(text) => match rlx::output::println(text.trim_end()) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(code) => code,
-        },
-        Err(message) => {
-            eprintln!("error: {message}");
-            ExitCode::from(1)
-        }
-    }
-}
-
 #[allow(clippy::too_many_arguments)]
 fn run(
     recipe: &Path,
@@ -672,11 +633,25 @@ fn run(
     resume: Option<PathBuf>,
     gpu: Option<usize>,
     export_hf: Option<&Path>,
+    print_config: bool,
 ) -> ExitCode {
     let prepared = match prepare_run(recipe, config, sets, steps, seed, out, resume, gpu) {
         Ok(prepared) => prepared,
         Err(code) => return code,
     };
+    // `--print-config`: the config as the run would use it, printed as TOML; nothing is written.
+    if print_config {
+        return match prepared.resolved_config().to_toml() {
+            Ok(text) => match rlx::output::println(text.trim_end()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(code) => code,
+            },
+            Err(message) => {
+                eprintln!("error: {message}");
+                ExitCode::from(1)
+            }
+        };
+    }
     for note in &prepared.notes {
         eprintln!("note: {note}");
     }
