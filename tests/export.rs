@@ -5,7 +5,10 @@
 //! with the interpreter within 1e-6: rewards, advantages, `keep` decisions, the loss, every metric and
 //! the autograd gradient of the loss w.r.t. every differentiable input. The adapters are checked on
 //! the same data: `loss` with given advantages (TRL) and `policy_loss` (verl) against the interpreter
-//! on the kept responses, `advantage_estimator` (verl), `compute_score` (verl) and `reward_func` (TRL).
+//! on the kept responses, `advantage_estimator` (verl), `compute_score` (verl), `reward_func` (TRL) and
+//! `reward_metrics`; every metric an adapter returns has the interpreter's value, and every one it does
+//! not return is named in its `missing`. `every_recipe_metric_reaches_trl_and_verl` follows each metric
+//! of a few recipes to TRL's and verl's loggers (tests/export/metrics.py).
 //! A recipe the exporter cannot express yet is reported as unsupported with the exporter's message.
 //!
 //! The Python side is `tests/export/driver.py`, run once for all recipes by `$RLX_PYTHON` (default: the
@@ -376,6 +379,72 @@ impl Checker {
         }
     }
 
+    /// A metrics dict (`Metrics`) against the interpreter's: each metric is there with the
+    /// interpreter's value (under `prefix`), or named in `missing` with a reason; none is dropped
+    /// silently, and none is there that the recipe does not have.
+    fn metrics(
+        &mut self,
+        what: &str,
+        expected: &[(String, f64)],
+        got: &Json,
+        missing: &Json,
+        prefix: &str,
+    ) {
+        for (name, value) in expected {
+            match got[format!("{prefix}{name}")].as_f64() {
+                Some(value_got) => {
+                    self.number(&format!("{what} metric {name}"), *value, Some(value_got))
+                }
+                None if missing[name].as_str().is_some_and(|why| why.contains(name)) => {}
+                None => self.failures.push(format!(
+                    "{what}: metric `{name}` neither returned nor named in `missing` ({got}, missing {missing})"
+                )),
+            }
+        }
+        if let Some(keys) = got.as_object() {
+            for key in keys.keys() {
+                let known = key
+                    .strip_prefix(prefix)
+                    .is_some_and(|name| expected.iter().any(|(n, _)| n == name));
+                if !known {
+                    self.failures
+                        .push(format!("{what}: `{key}` is not a metric of the recipe"));
+                }
+            }
+        }
+    }
+
+    /// A reward side's metrics (`entry["metrics"]`, `entry["missing"]`) against the interpreter on
+    /// the whole batch: exactly the reward-side metrics, each there or (unless `every`) in `missing`.
+    fn reward_side(
+        &mut self,
+        what: &str,
+        outcome: &Outcome,
+        names: &[String],
+        entry: &Json,
+        every: bool,
+    ) {
+        let expected: Vec<(String, f64)> = outcome
+            .metrics
+            .iter()
+            .filter(|(name, _)| names.contains(name))
+            .cloned()
+            .collect();
+        if expected.len() != names.len() {
+            self.failures.push(format!(
+                "{what}: REWARD_SIDE_METRICS {names:?} are not all metrics of the recipe"
+            ));
+        }
+        self.metrics(what, &expected, &entry["metrics"], &entry["missing"], "");
+        let missing = entry["missing"].as_object().map_or(0, |m| m.len());
+        if every && missing > 0 {
+            self.failures.push(format!(
+                "{what}: with every input given, {} not computed",
+                entry["missing"]
+            ));
+        }
+    }
+
     fn gradients(
         &mut self,
         what: &str,
@@ -734,6 +803,24 @@ fn check_case(
         &full["grad"],
         None,
     );
+    // The reward-side metrics (REWARD_SIDE_METRICS) on the whole batch, as rlx computes them.
+    let side = &result["reward_metrics"];
+    let reward_side: Vec<String> = side["names"]
+        .as_array()
+        .map(|names| {
+            names
+                .iter()
+                .filter_map(|n| n.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    match error_of(side) {
+        Some(error) => checker.failures.push(format!("reward_metrics: {error}")),
+        None => {
+            *seen.entry("reward_metrics".into()).or_default() += 1;
+            checker.reward_side("reward_metrics", outcome, &reward_side, side, true);
+        }
+    }
 
     if let Some((sub, sub_outcome)) = &case.subset {
         let given = &result["loss_given_advantage"];
@@ -748,15 +835,13 @@ fn check_case(
                     if let Some(loss) = sub_outcome.loss {
                         checker.number("loss(advantages)", loss, given["loss"].as_f64());
                     }
-                    for (name, value) in &sub_outcome.metrics {
-                        if let Some(got) = given["metrics"][name].as_f64() {
-                            checker.number(
-                                &format!("loss(advantages) metric {name}"),
-                                *value,
-                                Some(got),
-                            );
-                        }
-                    }
+                    checker.metrics(
+                        "loss(advantages)",
+                        &sub_outcome.metrics,
+                        &given["metrics"],
+                        &given["missing"],
+                        "",
+                    );
                     checker.gradients(
                         "loss(advantages)",
                         &case.graph,
@@ -783,6 +868,30 @@ fn check_case(
                             loss,
                             verl["scaled_loss"].as_f64(),
                         );
+                    }
+                    checker.metrics(
+                        "policy_loss",
+                        &verl_outcome.metrics,
+                        &verl["metrics"],
+                        &verl["missing"],
+                        "actor/",
+                    );
+                    let returned: Vec<String> = verl["metrics"]
+                        .as_object()
+                        .map(|m| m.keys().cloned().collect())
+                        .unwrap_or_default();
+                    let declared: Vec<String> = verl["returns"]
+                        .as_array()
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|n| n.as_str().map(|n| format!("actor/{n}")))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    if returned != declared {
+                        checker.failures.push(format!(
+                            "policy_loss returns {returned:?}, POLICY_LOSS_METRICS says {declared:?}"
+                        ));
                     }
                     let policy = case
                         .graph
@@ -861,6 +970,20 @@ fn check_case(
                         floats(&advantage_func["advantage"]),
                     );
                 }
+                if let Some(reward) = &outcome.reward {
+                    checker.vector(
+                        "reward_func(advantage).reward_func (the companion reward)",
+                        reward,
+                        floats(&advantage_func["reward"]),
+                    );
+                }
+                checker.reward_side(
+                    "reward_func(advantage).metrics",
+                    outcome,
+                    &reward_side,
+                    advantage_func,
+                    true,
+                );
             }
         }
     }
@@ -879,9 +1002,390 @@ fn check_case(
                 if let Some(reward) = &outcome.reward {
                     checker.vector(what, reward, floats(&adapter["reward"]));
                 }
+                if key == "reward_func" {
+                    checker.reward_side(
+                        "reward_func.metrics",
+                        outcome,
+                        &reward_side,
+                        adapter,
+                        false,
+                    );
+                }
             }
         }
     }
+}
+
+/// The recipes whose metrics are followed to TRL's and verl's loggers: GRPO, DAPO (`keep` filters),
+/// DARLING (a group term), RubricRL (criteria) and Rubicon (a rubric block).
+const METRIC_RECIPES: &[&str] = &[
+    "recipes/grpo.rlx",
+    "recipes/dapo.rlx",
+    "recipes/darling.rlx",
+    "recipes/rubricrl.rlx",
+    "recipes/rubicon.rlx",
+];
+
+/// Relative tolerance of the metric checks (TRL keeps rewards in float32).
+const METRIC_RTOL: f64 = 1e-5;
+
+fn near(expected: f64, got: Option<f64>) -> bool {
+    got.is_some_and(|got| {
+        (expected - got).abs() <= METRIC_RTOL * expected.abs().max(got.abs()) + 1e-6
+    })
+}
+
+fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len().max(1) as f64
+}
+
+/// The sample standard deviation (TRL's `nanstd`, with Bessel's correction).
+fn sample_std(values: &[f64]) -> f64 {
+    let m = mean(values);
+    let n = values.len() as f64;
+    (values.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / (n - 1.0)).sqrt()
+}
+
+fn names_of(value: &Json) -> Vec<String> {
+    value
+        .as_array()
+        .map(|names| {
+            names
+                .iter()
+                .filter_map(|n| n.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Every metric the rlx interpreter reports for a batch reaches a TRL or verl user, with the same
+/// value: `loss` on the whole batch returns them all; under TRL (tests/export/metrics.py emulates
+/// GRPOTrainer's reward logging) the reward-side metrics come from the reward function through
+/// `log_metric` and the others from `loss(trl_batch(...))`, each exactly once, and the advantage
+/// function's companion keeps the reward logged as `rewards/rlx_<recipe>/mean`; under verl
+/// `policy_loss` returns the others as `actor/NAME` and `reward_metrics` the reward-side ones.
+#[test]
+#[cfg_attr(not(rlx_torch), ignore = "needs torch: run scripts/install-torch.sh")]
+fn every_recipe_metric_reaches_trl_and_verl() {
+    struct MetricCase {
+        label: String,
+        outcome: Outcome,
+        trl: Outcome,
+        verl: Outcome,
+    }
+    let python = python();
+    let dir = scratch("metrics");
+    let specs = [
+        (
+            "4x4",
+            Spec {
+                groups: 4,
+                responses: 4,
+                tokens: 6,
+                ragged: true,
+                singleton: false,
+                criteria: 3,
+                dim: 3,
+                seed: 5,
+            },
+        ),
+        (
+            "3x6 even",
+            Spec {
+                groups: 3,
+                responses: 6,
+                tokens: 4,
+                ragged: false,
+                singleton: false,
+                criteria: 4,
+                dim: 2,
+                seed: 13,
+            },
+        ),
+    ];
+    let mut cases = Vec::new();
+    let mut manifest = Vec::new();
+    for file in METRIC_RECIPES {
+        let (recipe, module) = export(&root().join(file), &dir).expect("the recipe exports");
+        let graph = rlx_compiler::compile_graph(&recipe, &[]).expect("the recipe compiles");
+        let policy = graph
+            .inputs
+            .iter()
+            .find(|i| i.differentiable && i.shape == Shape::new(Level::Tok))
+            .map(|i| i.name.clone())
+            .expect("a policy input");
+        let mut runs: Vec<(String, Padded)> = specs
+            .iter()
+            .map(|(label, spec)| {
+                let batch = synthetic_batch(&graph, spec);
+                (label.to_string(), Padded::from_batch(&graph, &batch))
+            })
+            .collect();
+        if *file == "recipes/dapo.rlx" {
+            // Group 0 all correct: DAPO's `keep` drops it, so the metrics are over the others.
+            let mut padded = runs[0].1.clone();
+            let score = graph.inputs.iter().position(|i| i.name == "score").unwrap();
+            if let Rows::PerResponse(rows) = &mut padded.inputs[score] {
+                for (r, row) in rows.iter_mut().enumerate() {
+                    if padded.groups[r] == 0 {
+                        row[0] = 1.0;
+                    }
+                }
+            }
+            runs.push(("4x4, group 0 uniform (dropped by keep)".into(), padded));
+        }
+        for (label, padded) in runs {
+            let outcome = evaluate(&graph, &padded.to_batch(&graph), &Context::default())
+                .unwrap_or_else(|e| panic!("{file} [{label}]: the interpreter fails: {e}"));
+            let rows: Vec<usize> = (0..outcome.kept.len())
+                .filter(|&r| outcome.kept[r])
+                .collect();
+            if label.contains("dropped") {
+                assert!(
+                    rows.len() < outcome.kept.len(),
+                    "{file} [{label}]: nothing dropped"
+                );
+            }
+            let sub = padded.select(&rows);
+            let on = |batch: Padded| {
+                let outcome = evaluate(&graph, &batch.to_batch(&graph), &Context::default())
+                    .unwrap_or_else(|e| panic!("{file} [{label}]: the interpreter fails: {e}"));
+                assert!(outcome.kept.iter().all(|k| *k), "{file} [{label}]");
+                outcome
+            };
+            // What TRL's loss inputs carry (log-probabilities), and what verl's PolicyLossFn does.
+            let trl =
+                on(sub.with_defaults(&graph, &[&policy, "old_logp", "ref_logp", "sampler_logp"]));
+            let verl = on(sub.with_defaults(&graph, &[&policy, "old_logp"]));
+            manifest.push(json!({
+                "module": module.display().to_string(),
+                "batch": padded.to_json(&graph),
+                "differentiable": graph.inputs.iter().filter(|i| i.differentiable).map(|i| i.name.clone()).collect::<Vec<_>>(),
+                "rows": rows,
+                "trl": { "advantage": trl.advantage },
+                "verl": { "advantage": verl.advantage },
+            }));
+            cases.push(MetricCase {
+                label: format!("{file} [{label}]"),
+                outcome,
+                trl,
+                verl,
+            });
+        }
+    }
+    let manifest_path = dir.join("cases.json");
+    let results_path = dir.join("results.json");
+    std::fs::write(&manifest_path, json!({ "cases": manifest }).to_string()).unwrap();
+    let output = Command::new(&python)
+        .arg(root().join("tests/export/metrics.py"))
+        .arg(&manifest_path)
+        .arg(&results_path)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
+    assert!(
+        output.status.success(),
+        "tests/export/metrics.py failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let results: Json =
+        serde_json::from_str(&std::fs::read_to_string(&results_path).unwrap()).unwrap();
+    let mut failures: Vec<String> = Vec::new();
+    let mut fail = |case: &MetricCase, message: String| {
+        failures.push(format!("{}: {message}", case.label));
+    };
+    let mut via_verl = 0;
+    for (case, result) in cases.iter().zip(results["results"].as_array().unwrap()) {
+        if let Some(load) = result["load"].as_str() {
+            fail(case, format!("the module does not load: {load}"));
+            continue;
+        }
+        for key in ["loss", "trl_rewards", "trl_loss", "verl"] {
+            if let Some(error) = error_of(&result[key]) {
+                fail(case, format!("{key}: {error}"));
+            }
+        }
+        let name = result["NAME"].as_str().unwrap_or_default().to_string();
+        let side = names_of(&result["REWARD_SIDE_METRICS"]);
+        let all: Vec<String> = case
+            .outcome
+            .metrics
+            .iter()
+            .map(|(n, _)| n.clone())
+            .collect();
+        if names_of(&result["METRICS"]) != all {
+            fail(
+                case,
+                format!("METRICS {} are not rlx's {all:?}", result["METRICS"]),
+            );
+        }
+
+        // loss on the whole batch: every metric.
+        for (metric, value) in &case.outcome.metrics {
+            let got = result["loss"]["metrics"][metric].as_f64();
+            if !near(*value, got) {
+                fail(
+                    case,
+                    format!("loss(batch) metric {metric}: rlx {value}, torch {got:?}"),
+                );
+            }
+        }
+        if result["loss"]["missing"]
+            .as_object()
+            .is_none_or(|m| !m.is_empty())
+        {
+            fail(
+                case,
+                format!("loss(batch) misses {}", result["loss"]["missing"]),
+            );
+        }
+
+        // TRL: the reward phase's logs, then the loss's.
+        let rewards = &result["trl_rewards"];
+        let logged = &rewards["logged"];
+        let reward = case.outcome.reward.as_deref().unwrap_or_default();
+        let advantage = case.outcome.advantage.as_deref().unwrap_or_default();
+        for (key, expected) in [
+            (format!("rewards/{name}/mean"), mean(reward)),
+            (format!("rewards/{name}/std"), sample_std(reward)),
+            (format!("rewards/{name}_advantage/mean"), mean(advantage)),
+            ("reward".to_string(), mean(advantage)),
+        ] {
+            if !near(expected, logged[&key].as_f64()) {
+                fail(
+                    case,
+                    format!("TRL logs {key} = {}, rlx's is {expected}", logged[&key]),
+                );
+            }
+        }
+        if rewards["inputs_fn_calls"] != json!(1) {
+            fail(case, format!(
+                "inputs_fn ran {} times for one batch (the companion must reuse the advantage function's rewards)",
+                rewards["inputs_fn_calls"]
+            ));
+        }
+        let trl_advantage = floats(&rewards["advantages"]).unwrap_or_default();
+        if trl_advantage.len() != advantage.len()
+            || advantage
+                .iter()
+                .zip(&trl_advantage)
+                .any(|(a, b)| !near(*a, Some(*b)))
+        {
+            fail(
+                case,
+                format!("TRL's advantages {trl_advantage:?} are not the recipe's {advantage:?}"),
+            );
+        }
+        let loss_logged = &result["trl_loss"]["logged"];
+        for (metric, value) in &case.outcome.metrics {
+            let key = format!("rlx/{metric}");
+            let from_reward = logged[&key].as_f64();
+            let from_loss = loss_logged[&key].as_f64();
+            let (expected, got, source) = if side.contains(metric) {
+                let attribute = rewards["metrics_attribute"][metric].as_f64();
+                if attribute != from_reward {
+                    fail(
+                        case,
+                        format!("f.metrics[{metric}] = {attribute:?}, logged {from_reward:?}"),
+                    );
+                }
+                (*value, from_reward, "the reward function's log_metric")
+            } else {
+                let expected = case
+                    .trl
+                    .metrics
+                    .iter()
+                    .find(|(n, _)| n == metric)
+                    .unwrap()
+                    .1;
+                (expected, from_loss, "loss(trl_batch(...))")
+            };
+            if from_reward.is_some() && from_loss.is_some() {
+                fail(
+                    case,
+                    format!("{key} is logged twice, by the reward function and the loss"),
+                );
+            }
+            if !near(expected, got) {
+                fail(
+                    case,
+                    format!("TRL: {key} from {source} is {got:?}, rlx's is {expected}"),
+                );
+            }
+        }
+
+        // verl: policy_loss's actor/ metrics, and reward_metrics for the reward side.
+        let verl = &result["verl"];
+        for metric in &side {
+            let value = case
+                .outcome
+                .metrics
+                .iter()
+                .find(|(n, _)| n == metric)
+                .unwrap()
+                .1;
+            let got = verl["reward_metrics"][metric].as_f64();
+            if !near(value, got) {
+                fail(
+                    case,
+                    format!("reward_metrics {metric}: rlx {value}, torch {got:?}"),
+                );
+            }
+        }
+        let returns = names_of(&verl["returns"]);
+        if verl["policy_loss_why"].is_null() {
+            via_verl += 1;
+            let keys: Vec<String> = verl["policy_loss"]
+                .as_object()
+                .map(|m| m.keys().cloned().collect())
+                .unwrap_or_default();
+            let expected_keys: Vec<String> = returns.iter().map(|n| format!("actor/{n}")).collect();
+            if keys != expected_keys {
+                fail(
+                    case,
+                    format!("policy_loss returns {keys:?}, POLICY_LOSS_METRICS {expected_keys:?}"),
+                );
+            }
+            for (metric, value) in &case.verl.metrics {
+                let got = verl["policy_loss"][format!("actor/{metric}")].as_f64();
+                let why = verl["policy_missing"][metric].as_str();
+                match (got, why) {
+                    (Some(_), _) if near(*value, got) => {}
+                    (None, Some(why)) if side.contains(metric) && why.contains("reward-side") => {}
+                    _ => fail(case, format!("policy_loss actor/{metric}: rlx {value}, torch {got:?}, missing {why:?}")),
+                }
+            }
+            // Every metric reaches a verl user: from the policy loss or from reward_metrics.
+            for metric in &all {
+                if !returns.contains(metric) && !side.contains(metric) {
+                    fail(case, format!("verl gets metric `{metric}` from neither policy_loss nor reward_metrics"));
+                }
+            }
+        } else {
+            let why = verl["policy_loss_why"].as_str().unwrap_or_default();
+            if !returns.is_empty() || all.iter().any(|m| verl["why"][m].as_str() != Some(why)) {
+                fail(
+                    case,
+                    format!(
+                        "without policy_loss, POLICY_LOSS_METRICS {returns:?} and its reasons {}",
+                        verl["why"]
+                    ),
+                );
+            }
+        }
+    }
+    eprintln!(
+        "metrics: {} cases over {} recipes, {via_verl} with verl's policy loss",
+        cases.len(),
+        METRIC_RECIPES.len()
+    );
+    assert!(via_verl > 0, "no case went through verl's policy loss");
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -890,7 +1394,8 @@ fn the_adapters_get_true_lengths_or_fail_loudly() {
     // tests/export/lengths.py: without `response_mask` / `response_length` (evaluate, loss), a
     // `response_length` (verl's compute_score) or `completion_ids` (TRL's reward_funcs), a recipe
     // that reads tokens raises an error naming what is missing; with them the length penalty of
-    // dapo.rlx is applied.
+    // dapo.rlx is applied. When `keep` drops every response, the reward function computes and logs no
+    // metric (as rlx logs none for the step it skips).
     let python = python();
     let dir = scratch("lengths");
     let path = root().join("recipes/dapo.rlx");

@@ -8,7 +8,8 @@ vector; group-level inputs repeated on each response of the group) or, at batch 
 vector. Padding is filled with NaN here, so a module that read it would be caught. Every entry point
 that the module supports for the recipe is exercised: `evaluate` (the whole recipe, with the loss's
 autograd gradient), `loss` with given advantages (TRL), `policy_loss` (verl), `advantage_estimator`
-(verl), `compute_score` (verl) and `reward_func` (TRL).
+(verl), `compute_score` (verl), `reward_func` (TRL, both outputs, with the reward-side metrics and
+the advantage function's companion reward) and `reward_metrics`.
 """
 
 import importlib.util
@@ -163,6 +164,13 @@ def run_case(module, case):
 
     attempt(results, "full", full)
 
+    def reward_side_metrics():
+        batch, _ = build(module, case)
+        metrics = module.reward_metrics(batch, case.get("config"))
+        return {"metrics": dict(metrics), "missing": metrics.missing, "names": list(module.REWARD_SIDE_METRICS)}
+
+    attempt(results, "reward_metrics", reward_side_metrics)
+
     if case.get("compile"):
 
         def compiled():
@@ -195,7 +203,12 @@ def run_case(module, case):
             batch, leaves = build(module, case, rows)
             batch["advantages"] = torch.tensor(sub["advantage"], dtype=DT)
             value, metrics = module.loss(batch, case.get("config"))
-            return {"loss": float(value), "metrics": metrics, "grad": gradients(module, value, batch, leaves)}
+            return {
+                "loss": float(value),
+                "metrics": dict(metrics),
+                "missing": metrics.missing,
+                "grad": gradients(module, value, batch, leaves),
+            }
 
         attempt(results, "loss_given_advantage", given_advantage)
 
@@ -216,7 +229,9 @@ def run_case(module, case):
             return {
                 "loss": float(value),
                 "scaled_loss": float(scaled),
-                "metrics": metrics,
+                "metrics": dict(metrics),
+                "missing": metrics.missing,
+                "returns": list(module.POLICY_LOSS_METRICS),
                 "grad": gradients(module, value, batch, {module.POLICY_INPUT: log_prob}),
             }
 
@@ -285,7 +300,9 @@ def run_case(module, case):
 
         def trl_reward_func():
             prompts, completions, completion_ids, columns = trl_columns(module.REWARD_INPUTS)
-            return {"reward": module.reward_func(prompts, completions, completion_ids, **columns)}
+            func = module.make_reward_func()
+            reward = func(prompts, completions, completion_ids, **columns)
+            return {"reward": reward, "metrics": dict(func.metrics), "missing": func.metrics.missing}
 
         attempt_with_params(module, case, results, "reward_func", trl_reward_func)
 
@@ -294,7 +311,11 @@ def run_case(module, case):
         def trl_advantage_func():
             prompts, completions, completion_ids, columns = trl_columns(module._ADVANTAGE_INPUTS)
             func = module.make_reward_func(output="advantage")
-            return {"advantage": func(prompts, completions, completion_ids, **columns)}
+            advantage = func(prompts, completions, completion_ids, **columns)
+            entry = {"advantage": advantage, "metrics": dict(func.metrics), "missing": func.metrics.missing}
+            if func.reward_func is not None:  # the companion: the reward of the completions just scored
+                entry["reward"] = func.reward_func(prompts, completions, completion_ids, **columns)
+            return entry
 
         attempt_with_params(module, case, results, "reward_func_advantage", trl_advantage_func)
 

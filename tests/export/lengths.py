@@ -3,7 +3,7 @@ never counting padding as tokens or a missing length as 0 (tests/export.rs runs 
 
 Usage: python3 lengths.py MODULE.py, MODULE exported from recipes/dapo.rlx with max_len=10 and
 len_buffer=4, so the reward is score + min(-(length - 6) / 4, 0): a response of 8 tokens loses 0.5.
-Prints OK when every check holds.
+Also: what the reward functions log when `keep` drops every response. Prints OK when every check holds.
 """
 
 import importlib.util
@@ -70,6 +70,22 @@ raises(
     ["`completion_ids`"],
     lambda: advantage(prompts, completions, score=[1.0, 1.0, 0.0, 0.0]),
 )
+
+# When `keep` drops every response (each group uniform, no length penalty under 6 tokens), rlx skips the
+# step and logs no recipe metric: the reward function still returns the rewards, computes no metric
+# (each named in `metrics.missing`) and logs none; the advantage function fails as the interpreter does.
+logged = []
+uniform = dict(completion_ids=[[5] * 3] * 4, score=[1.0, 1.0, 0.0, 0.0], log_metric=lambda *a: logged.append(a))
+assert m.reward_func(prompts, completions, **uniform) == [1.0, 1.0, 0.0, 0.0]
+assert dict(m.reward_func.metrics) == {} and not logged, (m.reward_func.metrics, logged)
+assert "`keep` dropped every response" in m.reward_func.metrics.missing["reward_mean"], m.reward_func.metrics.missing
+try:
+    advantage(prompts, completions, **uniform)
+    raise AssertionError("reward_func(output='advantage') with every response dropped: no error")
+except ValueError as error:
+    assert "every response was filtered out" in str(error), error
+m.reward_func(prompts, completions, **dict(uniform, score=[1.0, 0.0, 0.0, 1.0]))
+assert close(m.reward_func.metrics["reward_mean"], 0.5) and logged == [("rlx/reward_mean", 0.5)], logged
 
 # evaluate / compute_rewards / loss on a padded batch: the mask (or the lengths) is required.
 lengths = [8, 3, 7, 6]

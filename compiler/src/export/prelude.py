@@ -610,15 +610,17 @@ def _slice(L, sub, sel, kept_groups, value, shape):
     return value[sel]
 
 
+_ALL_DROPPED = (
+    "every response was filtered out by `keep`: there is nothing to compute advantages and the loss over"
+)
+
+
 def _select(L, x, v, kept, shapes):
     """Phase 2 of a recipe with `keep` filters: the kept responses as a batch of their own, and the
     inputs and phase-1 values restricted to them (they are carried over, not recomputed)."""
     sel = kept.nonzero().squeeze(1)
     if sel.numel() == 0:
-        raise ValueError(
-            "every response was filtered out by `keep`: there is nothing to compute advantages and "
-            "the loss over"
-        )
+        raise ValueError(_ALL_DROPPED)
     sub, kept_groups = L.subset(sel)
     x = {name: _slice(L, sub, sel, kept_groups, value, INPUTS[name][0] if name in INPUTS else "batch")
          for name, value in x.items()}
@@ -659,6 +661,29 @@ def _advantage_per_response(advantages, response_mask):
 # Entry points
 
 
+class Metrics(dict):
+    """Metrics of the recipe by name, as floats (a dict: what `loss`, `policy_loss`, `reward_metrics`
+    and the reward functions give). `missing` names each metric of the recipe that this call could
+    not compute, with the reason: the inputs it needs and the batch lacks (e.g. a reward-side metric
+    in a trainer's loss batch, which carries no reward inputs), or that `keep` dropped every
+    response. Empty when every metric is there."""
+
+    def __init__(self, values=(), missing=None):
+        super().__init__(values)
+        self.missing = dict(missing or {})
+
+
+def _needs_text(names):
+    return ", ".join("the group structure (`index`)" if n == "index" else f"`{n}`" for n in names)
+
+
+def _metric_why(name, lacking, lacks):
+    where = ""
+    if name in REWARD_SIDE_METRICS:
+        where = " (a reward-side metric: make_reward_func's reward functions and reward_metrics compute it)"
+    return f"metric `{name}` needs {_needs_text(lacking)}, which {lacks}{where}"
+
+
 def compute_rewards(batch, config=None, **params):
     """Reward, advantage (0 for responses dropped by `keep`), `kept` and every metric of the recipe,
     detached, from a padded batch: each recipe input by name ([B, T] for token-level inputs, [B] per
@@ -671,19 +696,24 @@ def compute_rewards(batch, config=None, **params):
 
 def loss(batch, config=None, **params):
     """The recipe's loss on a padded batch (see `compute_rewards`), as `(loss, metrics)`; the gradient
-    comes from autograd. With `advantages` in the batch ([B] or [B, T]) the recipe's advantage is
-    replaced by it (a trainer's advantages, e.g. TRL's) and `keep` filters are not applied: the
-    trainer has chosen the responses. Metrics are floats."""
+    comes from autograd. `metrics` is a `Metrics` dict of floats: on the whole batch, every metric of
+    the recipe (METRICS), with the rlx runtime's values.
+
+    With `advantages` in the batch ([B] or [B, T]) the recipe's advantage is replaced by it (a
+    trainer's advantages, e.g. TRL's) and `keep` filters are not applied: the trainer has chosen the
+    responses. Then `metrics` has every metric whose inputs the batch has; `metrics.missing` names
+    the others and what they need. A trainer's loss inputs carry no reward inputs: the reward-side
+    metrics (REWARD_SIDE_METRICS) come from the reward functions (`make_reward_func`) or from
+    `reward_metrics`, or pass their inputs (and `index`) in the batch."""
     if batch.get("advantages") is not None:
-        value, metrics = _loss_given(batch, config, params, batch["advantages"])
-        return value, metrics
+        return _loss_given(batch, config, params, batch["advantages"], "the batch lacks")
     out = evaluate(batch, config, **params)
     if "loss" not in out:
         raise ValueError(f"recipe `{RECIPE}` has no loss section")
-    return out["loss"], {name: float(out[name].detach()) for name in METRICS}
+    return out["loss"], Metrics({name: float(out[name].detach()) for name in METRICS})
 
 
-def _loss_given(batch, config, params, advantages):
+def _loss_given(batch, config, params, advantages, lacks):
     if _LOSS_GIVEN_ADVANTAGE is None:
         raise NotImplementedError(_LOSS_GIVEN_ADVANTAGE_WHY)
     run, needed, metric_runs = _LOSS_GIVEN_ADVANTAGE
@@ -695,21 +725,23 @@ def _loss_given(batch, config, params, advantages):
         raise KeyError(
             f"the loss of recipe `{RECIPE}` needs {', '.join(f'`{n}`' for n in missing)}, which the batch lacks"
         )
-    metric_runs = {
-        name: metric_run
-        for name, (metric_run, metric_needs) in metric_runs.items()
-        if all(n in available for n in metric_needs)
-    }
+    runs, why = {}, {}
+    for name, (metric_run, metric_needs) in metric_runs.items():
+        lacking = [n for n in metric_needs if n not in available]
+        if lacking:
+            why[name] = _metric_why(name, lacking, lacks)
+        else:
+            runs[name] = metric_run
     wanted = set(needed)
-    for name, (_, metric_needs) in _LOSS_GIVEN_ADVANTAGE[2].items():
-        if name in metric_runs:
+    for name, (_, metric_needs) in metric_runs.items():
+        if name in runs:
             wanted.update(metric_needs)
     L, x = _prepare(batch, config, params, [name for name in INPUTS if name in wanted], _LOSS_GIVEN_ADVANTAGE_TOKENS)
     v = {"advantage": _advantage_per_response(advantages, L.tmask).to(device=L.device, dtype=L.dtype)}
     value = _t(L, run(L, x, v))
-    metrics = {}
+    metrics = Metrics(missing=why)
     with torch.no_grad():
-        for name, metric_run in metric_runs.items():
+        for name, metric_run in runs.items():
             metrics[name] = float(metric_run(L, x, dict(v)))
     return value, metrics
 
@@ -767,7 +799,12 @@ def policy_loss(
     """verl's `PolicyLossFn`: the recipe's loss for a micro-batch, with verl's advantages ([B, T],
     averaged over each response's tokens) in place of the recipe's, as `(loss, metrics)`. The loss
     is rescaled for verl's micro-batch and data-parallel sums according to `loss_agg_mode` (set it
-    to the recipe's aggregation); params come from PARAMS (regenerate with `rlxc compile --set`)."""
+    to the recipe's aggregation); params come from PARAMS (regenerate with `rlxc compile --set`).
+
+    `metrics` is what verl's own policy losses return: `{"actor/NAME": float}`, for every metric of
+    the recipe that verl's arguments determine (POLICY_LOSS_METRICS); verl's actor logs them as they
+    are. `metrics.missing` names the others (by metric name) and what they need that verl does not
+    pass (POLICY_LOSS_METRICS_WHY)."""
     if POLICY_LOSS_WHY is not None:
         raise NotImplementedError(POLICY_LOSS_WHY)
     batch = {"response_mask": response_mask, POLICY_INPUT: log_prob}
@@ -781,9 +818,32 @@ def policy_loss(
                 "algorithm.rollout_correction off (the recipe's own correction, if any, applies)"
             )
         batch["rollout_is_weights"] = rollout_is_weights
-    value, metrics = _loss_given(batch, None, {}, advantages)
+    value, metrics = _loss_given(batch, None, {}, advantages, _VERL_LACKS)
     scale = _agg_scale(response_mask, loss_agg_mode, config)
-    return value * scale, {f"actor/{name}": metric for name, metric in metrics.items()}
+    return value * scale, Metrics({f"actor/{name}": metric for name, metric in metrics.items()}, metrics.missing)
+
+
+_VERL_LACKS = "verl's PolicyLossFn does not receive (it gets log_prob, old_log_prob, advantages, response_mask, rollout_is_weights)"
+
+
+def _policy_loss_metrics():
+    """The metrics `policy_loss` returns, and why not the others (by name)."""
+    if POLICY_LOSS_WHY is not None:
+        return (), {name: POLICY_LOSS_WHY for name in METRICS}
+    given = {name for name in INPUTS if INPUTS[name][1] is not None}
+    given.update(name for name in (POLICY_INPUT, "old_logp", "rollout_is_weights") if name in INPUTS)
+    returned, why = [], {}
+    for name, (_, needs) in _LOSS_GIVEN_ADVANTAGE[2].items():
+        lacking = [n for n in needs if n not in given]
+        if lacking:
+            why[name] = _metric_why(name, lacking, _VERL_LACKS)
+        else:
+            returned.append(name)
+    return tuple(returned), why
+
+
+# The metrics policy_loss returns (as actor/NAME), and for each other metric why verl cannot have it.
+POLICY_LOSS_METRICS, POLICY_LOSS_METRICS_WHY = _policy_loss_metrics()
 
 
 def advantage_estimator(token_level_rewards, response_mask, index=None, config=None, **kwargs):
@@ -865,25 +925,123 @@ def _reward_only(batch, config=None, **params):
         return _per_response(L, _reward(L, x, {}), REWARD_SHAPE)
 
 
-def _advantage_only(batch, config=None, **params):
-    """Reward, keep and advantage stages alone (what a reward stage can compute)."""
-    if _advantage is None:
-        raise NotImplementedError(f"recipe `{RECIPE}` has no advantage section")
-    missing = _missing(batch, _ADVANTAGE_INPUTS)
+def _reward_side(batch, config=None, params=None, metrics=True):
+    """The reward, keep and advantage stages and the reward-side metrics (REWARD_SIDE_METRICS) on a
+    padded batch, detached, as rlx computes them: the reward and `keep` on the whole batch, the
+    advantage and the metrics on the kept responses. A dict: `reward` and `advantage` [B] (0 for the
+    dropped responses; None where the recipe has no such section), `kept` [B] and `metrics` (a
+    `Metrics`; empty, each metric in `missing`, when `keep` drops every response, as rlx logs no
+    recipe metric for a step it skips). With metrics=False they are not computed (nor do tokens
+    have to be given for them)."""
+    reward_run, keep_run, advantage_run, metric_runs, shapes = _REWARD_SIDE
+    missing = _missing(batch, _REWARD_SIDE_INPUTS)
     if missing:
         raise KeyError(
-            f"the advantage of recipe `{RECIPE}` needs {', '.join(f'`{n}`' for n in missing)}, which were not given"
+            f"the reward side of recipe `{RECIPE}` (reward, keep, advantage) needs "
+            f"{', '.join(f'`{n}`' for n in missing)}, which were not given"
         )
+    tokens = _REWARD_SIDE_TOKENS if metrics else _ADVANTAGE_TOKENS
     with torch.no_grad():
-        L, x = _prepare(batch, config, params, _ADVANTAGE_INPUTS, _ADVANTAGE_TOKENS)
+        L, x = _prepare(batch, config, params or {}, _REWARD_SIDE_INPUTS, tokens)
         v = {}
         size, sel = L.B, None
-        if _reward is not None:
-            _reward(L, x, v)
-        if _keep is not None:
-            kept = _kept(L, _keep(L, x, v))
-            L, x, v, sel = _select(L, x, v, kept, _PHASE1_SHAPES)
-        return _scatter(L, sel, _per_response(L, _advantage(L, x, v), ADVANTAGE_SHAPE), size)
+        out = {"reward": None, "advantage": None, "kept": torch.ones(L.B, dtype=torch.bool, device=L.device)}
+        out["metrics"] = Metrics()
+        if reward_run is not None:
+            out["reward"] = _per_response(L, reward_run(L, x, v), REWARD_SHAPE)
+        if keep_run is not None:
+            out["kept"] = kept = _kept(L, keep_run(L, x, v))
+            if not bool(kept.any()):
+                out["metrics"].missing.update(
+                    {name: f"`keep` dropped every response: no metric `{name}`" for name in REWARD_SIDE_METRICS}
+                )
+                return out
+            L, x, v, sel = _select(L, x, v, kept, shapes)
+        if advantage_run is not None:
+            out["advantage"] = _scatter(L, sel, _per_response(L, advantage_run(L, x, v), ADVANTAGE_SHAPE), size)
+        if metrics:
+            for name, metric_run in metric_runs.items():
+                out["metrics"][name] = float(metric_run(L, x, v))
+    return out
+
+
+def reward_metrics(batch, config=None, **params):
+    """The reward-side metrics (REWARD_SIDE_METRICS: those that read only what the reward, keep and
+    advantage stages read) on a padded batch (see `compute_rewards`), as a `Metrics` dict of floats
+    with the rlx runtime's values: computed after `keep`, on the responses it keeps (none, each in
+    `missing`, when it drops every response). For a trainer whose loss never sees the reward inputs
+    (verl's PolicyLossFn, TRL's loss inputs): call it where the rewards are computed."""
+    return _reward_side(batch, config, params)["metrics"]
+
+
+def _trl_batch_of(inputs_fn, prompts, completions, completion_ids, kwargs, tokens):
+    """A padded batch from a TRL reward function's arguments (see `make_reward_func`)."""
+    if completion_ids is None and tokens is not None:
+        raise ValueError(
+            f"recipe `{RECIPE}` reads {tokens}, so its reward function needs `completion_ids` (TRL "
+            "passes them: each completion's token ids), which give the completions' token counts"
+        )
+    columns = {k: v for k, v in kwargs.items() if k in INPUTS}
+    if inputs_fn is not None:
+        columns.update(
+            inputs_fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs) or {}
+        )
+    size = len(completions)
+    counts = None if completion_ids is None else [len(ids) for ids in completion_ids]
+    if counts is not None and len(counts) != size:
+        raise ValueError(f"{len(counts)} completion_ids for {size} completions")
+    longest = max(counts, default=0) if counts is not None else 0
+    batch = {"index": [repr(prompt) for prompt in prompts]}
+    for name, column in columns.items():
+        level, feature = _parse(INPUTS[name][0])
+        if level == "batch":
+            batch[name] = column[0] if isinstance(column, (list, tuple)) else column
+        elif level == "tok":  # ragged: one row per completion, as long as its completion_ids
+            if counts is None:
+                raise ValueError(f"the token-level input `{name}` needs `completion_ids` for the completions' token counts")
+            rows = [list(row) for row in column]
+            if len(rows) != size:
+                raise ValueError(f"the token-level input `{name}` has {len(rows)} rows for {size} completions")
+            for row, (values, count) in enumerate(zip(rows, counts)):
+                if len(values) != count:
+                    raise ValueError(
+                        f"the token-level input `{name}` has {len(values)} values for completion {row}, "
+                        f"whose completion_ids have {count} tokens"
+                    )
+            batch[name] = [values + [0.0] * (longest - len(values)) for values in rows]
+        elif feature == "crit":  # ragged: pad, and say which criteria each prompt has
+            rows = [list(row) for row in column]
+            width = max((len(row) for row in rows), default=0)
+            batch[name] = [row + [0.0] * (width - len(row)) for row in rows]
+            batch["crit_mask"] = [[True] * len(row) + [False] * (width - len(row)) for row in rows]
+        else:
+            batch[name] = column
+    if completion_ids is not None:
+        batch["response_length"] = counts
+        if "ids" in INPUTS and "ids" not in batch:
+            ids = torch.zeros((size, longest), dtype=torch.float64)
+            for row, tokens_of in enumerate(completion_ids):
+                ids[row, : len(tokens_of)] = torch.as_tensor(list(tokens_of), dtype=torch.float64)
+            batch["ids"] = ids
+    return batch
+
+
+def _call_key(prompts, completions, completion_ids):
+    """What identifies one scoring call of TRL (the companion reward function reuses its rewards)."""
+    ids = None if completion_ids is None else tuple(tuple(int(token) for token in row) for row in completion_ids)
+    return tuple(repr(p) for p in prompts), tuple(repr(c) for c in completions), ids
+
+
+def _side_metrics(batch, have_lengths):
+    """The reward-side metrics of a reward function's batch, or why not (in `missing`)."""
+    if not REWARD_SIDE_METRICS:
+        return Metrics()
+    lacking = _missing(batch, _REWARD_SIDE_INPUTS)
+    if not lacking and _REWARD_SIDE_TOKENS is not None and not have_lengths:
+        lacking = ["completion_ids"]
+    if lacking:
+        return Metrics(missing={name: _metric_why(name, lacking, "the reward function was not given") for name in REWARD_SIDE_METRICS})
+    return _reward_side(batch)["metrics"]
 
 
 def make_reward_func(inputs_fn=None, output="reward"):
@@ -898,63 +1056,62 @@ def make_reward_func(inputs_fn=None, output="reward"):
 
     With output="advantage" it returns the recipe's advantage instead (0 for responses its `keep`
     filters drop): with GRPOConfig(scale_rewards="none"), TRL's centring leaves a zero-mean advantage
-    unchanged, so TRL trains on the recipe's own advantages."""
+    unchanged, so TRL trains on the recipe's own advantages. TRL logs a reward function's values as
+    `rewards/<name>/mean` (here the advantage, under `NAME_advantage`); to keep the reward logged, add
+    the function's `reward_func` (named NAME, as `reward_func` is) with weight 0:
+    `reward_funcs=[f, f.reward_func], reward_weights=[1.0, 0.0]`. It returns the reward of the
+    completions `f` has just scored without calling `inputs_fn` again.
+
+    Both compute the reward-side metrics (REWARD_SIDE_METRICS) on the batch they score, as rlx does
+    (after `keep`), keep the last ones in `f.metrics` (a `Metrics`) and, when TRL passes `log_metric`
+    (TRL >= 1.0), log each as `rlx/NAME`."""
     if output not in ("reward", "advantage"):
         raise ValueError("output is 'reward' or 'advantage'")
+    last = {}
 
     def reward_func(prompts, completions, completion_ids=None, **kwargs):
         tokens = REWARD_TOKENS if output == "reward" else _ADVANTAGE_TOKENS
-        if completion_ids is None and tokens is not None:
-            raise ValueError(
-                f"recipe `{RECIPE}` reads {tokens}, so its reward function needs `completion_ids` (TRL "
-                "passes them: each completion's token ids), which give the completions' token counts"
-            )
-        columns = {k: v for k, v in kwargs.items() if k in INPUTS}
-        if inputs_fn is not None:
-            columns.update(
-                inputs_fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs) or {}
-            )
-        size = len(completions)
-        counts = None if completion_ids is None else [len(ids) for ids in completion_ids]
-        if counts is not None and len(counts) != size:
-            raise ValueError(f"{len(counts)} completion_ids for {size} completions")
-        longest = max(counts, default=0) if counts is not None else 0
-        batch = {"index": [repr(prompt) for prompt in prompts]}
-        for name, column in columns.items():
-            level, feature = _parse(INPUTS[name][0])
-            if level == "batch":
-                batch[name] = column[0] if isinstance(column, (list, tuple)) else column
-            elif level == "tok":  # ragged: one row per completion, as long as its completion_ids
-                if counts is None:
-                    raise ValueError(f"the token-level input `{name}` needs `completion_ids` for the completions' token counts")
-                rows = [list(row) for row in column]
-                if len(rows) != size:
-                    raise ValueError(f"the token-level input `{name}` has {len(rows)} rows for {size} completions")
-                for row, (values, count) in enumerate(zip(rows, counts)):
-                    if len(values) != count:
-                        raise ValueError(
-                            f"the token-level input `{name}` has {len(values)} values for completion {row}, "
-                            f"whose completion_ids have {count} tokens"
-                        )
-                batch[name] = [values + [0.0] * (longest - len(values)) for values in rows]
-            elif feature == "crit":  # ragged: pad, and say which criteria each prompt has
-                rows = [list(row) for row in column]
-                width = max((len(row) for row in rows), default=0)
-                batch[name] = [row + [0.0] * (width - len(row)) for row in rows]
-                batch["crit_mask"] = [[True] * len(row) + [False] * (width - len(row)) for row in rows]
-            else:
-                batch[name] = column
-        if completion_ids is not None:
-            batch["response_length"] = counts
-            if "ids" in INPUTS and "ids" not in batch:
-                ids = torch.zeros((size, longest), dtype=torch.float64)
-                for row, tokens_of in enumerate(completion_ids):
-                    ids[row, : len(tokens_of)] = torch.as_tensor(list(tokens_of), dtype=torch.float64)
-                batch["ids"] = ids
-        values = _reward_only(batch) if output == "reward" else _advantage_only(batch)
+        batch = _trl_batch_of(inputs_fn, prompts, completions, completion_ids, kwargs, tokens)
+        last.clear()
+        if output == "reward":
+            values = _reward_only(batch)
+            metrics = _side_metrics(batch, completion_ids is not None)
+        else:
+            if _advantage is None:
+                raise NotImplementedError(f"recipe `{RECIPE}` has no advantage section")
+            with_metrics = completion_ids is not None or _REWARD_SIDE_TOKENS is None
+            side = _reward_side(batch, metrics=with_metrics)
+            if not bool(side["kept"].any()):
+                raise ValueError(_ALL_DROPPED)
+            values = side["advantage"]
+            metrics = side["metrics"] if with_metrics else _side_metrics(batch, False)
+            if side["reward"] is not None:
+                last["key"] = _call_key(prompts, completions, completion_ids)
+                last["reward"] = [float(r) for r in side["reward"]]
+        reward_func.metrics = metrics
+        log_metric = kwargs.get("log_metric")
+        if callable(log_metric):
+            for name, value in metrics.items():
+                log_metric(f"rlx/{name}", value)
         return [float(r) for r in values]
 
     reward_func.__name__ = NAME if output == "reward" else f"{NAME}_advantage"
+    reward_func.metrics = Metrics()
+    if output == "advantage":
+        if _reward is None:
+            reward_func.reward_func = None
+        else:
+
+            def companion(prompts, completions, completion_ids=None, **kwargs):
+                """The recipe's reward of the completions (those the advantage function has just
+                scored: its rewards, without calling inputs_fn again), for TRL to log."""
+                if last.get("key") == _call_key(prompts, completions, completion_ids):
+                    return list(last["reward"])
+                batch = _trl_batch_of(inputs_fn, prompts, completions, completion_ids, kwargs, REWARD_TOKENS)
+                return [float(r) for r in _reward_only(batch)]
+
+            companion.__name__ = NAME
+            reward_func.reward_func = companion
     return reward_func
 
 

@@ -4,11 +4,14 @@
 //! stage of the recipe (reward, keep, advantage, loss, each metric). The helpers these lines call, and
 //! the entry points for verl and TRL, are the fixed runtime in `prelude.py`.
 //!
-//! Three evaluation paths are generated from the same graph:
+//! Four evaluation paths are generated from the same graph:
 //! - the whole recipe (`evaluate`), with the interpreter's two-phase `keep` semantics;
 //! - the loss given a trainer's advantages (verl's `policy_loss`, TRL's `loss` with `advantages`): the
-//!   graph cut at the advantage node;
-//! - the advantage given a trainer's rewards (verl's `advantage_estimator`): cut at the reward node.
+//!   graph cut at the advantage node, each metric on its own so that those whose inputs a trainer does
+//!   not pass can be left out (and named);
+//! - the advantage given a trainer's rewards (verl's `advantage_estimator`): cut at the reward node;
+//! - the reward side (TRL's reward functions, `reward_metrics`): reward, keep and advantage, and the
+//!   metrics that read nothing else, which a trainer's loss cannot compute for want of their inputs.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
@@ -122,11 +125,13 @@ fn mangle(name: &str) -> String {
 }
 
 /// What a stage function returns.
+#[derive(Clone)]
 enum Ret {
     Node(NodeId),
     Keeps(Vec<(KeepLevel, NodeId)>),
 }
 
+#[derive(Clone)]
 struct Stage {
     function: String,
     doc: String,
@@ -583,7 +588,9 @@ impl<'a> Emitter<'a> {
     ) {
         for (s, stage) in stages.iter().enumerate() {
             if let Some(Some(existing)) = aliases.get(s) {
-                let _ = writeln!(out, "\n\n{} = {existing}  # the same nodes", stage.function);
+                if *existing != stage.function {
+                    let _ = writeln!(out, "\n\n{} = {existing}  # the same nodes", stage.function);
+                }
                 continue;
             }
             let _ = writeln!(out, "\n\ndef {}(L, x, v):", stage.function);
@@ -642,6 +649,7 @@ impl<'a> Emitter<'a> {
                 full.iter().enumerate().find_map(|(f, other)| {
                     let same_ret = match (&stage.ret, &other.ret) {
                         (Ret::Node(a), Ret::Node(b)) => a == b,
+                        (Ret::Keeps(a), Ret::Keeps(b)) => a == b,
                         _ => false,
                     };
                     let same = same_ret
@@ -865,6 +873,7 @@ impl<'a> Emitter<'a> {
         self.loss_given_advantage(&mut out, &stages, &plan);
         self.advantage_given_reward(&mut out);
         self.reward_metadata(&mut out);
+        self.reward_side(&mut out, &stages, &plan);
 
         out.push_str("\n\n");
         out.push_str(PRELUDE);
@@ -933,7 +942,9 @@ response, group-level inputs per response too, with `index` [B] naming each resp
             "
 Entry points: evaluate, compute_rewards, loss (TRL), policy_loss (verl's PolicyLossFn) and
 advantage_estimator (registered with verl as `{name}` when verl is importable), make_compute_score
-(a verl reward function), make_reward_func (a TRL reward function). See docs/scale.md.
+(a verl reward function), make_reward_func (a TRL reward function), reward_metrics (the metrics of
+the reward side). Metrics: `loss` and `policy_loss` return every metric their batch determines and
+name the others in `.missing`; the reward functions compute REWARD_SIDE_METRICS. See docs/scale.md.
 \"\"\"
 "
         );
@@ -1285,6 +1296,134 @@ REWARD_GROUP_WHY = "the recipe has no reward section"
                 );
             }
         }
+    }
+
+    /// The reward side, for the reward functions (TRL's `reward_funcs`) and `reward_metrics`: the
+    /// reward, keep and advantage stages of the whole recipe, and the metrics that read no input
+    /// besides theirs (no log-probability, nothing only the loss reads). These metrics are computed
+    /// as the interpreter computes them: after `keep`, on the responses it keeps.
+    fn reward_side(&self, out: &mut String, full: &[Stage], full_plan: &PathPlan) {
+        let o = &self.graph.outputs;
+        const FRONT: [&str; 3] = ["_reward", "_keep", "_advantage"];
+        let mut stages: Vec<Stage> = full
+            .iter()
+            .filter(|s| FRONT.contains(&s.function.as_str()))
+            .cloned()
+            .collect();
+        let front = stages.len();
+        let front_nodes: Vec<NodeId> = stages.iter().flat_map(|s| s.nodes.clone()).collect();
+        let mut roots: Vec<NodeId> = o
+            .reward
+            .iter()
+            .chain(o.advantage.iter())
+            .copied()
+            .chain(o.keeps.iter().map(|(_, id)| *id))
+            .collect();
+        let side_inputs: HashSet<String> =
+            self.inputs_read(&front_nodes, &roots).into_iter().collect();
+        let none: HashSet<NodeId> = HashSet::new();
+        let mut done = vec![false; self.graph.nodes.len()];
+        for id in &front_nodes {
+            done[id.0 as usize] = true;
+        }
+        let mut metrics: Vec<String> = Vec::new();
+        for (metric, id) in &o.metrics {
+            let live = self.cone(&[*id], &none);
+            let cone: Vec<NodeId> = (0..live.len())
+                .filter(|i| live[*i])
+                .map(|i| NodeId(i as u32))
+                .collect();
+            let reward_side = self
+                .inputs_read(&cone, &[*id])
+                .iter()
+                .all(|name| side_inputs.contains(name));
+            if !reward_side {
+                continue;
+            }
+            let nodes = self.stage_nodes(&[*id], &none, &done);
+            for node in &nodes {
+                done[node.0 as usize] = true;
+            }
+            metrics.push(metric.clone());
+            roots.push(*id);
+            stages.push(Stage {
+                function: format!("_metric_{metric}_reward_side"),
+                doc: format!("metric `{metric}`, from the reward side alone."),
+                nodes,
+                ret: Ret::Node(*id),
+            });
+        }
+        let plan = self.plan_path(&stages, &HashMap::new());
+        let mut aliases = Self::aliases(&stages, &plan, full, full_plan);
+        // A stage identical to one of the whole recipe is that function; a reward, keep or advantage
+        // stage that is not (it would have to pass on more) is written under a name of its own.
+        for (s, (stage, alias)) in stages.iter_mut().zip(&mut aliases).enumerate() {
+            match alias {
+                Some(existing) => stage.function = existing.clone(),
+                None if s < front => stage.function = format!("{}_reward_side", stage.function),
+                None => {}
+            }
+        }
+        let _ = writeln!(
+            out,
+            "\n\n{RULE}\n# The reward side (TRL's reward functions, reward_metrics): the reward, keep and advantage stages,
+# and the metrics that read nothing else, computed as rlx does (after `keep`, on the kept responses)."
+        );
+        self.write_path(out, &stages, &plan, &aliases);
+        let slot = |name: &str| {
+            stages[..front]
+                .iter()
+                .find(|s| s.function == name || s.function == format!("{name}_reward_side"))
+                .map_or("None".to_string(), |s| s.function.clone())
+        };
+        // What the reward and keep stages pass on: an aliased stage passes on what it does in the
+        // whole recipe.
+        let mut phase_one: Vec<NodeId> = stages[..front]
+            .iter()
+            .zip(&plan.exports)
+            .filter(|(s, _)| !s.function.starts_with("_advantage"))
+            .flat_map(|(_, exports)| exports.clone())
+            .chain(
+                full.iter()
+                    .zip(&full_plan.exports)
+                    .filter(|(s, _)| s.function == "_reward" || s.function == "_keep")
+                    .flat_map(|(_, exports)| exports.clone()),
+            )
+            .collect();
+        phase_one.sort();
+        phase_one.dedup();
+        let all_nodes: Vec<NodeId> = stages.iter().flat_map(|s| s.nodes.clone()).collect();
+        let _ = writeln!(
+            out,
+            "
+
+# (the reward, keep and advantage stages (None where the recipe has none), per metric of the reward
+# side its function, and the shapes of what the reward and keep stages pass on)
+_REWARD_SIDE = (
+    {},
+    {},
+    {},
+    {{{}
+    }},
+    {},
+)
+_REWARD_SIDE_INPUTS = {}
+_REWARD_SIDE_TOKENS = {}
+# The metrics the reward side computes (the reward functions log them); the others need the loss's inputs.
+REWARD_SIDE_METRICS = {}",
+            slot("_reward"),
+            slot("_keep"),
+            slot("_advantage"),
+            metrics
+                .iter()
+                .zip(&stages[front..])
+                .map(|(name, stage)| format!("\n        {}: {},", py_str(name), stage.function))
+                .collect::<String>(),
+            self.shapes_dict(&phase_one, &[]),
+            Self::tuple(&self.inputs_read(&all_nodes, &roots)),
+            self.token_reason(&roots, &none),
+            Self::tuple(&metrics)
+        );
     }
 }
 
