@@ -688,22 +688,12 @@ fn exported_modules_match_the_interpreter() {
             ));
         }
     }
-    let manifest_path = dir.join("cases.json");
-    let results_path = dir.join("results.json");
-    std::fs::write(&manifest_path, json!({ "cases": manifest }).to_string()).unwrap();
-    let output = Command::new(&python)
-        .arg(root().join("tests/export/driver.py"))
-        .arg(&manifest_path)
-        .arg(&results_path)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
-    assert!(
-        output.status.success(),
-        "driver failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
+    let results = run_driver(
+        &python,
+        "tests/export/driver.py",
+        &dir,
+        json!({ "cases": manifest }),
     );
-    let results: Json =
-        serde_json::from_str(&std::fs::read_to_string(&results_path).unwrap()).unwrap();
     let mut checker = Checker {
         failures: Vec::new(),
     };
@@ -1173,22 +1163,12 @@ fn every_recipe_metric_reaches_trl_and_verl() {
             });
         }
     }
-    let manifest_path = dir.join("cases.json");
-    let results_path = dir.join("results.json");
-    std::fs::write(&manifest_path, json!({ "cases": manifest }).to_string()).unwrap();
-    let output = Command::new(&python)
-        .arg(root().join("tests/export/metrics.py"))
-        .arg(&manifest_path)
-        .arg(&results_path)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
-    assert!(
-        output.status.success(),
-        "tests/export/metrics.py failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
+    let results = run_driver(
+        &python,
+        "tests/export/metrics.py",
+        &dir,
+        json!({ "cases": manifest }),
     );
-    let results: Json =
-        serde_json::from_str(&std::fs::read_to_string(&results_path).unwrap()).unwrap();
     let mut failures: Vec<String> = Vec::new();
     let mut fail = |case: &MetricCase, message: String| {
         failures.push(format!("{}: {message}", case.label));
@@ -1593,4 +1573,24 @@ fn rlxc_writes_a_module_with_a_header() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("eps_hihg"));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs the Python `script` on `manifest` (written to `dir/cases.json`) and returns what it wrote to
+/// `dir/results.json`; a failing script fails the test with its stderr.
+fn run_driver(python: &Path, script: &str, dir: &Path, manifest: Json) -> Json {
+    let manifest_path = dir.join("cases.json");
+    let results_path = dir.join("results.json");
+    std::fs::write(&manifest_path, manifest.to_string()).unwrap();
+    let output = Command::new(python)
+        .arg(root().join(script))
+        .arg(&manifest_path)
+        .arg(&results_path)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
+    assert!(
+        output.status.success(),
+        "{script} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_str(&std::fs::read_to_string(&results_path).unwrap()).unwrap()
 }
