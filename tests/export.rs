@@ -795,15 +795,7 @@ fn check_case(
     );
     // The reward-side metrics (REWARD_SIDE_METRICS) on the whole batch, as rlx computes them.
     let side = &result["reward_metrics"];
-    let reward_side: Vec<String> = side["names"]
-        .as_array()
-        .map(|names| {
-            names
-                .iter()
-                .filter_map(|n| n.as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default();
+    let reward_side: Vec<String> = names_of(&side["names"]);
     match error_of(side) {
         Some(error) => checker.failures.push(format!("reward_metrics: {error}")),
         None => {

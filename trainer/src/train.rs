@@ -259,28 +259,6 @@ pub fn completion_logp(
         .squeeze(1)
 }
 
-/// Greedy accuracy of `model` on `prompts` (`None` when the task is not verifiable).
-pub fn accuracy(
-    model: &Model,
-    task: &dyn Task,
-    prompts: &[Prompt],
-    max_new_tokens: usize,
-    device: &Device,
-) -> Result<Option<f64>, Error> {
-    if prompts.is_empty() {
-        return Ok(None);
-    }
-    let completions = eval_completions(model, task, prompts, 1, None, max_new_tokens, device)?;
-    let mut correct = 0.0;
-    for (p, c) in prompts.iter().zip(&completions) {
-        match task.correct(p, &c.tokens) {
-            Some(v) => correct += v,
-            None => return Ok(None),
-        }
-    }
-    Ok(Some(correct / prompts.len() as f64))
-}
-
 /// `k` completions of each of `prompts` (prompt-major): greedy when `sampling` is `None`, else
 /// sampled with its settings from a stream of its own (so that an evaluation never moves the
 /// training's random streams).
@@ -328,7 +306,6 @@ pub struct EvalSettings {
 /// `eval/pass@k/accuracy` for a verifiable task. The signals are the recipe's, filled by the task as
 /// in training (reward programs and judges included).
 pub fn evaluate(
-    model: &Model,
     task: &dyn Task,
     models: &TaskModels,
     prompts: &[Prompt],
@@ -348,7 +325,7 @@ pub fn evaluate(
     }
     for (k, sampling) in runs {
         let completions = eval_completions(
-            model,
+            models.policy,
             task,
             prompts,
             k,
@@ -1135,15 +1112,8 @@ pub fn run_with(
                     policy: &policy,
                     reference: reference.as_ref(),
                 };
-                evaluate(
-                    &policy,
-                    task.as_ref(),
-                    &models,
-                    &eval,
-                    eval_settings,
-                    &device,
-                )
-                .map_err(|e| format!("before the first step: {e}"))?
+                evaluate(task.as_ref(), &models, &eval, eval_settings, &device)
+                    .map_err(|e| format!("before the first step: {e}"))?
             };
             let accuracy = before.get("eval/accuracy").and_then(Value::as_f64);
             progress(&Event::Info(format!(
@@ -1516,20 +1486,13 @@ pub fn run_with(
                 policy: &policy,
                 reference: reference.as_ref(),
             };
-            let metrics = evaluate(
-                &policy,
-                task.as_ref(),
-                &models,
-                &eval,
-                eval_settings,
-                &device,
-            )
-            .map_err(|e| {
-                format!(
-                    "step {step}: {e}; the run stopped after the step's update; {}",
-                    no_checkpoint(out, last_checkpoint)
-                )
-            })?;
+            let metrics =
+                evaluate(task.as_ref(), &models, &eval, eval_settings, &device).map_err(|e| {
+                    format!(
+                        "step {step}: {e}; the run stopped after the step's update; {}",
+                        no_checkpoint(out, last_checkpoint)
+                    )
+                })?;
             eval_accuracy = metrics.get("eval/accuracy").and_then(Value::as_f64);
             if eval_accuracy.is_some() {
                 accuracy_after = eval_accuracy;

@@ -837,17 +837,11 @@ impl<'a> Emitter<'a> {
         );
         let mut advantage_nodes: Vec<NodeId> = stages
             .iter()
-            .filter(|s| ["_reward", "_keep", "_advantage"].contains(&s.function.as_str()))
+            .filter(|s| FRONT_STAGES.contains(&s.function.as_str()))
             .flat_map(|s| s.nodes.clone())
             .collect();
         advantage_nodes.sort();
-        let advantage_roots: Vec<NodeId> = o
-            .reward
-            .iter()
-            .chain(o.advantage.iter())
-            .copied()
-            .chain(o.keeps.iter().map(|(_, id)| *id))
-            .collect();
+        let advantage_roots = front_roots(o);
         let _ = writeln!(
             out,
             "# Recipe inputs the reward, keep and advantage stages read, and what of the tokens.\n_ADVANTAGE_INPUTS = {}\n_ADVANTAGE_TOKENS = {}",
@@ -1304,21 +1298,14 @@ REWARD_GROUP_WHY = "the recipe has no reward section"
     /// as the interpreter computes them: after `keep`, on the responses it keeps.
     fn reward_side(&self, out: &mut String, full: &[Stage], full_plan: &PathPlan) {
         let o = &self.graph.outputs;
-        const FRONT: [&str; 3] = ["_reward", "_keep", "_advantage"];
         let mut stages: Vec<Stage> = full
             .iter()
-            .filter(|s| FRONT.contains(&s.function.as_str()))
+            .filter(|s| FRONT_STAGES.contains(&s.function.as_str()))
             .cloned()
             .collect();
         let front = stages.len();
         let front_nodes: Vec<NodeId> = stages.iter().flat_map(|s| s.nodes.clone()).collect();
-        let mut roots: Vec<NodeId> = o
-            .reward
-            .iter()
-            .chain(o.advantage.iter())
-            .copied()
-            .chain(o.keeps.iter().map(|(_, id)| *id))
-            .collect();
+        let mut roots = front_roots(o);
         let side_inputs: HashSet<String> =
             self.inputs_read(&front_nodes, &roots).into_iter().collect();
         let none: HashSet<NodeId> = HashSet::new();
@@ -1435,6 +1422,19 @@ fn output_roots(o: &crate::ir::Outputs) -> Vec<NodeId> {
         .chain(o.loss.iter())
         .copied()
         .chain(o.metrics.iter().map(|(_, id)| *id))
+        .chain(o.keeps.iter().map(|(_, id)| *id))
+        .collect()
+}
+
+/// The stages of the recipe's front (reward, keep, advantage): what the reward functions run.
+const FRONT_STAGES: [&str; 3] = ["_reward", "_keep", "_advantage"];
+
+/// The front's roots: the reward, the advantage and every `keep` condition.
+fn front_roots(o: &crate::ir::Outputs) -> Vec<NodeId> {
+    o.reward
+        .iter()
+        .chain(o.advantage.iter())
+        .copied()
         .chain(o.keeps.iter().map(|(_, id)| *id))
         .collect()
 }
