@@ -227,6 +227,13 @@ impl Registry {
             .map(|s| &s.out)
     }
 
+    /// Whether the signal filling `input` is a partition (class ids, not scores).
+    pub fn is_partition(&self, input: &str) -> bool {
+        self.signals
+            .iter()
+            .any(|s| s.name == input && matches!(s.kind, Kind::Partition { .. }))
+    }
+
     /// Whether some signal needs a [`YesNo`] judge.
     pub fn needs_judge(&self) -> bool {
         self.signals

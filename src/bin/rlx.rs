@@ -94,6 +94,24 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         export_hf: Option<PathBuf>,
     },
+    /// Compare finished runs (e.g. several recipes × seeds): per recipe, each metric before the first
+    /// step and at the last evaluation (mean ± sd and range over seeds), into OUT/results.json,
+    /// OUT/table.md and OUT/curves.png (the mean over seeds, the range shaded; docs/experiments.md).
+    Compare {
+        /// The run directories (each with run.json, config.toml, metrics.jsonl and summary.json).
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
+        /// A metric to compare, `NAME=KEY` (`--metric quality=eval/quality`) or a metrics key
+        /// (repeatable).
+        #[arg(long = "metric", value_name = "NAME=KEY", required = true)]
+        metrics: Vec<String>,
+        /// The folder to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// The plot's title.
+        #[arg(long, default_value = "rlx compare")]
+        title: String,
+    },
     /// Write a run's checkpointed policy as a Hugging Face checkpoint folder (config.json,
     /// model.safetensors with HF tensor names, the tokenizer files and chat template,
     /// generation_config.json; LoRA adapters merged) that `transformers` loads, or with --adapter its
@@ -281,6 +299,38 @@ fn main() -> ExitCode {
                 out.as_deref(),
                 backend,
             )
+        }
+        Command::Compare {
+            runs,
+            metrics,
+            out,
+            title,
+        } => {
+            let result = metrics
+                .iter()
+                .map(|m| rlx_trainer::compare::MetricSpec::parse(m))
+                .collect::<Result<Vec<_>, _>>()
+                .and_then(|metrics| {
+                    let records = runs
+                        .iter()
+                        .map(|dir| rlx_trainer::compare::read_run(dir, &metrics))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    rlx_trainer::compare::write_report(&records, &metrics, &title, &out)
+                });
+            match result {
+                Ok(()) => {
+                    eprintln!(
+                        "rlx compare: {} runs → {} (results.json, table.md, curves.png)",
+                        runs.len(),
+                        out.display()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Command::Export {
             run,

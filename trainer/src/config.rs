@@ -10,7 +10,6 @@ use rlx_signals::SignalSpec;
 
 pub use crate::kinds::{ModelSection, TaskSection};
 use crate::sample::SamplerConfig;
-use crate::task::TaskConfig;
 
 pub const DEFAULT_CONFIG: &str = include_str!("../../configs/default.toml");
 
@@ -185,16 +184,19 @@ impl Config {
         }
         let signals = self.signal_specs()?;
         match (&self.model, &self.task) {
-            (ModelSection::Tiny(_), TaskSection::Arithmetic(task)) => {
+            (ModelSection::Tiny(_), TaskSection::Arithmetic(_) | TaskSection::Decompose(_)) => {
                 if let Some(name) = signals.keys().next() {
                     return Err(format!(
-                        "config: [signals.{name}]: signals feed text tasks; the arithmetic task fills `score` itself"
+                        "config: [signals.{name}]: signals feed text tasks; the {} task fills its inputs itself ({})",
+                        self.task.kind(),
+                        self.builtin_task()?.0.signals().join(", ")
                     ));
                 }
-                self.validate_builtin(task)
+                self.validate_builtin()
             }
-            (_, TaskSection::Arithmetic(_)) => Err(format!(
-                "config: task.kind = \"arithmetic\" needs model.kind = \"tiny\", not \"{}\" (the arithmetic task has its own character tokenizer)",
+            (_, TaskSection::Arithmetic(_) | TaskSection::Decompose(_)) => Err(format!(
+                "config: task.kind = \"{}\" needs model.kind = \"tiny\", not \"{}\" (the built-in tasks have their own character tokenizer)",
+                self.task.kind(),
                 self.model.kind()
             )),
             (ModelSection::Tiny(_), text) => Err(format!(
@@ -276,8 +278,38 @@ impl Config {
         Ok(specs)
     }
 
-    /// The checks of the built-in job (tiny model, arithmetic task).
-    fn validate_builtin(&self, task: &TaskConfig) -> Result<(), String> {
+    /// The built-in task of `[task]` (arithmetic or decompose), checked, with the longest answer it
+    /// warm-starts on (in characters) and the keys that set it; an error for a text task.
+    fn builtin_task(&self) -> Result<(Box<dyn crate::task::Task>, usize, String), String> {
+        let fail = |e: String| format!("config: {e}");
+        match &self.task {
+            TaskSection::Arithmetic(config) => {
+                let task = crate::task::Arithmetic::new(config.clone()).map_err(fail)?;
+                let longest = task.max_answer_chars();
+                let keys = format!(
+                    "task.max_operand = {} with {:?}",
+                    config.max_operand, config.ops
+                );
+                Ok((Box::new(task), longest, keys))
+            }
+            TaskSection::Decompose(config) => {
+                let task = crate::decompose::Decompose::new(config.clone()).map_err(fail)?;
+                let longest = task.max_answer_chars();
+                let keys = format!(
+                    "task.max_operand = {} with {:?}",
+                    config.max_operand, config.op
+                );
+                Ok((Box::new(task), longest, keys))
+            }
+            other => Err(format!(
+                "config: task.kind = \"{}\" is not a built-in task",
+                other.kind()
+            )),
+        }
+    }
+
+    /// The checks of the built-in job (tiny model, arithmetic or decompose task).
+    fn validate_builtin(&self) -> Result<(), String> {
         fn positive(name: &str, value: f64) -> Result<(), String> {
             if value.is_finite() && value > 0.0 {
                 Ok(())
@@ -299,10 +331,9 @@ impl Config {
                 crate::task::Tokenizer.vocab_size()
             ));
         }
-        let task =
-            crate::task::Arithmetic::new(task.clone()).map_err(|e| format!("config: {e}"))?;
-        let prompt = crate::task::Task::max_prompt_tokens(&task);
-        let warm = task.max_answer_chars() + 1;
+        let (task, longest, what) = self.builtin_task()?;
+        let prompt = task.max_prompt_tokens();
+        let warm = longest + 1;
         let needed = prompt + self.sampler.max_new_tokens.max(warm);
         if needed > model.max_positions {
             return Err(format!(
@@ -312,8 +343,8 @@ impl Config {
         }
         if self.sampler.max_new_tokens < warm {
             return Err(format!(
-                "config: sampler.max_new_tokens = {} cannot hold the longest answer and its end token ({warm} tokens for task.max_operand = {} with {:?})",
-                self.sampler.max_new_tokens, task.config.max_operand, task.config.ops
+                "config: sampler.max_new_tokens = {} cannot hold the longest answer and its end token ({warm} tokens for {what})",
+                self.sampler.max_new_tokens
             ));
         }
         Ok(())
@@ -377,6 +408,14 @@ fn kind_keys(section: &str, kind: &str) -> Option<Vec<String>> {
     let names: &[&str] = match (section, kind) {
         ("model", "smollm2") => &["kind", "lora"],
         ("model", "hf") => &["kind", "path", "lora"],
+        ("task", "decompose") => {
+            let mut keys: Vec<String> =
+                toml::Table::try_from(crate::decompose::DecomposeConfig::default())
+                    .map(|t| t.keys().cloned().collect())
+                    .unwrap_or_default();
+            keys.push("kind".into());
+            return Some(keys);
+        }
         ("task", "healthbench" | "ifeval" | "prompts") => {
             let text: crate::text_task::TextTaskConfig =
                 toml::from_str("").expect("every text task key has a default");

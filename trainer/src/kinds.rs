@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use rlx_compiler::ir::Graph;
 use rlx_signals::{Registry, SignalSpec};
 
+use crate::decompose::{Decompose, DecomposeConfig};
 use crate::model::{LoraConfig, Model, ModelConfig};
 use crate::task::{Arithmetic, Task, TaskConfig, Tokenizer};
 use crate::text_task::{bind_signals, check_data_path, Source, TextTask, TextTaskConfig};
@@ -44,6 +45,9 @@ pub enum ModelSection {
 pub enum TaskSection {
     /// Generated arithmetic questions with the verifiable `score` (the built-in task).
     Arithmetic(TaskConfig),
+    /// The open-ended built-in task: write a target as `a OP b` (many correct answers, an exact
+    /// partition; docs/experiments.md).
+    Decompose(DecomposeConfig),
     /// HealthBench conversations with per-prompt rubrics.
     Healthbench(TextTaskConfig),
     /// IFEval prompts (the rows all of whose instructions are checked).
@@ -165,6 +169,7 @@ impl TaskSection {
     pub fn kind(&self) -> &'static str {
         match self {
             TaskSection::Arithmetic(_) => "arithmetic",
+            TaskSection::Decompose(_) => "decompose",
             TaskSection::Healthbench(_) => "healthbench",
             TaskSection::Ifeval(_) => "ifeval",
             TaskSection::Prompts(_) => "prompts",
@@ -174,7 +179,7 @@ impl TaskSection {
     /// The text task's source and settings (`None` for the arithmetic task).
     pub fn text(&self) -> Option<(Source, &TextTaskConfig)> {
         match self {
-            TaskSection::Arithmetic(_) => None,
+            TaskSection::Arithmetic(_) | TaskSection::Decompose(_) => None,
             TaskSection::Healthbench(c) => Some((Source::Healthbench, c)),
             TaskSection::Ifeval(c) => Some((Source::Ifeval, c)),
             TaskSection::Prompts(c) => Some((Source::Prompts, c)),
@@ -194,6 +199,9 @@ impl TaskSection {
             TaskSection::Arithmetic(config) => {
                 Ok(BoundTask::Arithmetic(Arithmetic::new(config.clone())?))
             }
+            TaskSection::Decompose(config) => {
+                Ok(BoundTask::Decompose(Decompose::new(config.clone())?))
+            }
             _ => {
                 let (source, config) = self.text().expect("a text task");
                 config.validate()?;
@@ -211,6 +219,7 @@ impl TaskSection {
 /// A task bound to a recipe, before any data, tokenizer or model is loaded ([`TaskSection::bind`]).
 pub enum BoundTask {
     Arithmetic(Arithmetic),
+    Decompose(Decompose),
     Text {
         source: Source,
         config: TextTaskConfig,
@@ -223,6 +232,7 @@ impl BoundTask {
     pub fn signals(&self) -> Vec<String> {
         match self {
             BoundTask::Arithmetic(task) => task.signals(),
+            BoundTask::Decompose(task) => task.signals(),
             BoundTask::Text { registry, .. } => registry.inputs().map(str::to_string).collect(),
         }
     }
@@ -241,6 +251,7 @@ impl BoundTask {
     ) -> Result<Box<dyn Task>, String> {
         match self {
             BoundTask::Arithmetic(task) => Ok(Box::new(task)),
+            BoundTask::Decompose(task) => Ok(Box::new(task)),
             BoundTask::Text {
                 source,
                 config,

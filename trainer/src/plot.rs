@@ -13,10 +13,14 @@ use serde_json::{Map, Value};
 /// A named curve: its name, colour and points.
 pub type Series = (String, RGBColor, Vec<(f64, f64)>);
 
-/// One panel: a title and its series.
+/// A shaded range around a curve (e.g. the spread over seeds): its colour and (x, low, high) points.
+pub type Band = (RGBColor, Vec<(f64, f64, f64)>);
+
+/// One panel: a title, its series and the bands drawn under them.
 pub struct Panel {
     pub title: String,
     pub series: Vec<Series>,
+    pub bands: Vec<Band>,
 }
 
 /// The image's width, whatever the number of panels.
@@ -131,13 +135,22 @@ pub fn write_png(path: &Path, title: &str, panels: &[Panel]) -> Result<(), Strin
     let body = root.margin(HEADER, 0, 0, 0);
     let cells = body.split_evenly((rows(panels.len()), columns(panels.len())));
     for (panel, cell) in panels.iter().zip(&cells) {
-        let points = panel.series.iter().flat_map(|s| s.2.iter());
+        let band_points = panel
+            .bands
+            .iter()
+            .flat_map(|b| b.1.iter())
+            .flat_map(|&(x, low, high)| [(x, low), (x, high)]);
+        let points = panel
+            .series
+            .iter()
+            .flat_map(|s| s.2.iter().copied())
+            .chain(band_points);
         let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
         for (x, y) in points.filter(|(x, y)| x.is_finite() && y.is_finite()) {
-            x0 = x0.min(*x);
-            x1 = x1.max(*x);
-            y0 = y0.min(*y);
-            y1 = y1.max(*y);
+            x0 = x0.min(x);
+            x1 = x1.max(x);
+            y0 = y0.min(y);
+            y1 = y1.max(y);
         }
         let (cell_width, _) = cell.dim_in_pixel();
         let chars = (cell_width as usize).saturating_sub(16) / 8;
@@ -173,6 +186,27 @@ pub fn write_png(path: &Path, title: &str, panels: &[Panel]) -> Result<(), Strin
                 BLACK.stroke_width(1),
             )))
             .map_err(|e| fail(&e))?;
+        for (color, points) in &panel.bands {
+            let finite: Vec<(f64, f64, f64)> = points
+                .iter()
+                .copied()
+                .filter(|(x, l, h)| x.is_finite() && l.is_finite() && h.is_finite())
+                .collect();
+            // The polygon of the upper edge left to right, then the lower edge back.
+            let outline: Vec<(f64, f64)> = finite
+                .iter()
+                .map(|&(x, _, h)| (x, h))
+                .chain(finite.iter().rev().map(|&(x, l, _)| (x, l)))
+                .collect();
+            if finite.len() > 1 {
+                chart
+                    .draw_series(std::iter::once(Polygon::new(
+                        outline,
+                        color.mix(0.2).filled(),
+                    )))
+                    .map_err(|e| fail(&e))?;
+            }
+        }
         for (k, (name, color, points)) in panel.series.iter().enumerate() {
             let finite: Vec<(f64, f64)> = points
                 .iter()
@@ -276,6 +310,7 @@ pub fn metric_panels(history: &[Map<String, Value>], before: &Map<String, Value>
             Panel {
                 title: key.clone(),
                 series: vec![(key.clone(), COLORS[group(key) % COLORS.len()], points)],
+                bands: Vec::new(),
             }
         })
         .collect()
@@ -303,6 +338,7 @@ mod tests {
             Panel {
                 title: "reward/mean".into(),
                 series: vec![("reward".into(), COLORS[0], line.clone())],
+                bands: vec![(COLORS[0], vec![(0.0, -1.0, 1.0), (19.0, -0.5, 0.5)])],
             },
             Panel {
                 title: "accuracy".into(),
@@ -310,10 +346,12 @@ mod tests {
                     ("train".into(), COLORS[0], line),
                     ("eval".into(), COLORS[1], vec![(5.0, 0.5)]),
                 ],
+                bands: Vec::new(),
             },
             Panel {
                 title: "empty".into(),
                 series: vec![],
+                bands: Vec::new(),
             },
         ];
         write_png(&path, "rlx run", &panels).unwrap();

@@ -137,6 +137,20 @@ pub trait Task {
     /// verifiable (then no accuracy is reported).
     fn correct(&self, prompt: &Prompt, completion: &[u32]) -> Option<f64>;
 
+    /// The partition class of `completion` when the task has an exact one (two completions with the
+    /// same class are the same answer), for the evaluation's diversity metrics; `None` = no partition.
+    fn answer_class(&self, prompt: &Prompt, completion: &[u32]) -> Option<Vec<u32>> {
+        let _ = (prompt, completion);
+        None
+    }
+
+    /// Whether the signal `name` holds partition class ids rather than scores (its mean or best over
+    /// samples means nothing, so the evaluation leaves it out of its per-signal metrics).
+    fn is_class(&self, name: &str) -> bool {
+        let _ = name;
+        false
+    }
+
     /// The fixed held-out prompts for greedy evaluation (they must not depend on training).
     fn eval_prompts(&self, seed: u64) -> Result<Vec<Prompt>, String>;
 

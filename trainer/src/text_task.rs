@@ -502,6 +502,10 @@ impl Task for TextTask {
         true
     }
 
+    fn is_class(&self, name: &str) -> bool {
+        self.registry.is_partition(name)
+    }
+
     fn prompts(&self, rng: &mut Rng, count: usize) -> Result<Vec<Prompt>, String> {
         Ok((0..count)
             .map(|_| self.prompt(rng.int(0, self.train - 1)))

@@ -342,16 +342,22 @@ pub fn evaluate(
         let filled = task
             .fill(prompts, &tokens, k, models)
             .map_err(|e| format!("held-out evaluation: {e}"))?;
+        if let (Some(_), Some(correct)) = (sampling, &correct) {
+            if let Some(m) = diversity_metrics(task, prompts, &tokens, correct, k) {
+                metrics.extend(m);
+            }
+        }
         let mut series: Vec<(String, Vec<f64>)> = Vec::new();
         if let Some(c) = correct {
             series.push(("accuracy".into(), c));
         }
-        // Per-response signals only (a criterion or embedding axis has no single score).
+        // Per-response scores only (a criterion or embedding axis has no single score; a partition's
+        // class ids are not scores).
         series.extend(
             filled
                 .values
                 .into_iter()
-                .filter(|(_, v)| v.len() == tokens.len()),
+                .filter(|(name, v)| v.len() == tokens.len() && !task.is_class(name)),
         );
         for (name, values) in series {
             if sampling.is_none() {
@@ -374,6 +380,42 @@ pub fn evaluate(
         }
     }
     Ok(metrics)
+}
+
+/// The evaluation's quality and diversity over k samples per prompt, when the task is verifiable and
+/// has an exact partition ([`Task::answer_class`]): `eval/quality` (the fraction of valid samples),
+/// `eval/distinct` (the mean over prompts of the number of distinct valid answers among the k) and
+/// `eval/classes` (the mean number of partition classes among the k, valid or not).
+fn diversity_metrics(
+    task: &dyn Task,
+    prompts: &[Prompt],
+    tokens: &[Vec<u32>],
+    correct: &[f64],
+    k: usize,
+) -> Option<Map<String, Value>> {
+    let (mut distinct, mut classes) = (Vec::new(), Vec::new());
+    for (g, prompt) in prompts.iter().enumerate() {
+        let mut all = Vec::new();
+        let mut valid = Vec::new();
+        for r in g * k..(g + 1) * k {
+            let class = task.answer_class(prompt, &tokens[r])?;
+            if correct[r] > 0.0 {
+                valid.push(class.clone());
+            }
+            all.push(class);
+        }
+        for list in [&mut all, &mut valid] {
+            list.sort();
+            list.dedup();
+        }
+        distinct.push(valid.len() as f64);
+        classes.push(all.len() as f64);
+    }
+    let mut metrics = Map::new();
+    metrics.insert("eval/quality".into(), json!(mean(correct)));
+    metrics.insert("eval/distinct".into(), json!(mean(&distinct)));
+    metrics.insert("eval/classes".into(), json!(mean(&classes)));
+    Some(metrics)
 }
 
 /// The supervised warm start: cross-entropy on the task's targets (AdamW at `sft.lr`, no weight decay,
@@ -1610,6 +1652,8 @@ pub fn run_with(
         "group_size": n,
         "temperature": plan.temperature,
         "top_p": plan.top_p,
+        // The held-out evaluation before the first step (metrics.jsonl has the later ones).
+        "eval_before": Value::Object(eval_before.clone()),
     });
     let summary_path = out.join("summary.json");
     std::fs::write(&summary_path, format!("{document:#}\n"))

@@ -216,7 +216,7 @@ fn kind_and_signal_errors() {
         format!("{DEFAULT_CONFIG}\n[signals.score]\nkind = \"exact_answer\"\n");
     assert_eq!(
         parse(&arithmetic_signals),
-        "config: [signals.score]: signals feed text tasks; the arithmetic task fills `score` itself"
+        "config: [signals.score]: signals feed text tasks; the arithmetic task fills its inputs itself (score)"
     );
 }
 

@@ -462,6 +462,7 @@ fn the_png_grows_in_height_with_the_rows_of_panels() {
     let panel = |k: usize| Panel {
         title: format!("signal/a_rather_long_signal_name_{k}/mean"),
         series: vec![(format!("s{k}"), plot::COLORS[k % 4], curve.clone())],
+        bands: Vec::new(),
     };
     let mut heights = Vec::new();
     for (n, rows) in [(1, 1), (4, 2), (13, 5)] {
