@@ -367,9 +367,21 @@ impl Block {
 #[derive(Default)]
 pub struct KvCache {
     layers: Vec<Option<(Tensor, Tensor)>>,
+    /// Whether the keys and values keep their backpropagation graph ([`KvCache::keeping_graph`]);
+    /// otherwise they are detached (sampling).
+    keep_graph: bool,
 }
 
 impl KvCache {
+    /// An empty cache whose keys and values stay differentiable: a pass over a shared prefix whose
+    /// continuations then read it, gradients flowing back into the prefix's computation.
+    pub fn keeping_graph() -> Self {
+        KvCache {
+            layers: Vec::new(),
+            keep_graph: true,
+        }
+    }
+
     /// A cache of `len` positions of zeros for `rows` rows in each of the model's layers: the left
     /// padding of rows whose prompts are run after it, at positions `len..` (their own padding must
     /// cover these positions, so that no query sees the zeros). Empty when `len` is 0.
@@ -389,6 +401,7 @@ impl KvCache {
         )?;
         Ok(KvCache {
             layers: vec![Some((zeros.clone(), zeros)); config.layers],
+            keep_graph: false,
         })
     }
 
@@ -412,7 +425,10 @@ impl KvCache {
             }
             layers.push(Some((Tensor::cat(&ks, 0)?, Tensor::cat(&vs, 0)?)));
         }
-        Ok(KvCache { layers })
+        Ok(KvCache {
+            layers,
+            keep_graph: parts.iter().any(|p| p.keep_graph),
+        })
     }
 
     /// Row `i` of the cache becomes the old row `rows[i]` (`rows`: u32 indices), e.g. a prompt's keys
@@ -812,6 +828,29 @@ impl Model {
         }
     }
 
+    /// [`Model::no_grad`] with every LoRA adapter merged into its weight (`W + scale·B·A`, the product
+    /// [`Model::merged_weights`] exports): one product per projection instead of three, for passes that
+    /// run many positions without training (sampling, the reference's log-probs). The merged weights
+    /// are new tensors (the base's size), computed when the view is made, so the view does not see
+    /// later optimizer steps; make it per pass. Without adapters it is [`Model::no_grad`]. Its values
+    /// equal the unmerged forward's up to float rounding.
+    pub fn merged_view(&self) -> Result<Model> {
+        let mut view = self.no_grad();
+        if self.lora.is_none() {
+            return Ok(view);
+        }
+        for block in &mut view.blocks {
+            for (target, _) in LORA_TARGETS {
+                let proj = block.projection_mut(target);
+                if proj.adapter.is_some() {
+                    proj.weight = proj.merged()?;
+                    proj.adapter = None;
+                }
+            }
+        }
+        Ok(view)
+    }
+
     /// Whether forward passes of this model record a backpropagation graph (false for a
     /// [`Model::no_grad`] view).
     pub fn tracks_gradients(&self) -> bool {
@@ -867,7 +906,11 @@ impl Model {
                     k = Tensor::cat(&[pk, &k], 2)?;
                     v = Tensor::cat(&[pv, &v], 2)?;
                 }
-                cache.layers[l] = Some((k.detach(), v.detach()));
+                cache.layers[l] = Some(if cache.keep_graph {
+                    (k.clone(), v.clone())
+                } else {
+                    (k.detach(), v.detach())
+                });
             }
             let attn = causal_attention(&q, &k, &v, left_pad, offset)?;
             let attn = attn

@@ -186,7 +186,8 @@ pub fn generate_timed(
             "prompt {i} is empty: generation needs at least one token to condition on"
         );
     }
-    let model = &model.no_grad();
+    // LoRA adapters merged into their weights: one product per projection in every decoding step.
+    let model = &model.merged_view()?;
     let batch = prompts.len() * n;
     let mut out: Vec<Completion> = (0..batch)
         .map(|_| Completion {

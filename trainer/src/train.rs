@@ -22,7 +22,7 @@ use rlx_runtime::interp::{Context, Outcome, ALL_FILTERED};
 
 use crate::checkpoint::{self, State};
 use crate::config::Config;
-use crate::model::Model;
+use crate::model::{KvCache, Model};
 use crate::op::{Objective, RecipeOp};
 use crate::optim::{AdamW, AdamWParams, Grads};
 use crate::plot;
@@ -214,6 +214,19 @@ pub fn completion_policy(
     completions: &[Vec<u32>],
     device: &Device,
 ) -> candle_core::Result<Tensor> {
+    // Consecutive rows with the same prompt (the n samples of a group) share one pass over it.
+    let mut group_of = Vec::with_capacity(prompts.len());
+    let mut unique: Vec<&Vec<u32>> = Vec::new();
+    for prompt in prompts {
+        if unique.last() != Some(&prompt) {
+            unique.push(prompt);
+        }
+        group_of.push((unique.len() - 1) as u32);
+    }
+    if unique.len() < prompts.len() {
+        let unique: Vec<Vec<u32>> = unique.into_iter().cloned().collect();
+        return shared_prefix_policy(model, &unique, &group_of, completions, device);
+    }
     let (pads, prompt_ids, p) = left_pad(prompts);
     let longest = completions.iter().map(Vec::len).max().unwrap_or(0).max(1);
     let rows = prompts.len();
@@ -234,6 +247,66 @@ pub fn completion_policy(
     let hidden = hidden
         .narrow(1, p - 1, longest)?
         .reshape((rows * longest, model.config.hidden))?;
+    let count = packed.len();
+    let packed = Tensor::from_vec(packed, count, device)?;
+    let hidden = hidden.index_select(&packed, 0)?;
+    let targets = Tensor::from_vec(targets, count, device)?;
+    crate::head::fused_logp_entropy(
+        &hidden,
+        model.lm_head(),
+        &targets,
+        crate::head::DEFAULT_BUDGET,
+    )
+}
+
+/// [`completion_policy`] for rows that share prompts: row r continues `prompts[group_of[r]]`. Each
+/// prompt is run once (left-padded, as a prefix whose keys and values keep their graph); its keys and
+/// values are repeated for its rows, whose completions (right-padded) run after it at positions
+/// p.., attending to the prefix and to themselves. Completion token 0 is predicted by the prompt's
+/// last position, token k ≥ 1 by the completion's position k − 1. The same values as running every
+/// row whole (`the_shared_prefix_pass_equals_the_whole_rows`), with fewer positions: a prompt of P
+/// tokens shared by n rows costs P instead of n·P; gradients flow into the prefix from all its rows.
+fn shared_prefix_policy(
+    model: &Model,
+    prompts: &[Vec<u32>],
+    group_of: &[u32],
+    completions: &[Vec<u32>],
+    device: &Device,
+) -> candle_core::Result<Tensor> {
+    let (group_pads, prompt_ids, p) = left_pad(prompts);
+    let rows = group_of.len();
+    let longest = completions.iter().map(Vec::len).max().unwrap_or(0).max(1);
+    let mut cache = KvCache::keeping_graph();
+    let prefix_ids = Tensor::from_vec(prompt_ids, (prompts.len(), p), device)?;
+    let prefix = model.hidden(&prefix_ids, 0, &group_pads, Some(&mut cache))?;
+    let index = Tensor::from_vec(group_of.to_vec(), rows, device)?;
+    cache.repeat_rows(&index)?;
+    let pads: Vec<usize> = group_of.iter().map(|&g| group_pads[g as usize]).collect();
+    let mut ids = Vec::with_capacity(rows * longest);
+    let mut targets = Vec::new();
+    let mut packed = Vec::new();
+    for (r, completion) in completions.iter().enumerate() {
+        ids.extend_from_slice(completion);
+        ids.extend(std::iter::repeat_n(PAD, longest - completion.len()));
+        targets.extend_from_slice(completion);
+        packed.extend((0..completion.len()).map(|k| (r * longest + k) as u32));
+    }
+    // The prompt's last position, for each row: it predicts completion token 0.
+    let first = prefix
+        .narrow(1, p - 1, 1)?
+        .squeeze(1)?
+        .contiguous()?
+        .index_select(&index, 0)?
+        .unsqueeze(1)?;
+    let hidden = if longest > 1 {
+        // The completions' last token predicts nothing: it is not run.
+        let ids = Tensor::from_vec(ids, (rows, longest), device)?.narrow(1, 0, longest - 1)?;
+        let continued = model.hidden(&ids.contiguous()?, p, &pads, Some(&mut cache))?;
+        Tensor::cat(&[&first, &continued], 1)?
+    } else {
+        first
+    };
+    let hidden = hidden.reshape((rows * longest, model.config.hidden))?;
     let count = packed.len();
     let packed = Tensor::from_vec(packed, count, device)?;
     let hidden = hidden.index_select(&packed, 0)?;
@@ -639,7 +712,9 @@ fn build_samples(
     .map_err(|e| e.to_string())?;
     let ref_logp: Option<Vec<f64>> = match models.reference {
         Some(reference) => Some(
-            completion_logp(&reference.no_grad(), &rows, &tokens, device)
+            reference
+                .merged_view()
+                .and_then(|view| completion_logp(&view, &rows, &tokens, device))
                 .and_then(|t| t.to_vec1::<f32>())
                 .map_err(err)?
                 .into_iter()
@@ -721,6 +796,12 @@ fn kept_groups(
 /// the current logp of every micro-batch (forward only), evaluates the recipe on the whole batch, then
 /// for each micro-batch backpropagates Σ logp·(∂loss/∂logp) with those fixed gradients and sums the
 /// parameter gradients: exactly the whole-batch gradient, whatever the micro-batch size.
+///
+/// `batch_is_current`: the batch's `logp` (and `entropy`) inputs already hold the policy's values —
+/// the first epoch on the policy that sampled the batch, whose log-probs are the sampler's `old_logp`
+/// (equal to a forward pass's up to float rounding) — so with several micro-batches the forward-only
+/// pass is skipped and the recipe is evaluated on the batch as it is (an on-policy ratio of exactly 1).
+/// One micro-batch always runs the recipe on the forward pass's own values.
 #[allow(clippy::too_many_arguments)]
 pub fn loss_and_gradients(
     policy: &Model,
@@ -731,6 +812,7 @@ pub fn loss_and_gradients(
     rows: &[Vec<u32>],
     tokens: &[Vec<u32>],
     micro_batch: usize,
+    batch_is_current: bool,
     device: &Device,
 ) -> Result<(Outcome, Grads), Error> {
     // Column 0 of the model's values is log π, column 1 the entropy (filled when the recipe reads it).
@@ -765,22 +847,24 @@ pub fn loss_and_gradients(
     };
     let logp_index = index(logp_input)?;
     let entropy_index = entropy.map(|(n, _)| index(n)).transpose()?;
-    let (mut logp_values, mut entropy_values) = (Vec::new(), Vec::new());
-    // Forward only: the view records no backpropagation graph (the same values, bit for bit).
-    let view = policy.no_grad();
-    for (r, t) in rows.chunks(size).zip(tokens.chunks(size)) {
-        let values = completion_policy(&view, r, t, device)
-            .and_then(|v| v.to_vec2::<f32>())
-            .map_err(err)?;
-        for row in values {
-            logp_values.push(f64::from(row[0]));
-            entropy_values.push(f64::from(row[1]));
-        }
-    }
     let mut whole = batch.clone();
-    whole.inputs[logp_index] = logp_values;
-    if let Some(e) = entropy_index {
-        whole.inputs[e] = entropy_values;
+    if !batch_is_current {
+        let (mut logp_values, mut entropy_values) = (Vec::new(), Vec::new());
+        // Forward only: the view records no backpropagation graph (the same values, bit for bit).
+        let view = policy.no_grad();
+        for (r, t) in rows.chunks(size).zip(tokens.chunks(size)) {
+            let values = completion_policy(&view, r, t, device)
+                .and_then(|v| v.to_vec2::<f32>())
+                .map_err(err)?;
+            for row in values {
+                logp_values.push(f64::from(row[0]));
+                entropy_values.push(f64::from(row[1]));
+            }
+        }
+        whole.inputs[logp_index] = logp_values;
+        if let Some(e) = entropy_index {
+            whole.inputs[e] = entropy_values;
+        }
     }
     let outcome = objective
         .run(&whole, &context)
@@ -1412,6 +1496,8 @@ pub fn run_with(
                 &rows,
                 &tokens,
                 config.train.micro_batch,
+                // The first epoch's policy sampled the batch: its logp is the batch's old_logp.
+                epoch == 0,
                 &device,
             )
             .map_err(fail)?;

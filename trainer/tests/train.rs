@@ -226,6 +226,82 @@ fn every_weight_gets_a_gradient_that_finite_differences_confirm() {
     }
 }
 
+/// Rows that share a prompt run it once (`completion_policy`'s shared prefix); the same rows
+/// interleaved (no two consecutive alike) run whole. Both give the same log-probs and entropies and
+/// the same gradient of every weight.
+#[test]
+fn the_shared_prefix_pass_equals_the_whole_rows() {
+    let device = Device::Cpu;
+    let mut config = tiny();
+    config.qk_norm = true;
+    let model = Model::new(&config, 11, &device).unwrap();
+    let (prompts, completions, _) = rollouts();
+    // Rows 0..3 share prompt A, rows 3..6 prompt B; interleaved: A B A B A B.
+    let order = [0usize, 3, 1, 4, 2, 5];
+    let interleaved_prompts: Vec<Vec<u32>> = order.iter().map(|&r| prompts[r].clone()).collect();
+    let interleaved: Vec<Vec<u32>> = order.iter().map(|&r| completions[r].clone()).collect();
+    let weights = |rows: &[usize]| -> Vec<f32> {
+        rows.iter()
+            .flat_map(|&r| {
+                (0..completions[r].len()).flat_map(move |k| [0.3 + r as f32 - 0.1 * k as f32, -0.7])
+            })
+            .collect()
+    };
+    let run = |p: &[Vec<u32>], c: &[Vec<u32>], rows: &[usize]| {
+        let values = completion_policy(&model, p, c, &device).unwrap();
+        let w = weights(rows);
+        let n = w.len() / 2;
+        let loss = (&values * Tensor::from_vec(w, (n, 2), &device).unwrap())
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        let grads = loss.backward().unwrap();
+        let values = values.to_vec2::<f32>().unwrap();
+        // Per row, its tokens' (logp, entropy).
+        let mut per_row = vec![Vec::new(); rows.len()];
+        let mut at = 0;
+        for &r in rows {
+            per_row[r] = values[at..at + completions[r].len()].to_vec();
+            at += completions[r].len();
+        }
+        let grads: Vec<Vec<f32>> = model
+            .vars()
+            .iter()
+            .map(|(_, v)| {
+                grads
+                    .get(v.as_tensor())
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap()
+            })
+            .collect();
+        (per_row, grads)
+    };
+    let (shared, shared_grads) = run(&prompts, &completions, &[0, 1, 2, 3, 4, 5]);
+    let (whole, whole_grads) = run(&interleaved_prompts, &interleaved, &order);
+    let mut worst = 0f32;
+    for (a, b) in shared.iter().flatten().zip(whole.iter().flatten()) {
+        for (x, y) in a.iter().zip(b) {
+            worst = worst.max((x - y).abs());
+        }
+    }
+    assert!(worst <= 1e-5, "values differ by {worst}");
+    for ((name, _), (a, b)) in model
+        .vars()
+        .iter()
+        .zip(shared_grads.iter().zip(&whole_grads))
+    {
+        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-3);
+        let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(
+            diff <= 1e-4 * scale,
+            "{name}: gradients differ by {diff} (largest {scale})"
+        );
+    }
+}
+
 fn args(sets: &[&str]) -> RunArgs {
     RunArgs {
         recipe_name: "grpo".into(),
@@ -274,7 +350,7 @@ fn micro_batching_gives_the_whole_batch_gradient() {
         .collect();
     let batch = Batch { layout, inputs };
     let objective = Arc::new(Objective::interpreter(graph));
-    let gradients = |micro: usize| {
+    let gradients = |micro: usize, current: bool| {
         let (outcome, grads) = loss_and_gradients(
             &model,
             &objective,
@@ -284,18 +360,28 @@ fn micro_batching_gives_the_whole_batch_gradient() {
             &prompts,
             &completions,
             micro,
+            current,
             &device,
         )
         .unwrap();
         (outcome.loss.unwrap(), grads)
     };
-    let (loss_all, all) = gradients(0);
+    let (loss_all, all) = gradients(0, false);
     assert!(all.norm() > 1e-3, "a non-trivial gradient: {}", all.norm());
-    for micro in [1, 2, 4, 6] {
-        let (loss, grads) = gradients(micro);
+    // The batch's logp input is the model's own (computed above), so skipping the forward-only pass
+    // (`batch_is_current`, the first epoch) gives the same gradient too.
+    for (micro, current) in [
+        (1, false),
+        (2, false),
+        (4, false),
+        (6, false),
+        (2, true),
+        (4, true),
+    ] {
+        let (loss, grads) = gradients(micro, current);
         assert!(
             (loss - loss_all).abs() < 1e-6,
-            "micro-batch {micro}: loss {loss} vs {loss_all}"
+            "micro-batch {micro} ({current}): loss {loss} vs {loss_all}"
         );
         for ((name, _), (a, b)) in model
             .vars()
@@ -307,7 +393,7 @@ fn micro_batching_gives_the_whole_batch_gradient() {
             let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
             assert!(
                 diff <= 1e-5 * scale.max(1.0),
-                "micro-batch {micro}: {name} differs by {diff} (scale {scale})"
+                "micro-batch {micro} ({current}): {name} differs by {diff} (scale {scale})"
             );
         }
     }
@@ -336,6 +422,7 @@ fn micro_batching_gives_the_whole_batch_gradient() {
             &prompts[responses.clone()],
             &completions[responses],
             0,
+            false,
             &device,
         )
         .unwrap();
@@ -777,6 +864,7 @@ fn the_entropy_input_is_differentiated_through_the_head() {
             &prompts,
             &completions,
             micro,
+            false,
             &device,
         )
         .unwrap();
