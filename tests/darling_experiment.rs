@@ -1,8 +1,8 @@
 //! The DARLING experiment's short version (`scripts/darling-experiment.sh --quick`, docs/experiments.md):
 //! one seed, 150 steps of GRPO, DARLING and the additive ablation from the same warm start on the
 //! decompose task. It asserts only the margin measured with the release build: at the last
-//! evaluation DARLING keeps 13.35 distinct valid answers per target (of 32 samples) where GRPO keeps
-//! 7.4 (the additive ablation 16.4), at a quality 0.023 below GRPO's (0.889 vs 0.912).
+//! evaluation DARLING keeps 13.9 distinct valid answers per target (of 32 samples) where GRPO keeps
+//! 8.1 (the additive ablation 16.7), at a quality 0.003 below GRPO's (0.905 vs 0.909).
 
 use std::path::Path;
 use std::process::Command;
@@ -43,16 +43,16 @@ fn darling_keeps_more_distinct_valid_answers_than_grpo() {
         get("darling", "distinct"),
         get("darling_additive", "distinct"),
     );
-    // Measured: 7.4, 13.35 and 16.4 (margins 5.95 and 9.0); asserted: half of each.
+    // Measured: 8.125, 13.925 and 16.725 (margins 5.8 and 8.6); asserted: half of each.
     assert!(
-        darling >= grpo + 3.0,
+        darling >= grpo + 2.9,
         "distinct: darling {darling} vs grpo {grpo}\n{text}"
     );
     assert!(
-        additive >= grpo + 4.5,
+        additive >= grpo + 4.3,
         "distinct: additive {additive} vs grpo {grpo}\n{text}"
     );
-    // Measured 0.023 below GRPO's quality; asserted: within 0.1.
+    // Measured 0.003 below GRPO's quality; asserted: within 0.1.
     let (q_grpo, q_darling) = (get("grpo", "quality"), get("darling", "quality"));
     assert!(
         q_darling >= q_grpo - 0.1,

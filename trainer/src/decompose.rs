@@ -14,7 +14,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::rng::Rng;
-use crate::task::{Examples, Prompt, Task, Tokenizer, EOS};
+use crate::task::{check_counts, Examples, Prompt, Task, Tokenizer, EOS};
 
 /// `[task]` with `kind = "decompose"` (everything but `kind`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -319,13 +319,7 @@ impl Task for Decompose {
         completions: &[Vec<u32>],
         n: usize,
     ) -> Result<Vec<f64>, String> {
-        if completions.len() != prompts.len() * n {
-            return Err(format!(
-                "{} completions for {} prompts × {n} samples",
-                completions.len(),
-                prompts.len()
-            ));
-        }
+        check_counts(prompts, completions, n)?;
         match name {
             "score" | "quality" => completions
                 .iter()

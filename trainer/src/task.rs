@@ -165,6 +165,19 @@ pub trait Task {
     fn decode(&self, ids: &[u32]) -> String;
 }
 
+/// An error unless there are `n` completions per prompt.
+pub fn check_counts(prompts: &[Prompt], completions: &[Vec<u32>], n: usize) -> Result<(), String> {
+    if completions.len() == prompts.len() * n {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} completions for {} prompts × {n} samples",
+            completions.len(),
+            prompts.len()
+        ))
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TaskConfig {
@@ -305,13 +318,7 @@ impl Task for Arithmetic {
                 "the arithmetic task has no signal `{name}` (it fills `score`)"
             ));
         }
-        if completions.len() != prompts.len() * n {
-            return Err(format!(
-                "{} completions for {} prompts × {n} samples",
-                completions.len(),
-                prompts.len()
-            ));
-        }
+        check_counts(prompts, completions, n)?;
         Ok(completions
             .iter()
             .enumerate()

@@ -214,7 +214,9 @@ pub fn completion_policy(
     completions: &[Vec<u32>],
     device: &Device,
 ) -> candle_core::Result<Tensor> {
-    // Consecutive rows with the same prompt (the n samples of a group) share one pass over it.
+    // Consecutive rows with the same prompt (the n samples of a group) share one pass over it, when
+    // they share enough for two passes to pay: at least two rows per prompt on average (a random batch
+    // with an occasional repeat, as a warm start's, runs whole).
     let mut group_of = Vec::with_capacity(prompts.len());
     let mut unique: Vec<&Vec<u32>> = Vec::new();
     for prompt in prompts {
@@ -223,7 +225,7 @@ pub fn completion_policy(
         }
         group_of.push((unique.len() - 1) as u32);
     }
-    if unique.len() < prompts.len() {
+    if 2 * unique.len() <= prompts.len() {
         let unique: Vec<Vec<u32>> = unique.into_iter().cloned().collect();
         return shared_prefix_policy(model, &unique, &group_of, completions, device);
     }
@@ -232,24 +234,42 @@ pub fn completion_policy(
     let rows = prompts.len();
     let width = p + longest;
     let mut ids = Vec::with_capacity(rows * width);
-    let mut targets = Vec::new();
-    let mut packed = Vec::new();
     for (r, completion) in completions.iter().enumerate() {
         ids.extend_from_slice(&prompt_ids[r * p..(r + 1) * p]);
         ids.extend_from_slice(completion);
         ids.extend(std::iter::repeat_n(PAD, longest - completion.len()));
-        targets.extend_from_slice(completion);
-        packed.extend((0..completion.len()).map(|k| (r * longest + k) as u32));
     }
     let ids = Tensor::from_vec(ids, (rows, width), device)?;
     let hidden = model.hidden(&ids, 0, &pads, None)?;
-    // Position p - 1 + k predicts completion token k; only the real tokens go through the head.
-    let hidden = hidden
-        .narrow(1, p - 1, longest)?
-        .reshape((rows * longest, model.config.hidden))?;
+    // Position p - 1 + k predicts completion token k.
+    completion_head(
+        model,
+        &hidden.narrow(1, p - 1, longest)?,
+        completions,
+        device,
+    )
+}
+
+/// The completion tokens' (log π, entropy) from `hidden` ([rows, longest, hidden]: position k of row
+/// r predicts completion token k of row r): only the real tokens, packed, go through the fused head.
+fn completion_head(
+    model: &Model,
+    hidden: &Tensor,
+    completions: &[Vec<u32>],
+    device: &Device,
+) -> candle_core::Result<Tensor> {
+    let (rows, longest, width) = hidden.dims3()?;
+    let mut targets = Vec::new();
+    let mut packed = Vec::new();
+    for (r, completion) in completions.iter().enumerate() {
+        targets.extend_from_slice(completion);
+        packed.extend((0..completion.len()).map(|k| (r * longest + k) as u32));
+    }
     let count = packed.len();
     let packed = Tensor::from_vec(packed, count, device)?;
-    let hidden = hidden.index_select(&packed, 0)?;
+    let hidden = hidden
+        .reshape((rows * longest, width))?
+        .index_select(&packed, 0)?;
     let targets = Tensor::from_vec(targets, count, device)?;
     crate::head::fused_logp_entropy(
         &hidden,
@@ -283,13 +303,9 @@ fn shared_prefix_policy(
     cache.repeat_rows(&index)?;
     let pads: Vec<usize> = group_of.iter().map(|&g| group_pads[g as usize]).collect();
     let mut ids = Vec::with_capacity(rows * longest);
-    let mut targets = Vec::new();
-    let mut packed = Vec::new();
-    for (r, completion) in completions.iter().enumerate() {
+    for completion in completions {
         ids.extend_from_slice(completion);
         ids.extend(std::iter::repeat_n(PAD, longest - completion.len()));
-        targets.extend_from_slice(completion);
-        packed.extend((0..completion.len()).map(|k| (r * longest + k) as u32));
     }
     // The prompt's last position, for each row: it predicts completion token 0.
     let first = prefix
@@ -306,17 +322,7 @@ fn shared_prefix_policy(
     } else {
         first
     };
-    let hidden = hidden.reshape((rows * longest, model.config.hidden))?;
-    let count = packed.len();
-    let packed = Tensor::from_vec(packed, count, device)?;
-    let hidden = hidden.index_select(&packed, 0)?;
-    let targets = Tensor::from_vec(targets, count, device)?;
-    crate::head::fused_logp_entropy(
-        &hidden,
-        model.lm_head(),
-        &targets,
-        crate::head::DEFAULT_BUDGET,
-    )
+    completion_head(model, &hidden, completions, device)
 }
 
 /// log π(token) of each completion token under `model`, packed, `[total tokens]` (column 0 of

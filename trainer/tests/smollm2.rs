@@ -136,7 +136,7 @@ fn kind_and_signal_errors() {
     };
     assert_eq!(
         parse(&edited("kind = \"ifeval\"", "kind = \"ifevel\"")),
-        "config: unknown variant `ifevel`, expected one of `arithmetic`, `healthbench`, `ifeval`, `prompts`"
+        "config: unknown variant `ifevel`, expected one of `arithmetic`, `decompose`, `healthbench`, `ifeval`, `prompts`"
     );
     assert_eq!(
         parse(&edited("kind = \"smollm2\"", "kind = \"smollm3\"")),

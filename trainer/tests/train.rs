@@ -302,6 +302,64 @@ fn the_shared_prefix_pass_equals_the_whole_rows() {
     }
 }
 
+/// `Model::merged_view` (LoRA adapters merged into their weights, for sampling and the reference)
+/// gives the unmerged forward's values, and it is a snapshot: it does not see a later update.
+#[test]
+fn the_merged_view_of_a_lora_model_equals_its_unmerged_forward() {
+    let device = Device::Cpu;
+    let base = Model::new(&tiny(), 5, &device).unwrap();
+    let lora = rlx_trainer::model::LoraConfig {
+        rank: 4,
+        alpha: 8.0,
+        dropout: 0.0,
+        targets: ["q", "k", "v", "o", "gate", "up", "down"]
+            .map(String::from)
+            .to_vec(),
+    };
+    let model = base.with_lora(&lora, 3).unwrap();
+    let mut rng = rlx_trainer::rng::Rng::new(11);
+    let set_adapters = |rng: &mut rlx_trainer::rng::Rng| {
+        for (_, var) in model.vars() {
+            let values: Vec<f32> = (0..var.elem_count())
+                .map(|_| (rng.normal() * 0.2) as f32)
+                .collect();
+            var.set(&Tensor::from_vec(values, var.shape(), &device).unwrap())
+                .unwrap();
+        }
+    };
+    set_adapters(&mut rng);
+    let (prompts, completions, _) = rollouts();
+    let values = |m: &Model| -> Vec<f32> {
+        completion_logp(m, &prompts, &completions, &device)
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    };
+    let unmerged = values(&model.no_grad());
+    let merged_view = model.merged_view().unwrap();
+    let merged = values(&merged_view);
+    assert!(!merged_view.tracks_gradients());
+    let worst = unmerged
+        .iter()
+        .zip(&merged)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        worst <= 1e-4,
+        "merged and unmerged log-probs differ by {worst}"
+    );
+    // The adapters change: the unmerged forward sees it, the view made before does not.
+    set_adapters(&mut rng);
+    assert_eq!(values(&merged_view), merged);
+    let after = values(&model.no_grad());
+    assert!(after.iter().zip(&merged).any(|(a, b)| (a - b).abs() > 1e-3));
+    let remerged = values(&model.merged_view().unwrap());
+    let worst = after
+        .iter()
+        .zip(&remerged)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(worst <= 1e-4, "after the change: {worst}");
+}
+
 fn args(sets: &[&str]) -> RunArgs {
     RunArgs {
         recipe_name: "grpo".into(),
