@@ -74,6 +74,12 @@ fn json_of(path: &Path) -> Result<Value, String> {
 /// Read the run in `dir`: its recipe (run.json), seed (config.toml), evaluation before the first
 /// step (summary.json: the run must have finished) and metrics lines.
 pub fn read_run(dir: &Path, metrics: &[MetricSpec]) -> Result<RunRecord, String> {
+    if !dir.is_dir() {
+        return Err(format!(
+            "{}: not a run directory (no such directory)",
+            dir.display()
+        ));
+    }
     let summary_path = dir.join("summary.json");
     if !summary_path.is_file() {
         return Err(format!(

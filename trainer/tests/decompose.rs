@@ -426,6 +426,14 @@ fn runs_log_quality_and_diversity_from_one_warm_start_and_compare_side_by_side()
         e.ends_with("no step logged the metric `eval/distinctt` (did you mean `eval/distinct`?)"),
         "{e}"
     );
+    let missing = report.join("no-such-run");
+    assert_eq!(
+        read_run(&missing, &metrics).unwrap_err(),
+        format!(
+            "{}: not a run directory (no such directory)",
+            missing.display()
+        )
+    );
     let e = read_run(&report, &metrics).unwrap_err();
     assert!(
         e.contains("no summary.json, so the run has not finished"),
