@@ -55,16 +55,8 @@ pub struct RunRecord {
 const MAX_FILE_BYTES: u64 = 256 << 20;
 
 fn read(path: &Path) -> Result<String, String> {
-    let size = std::fs::metadata(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?
-        .len();
-    if size > MAX_FILE_BYTES {
-        return Err(format!(
-            "{} is {size} bytes, more than rlx compare reads ({MAX_FILE_BYTES})",
-            path.display()
-        ));
-    }
-    std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+    rlx_compiler::files::read_text(path, MAX_FILE_BYTES)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
 fn json_of(path: &Path) -> Result<Value, String> {

@@ -70,7 +70,8 @@ impl Default for DecomposeConfig {
 pub struct Decompose {
     pub config: DecomposeConfig,
     op: char,
-    /// (target, its valid answers as operand pairs), for every target.
+    /// (target, its valid answers as operand pairs, sorted), for every target: the one statement of
+    /// the task's rule (validity looks answers up here).
     answers: Vec<(i64, Vec<(i64, i64)>)>,
     /// Indices into `answers`.
     train: Vec<usize>,
@@ -139,6 +140,8 @@ impl Decompose {
                 })
                 .filter(|(_, b)| (0..=m).contains(b))
                 .collect();
+            // `validity` binary-searches this list.
+            debug_assert!(valid.windows(2).all(|w| w[0] < w[1]), "sorted, no repeats");
             if valid.is_empty() {
                 return Err(format!(
                     "task: the target {target} has no answer a{op}b with operands in 0..=task.max_operand = {m}; narrow task.min_target..=task.max_target"
@@ -211,12 +214,13 @@ impl Decompose {
         })
     }
 
-    /// The target a prompt asks for (from its key, the index of its target; checked against its text).
-    fn target(&self, prompt: &Prompt) -> Result<i64, String> {
+    /// The valid answers of the target a prompt asks for (from its key, the index of its target;
+    /// checked against its text).
+    fn answers_of(&self, prompt: &Prompt) -> Result<&[(i64, i64)], String> {
         self.answers
             .get(prompt.key)
-            .map(|(target, _)| *target)
-            .filter(|target| format!("{target}=") == prompt.text)
+            .filter(|(target, _)| format!("{target}=") == prompt.text)
+            .map(|(_, valid)| valid.as_slice())
             .ok_or_else(|| format!("prompt {:?} is not one of this task's", prompt.text))
     }
 
@@ -224,33 +228,27 @@ impl Decompose {
     /// decimal numbers without leading zeros in `0..=max_operand` and `a OP b` equal to the target;
     /// else 0.
     pub fn validity(&self, prompt: &Prompt, completion: &[u32]) -> Result<f64, String> {
-        let target = self.target(prompt)?;
+        let valid = self.answers_of(prompt)?;
         if !completion.contains(&EOS) {
             return Ok(0.0);
         }
         let text = Tokenizer.decode(completion);
+        // Decimal digits without leading zeros: each answer has one spelling.
         let operand = |s: &str| -> Option<i64> {
             let canonical = !s.is_empty()
-                && s.len() <= 4
                 && s.bytes().all(|c| c.is_ascii_digit())
                 && (s == "0" || !s.starts_with('0'));
-            let v: i64 = if canonical { s.parse().ok()? } else { None? };
-            (v <= self.config.max_operand).then_some(v)
+            if canonical {
+                s.parse().ok()
+            } else {
+                None
+            }
         };
-        let valid = text
+        let found = text
             .split_once(self.op)
-            .is_some_and(|(a, b)| match (operand(a), operand(b)) {
-                (Some(a), Some(b)) => {
-                    let value = match self.op {
-                        '+' => a + b,
-                        '-' => a - b,
-                        _ => a * b,
-                    };
-                    value == target
-                }
-                _ => false,
-            });
-        Ok(if valid { 1.0 } else { 0.0 })
+            .and_then(|(a, b)| Some((operand(a)?, operand(b)?)))
+            .is_some_and(|pair| valid.binary_search(&pair).is_ok());
+        Ok(if found { 1.0 } else { 0.0 })
     }
 }
 

@@ -176,7 +176,7 @@ impl TaskSection {
         }
     }
 
-    /// The text task's source and settings (`None` for the arithmetic task).
+    /// The text task's source and settings (`None` for the built-in tasks).
     pub fn text(&self) -> Option<(Source, &TextTaskConfig)> {
         match self {
             TaskSection::Arithmetic(_) | TaskSection::Decompose(_) => None,

@@ -832,11 +832,12 @@ impl Model {
     /// [`Model::merged_weights`] exports): one product per projection instead of three, for passes that
     /// run many positions without training (sampling, the reference's log-probs). The merged weights
     /// are new tensors (the base's size), computed when the view is made, so the view does not see
-    /// later optimizer steps; make it per pass. Without adapters it is [`Model::no_grad`]. Its values
-    /// equal the unmerged forward's up to float rounding.
+    /// later optimizer steps; make it per pass. Without adapters it is [`Model::no_grad`], and so is the
+    /// merged view of a merged view (it has no adapters left). Its values equal the unmerged forward's
+    /// up to float rounding.
     pub fn merged_view(&self) -> Result<Model> {
         let mut view = self.no_grad();
-        if self.lora.is_none() {
+        if view.lora.take().is_none() {
             return Ok(view);
         }
         for block in &mut view.blocks {

@@ -360,6 +360,8 @@ fn eval_completions(
     };
     let mut rng = Rng::new(seed);
     let mut out = Vec::with_capacity(prompts.len() * k);
+    // LoRA merged once for every chunk (`generate` finds nothing left to merge in the view).
+    let model = &model.merged_view().map_err(err)?;
     for chunk in prompts.chunks((256 / k.max(1)).max(1)) {
         let ids: Vec<Vec<u32>> = chunk.iter().map(|p| p.ids.clone()).collect();
         out.extend(generate(model, &ids, k, &settings, &mut rng, device).map_err(err)?);
