@@ -181,6 +181,70 @@ fn score_on_the_artifact_equals_score_on_the_recipe() {
     std::fs::remove_dir_all(&directory).ok();
 }
 
+/// `--show` takes the recipe's top-level `let`s on its artifact too (the artifact's `shown` graph), with
+/// the recipe's values on both backends; an unknown name lists the artifact's `let`s.
+#[test]
+fn show_on_the_artifact_equals_show_on_the_recipe() {
+    let directory = scratch("show");
+    let recipe = "tests/scores/rollouts/show_keep.rlx";
+    let rollouts = "tests/scores/rollouts/show_keep.jsonl";
+    let out = directory.join("show_keep.rlxc");
+    let compiled = run(
+        env!("CARGO_BIN_EXE_rlxc"),
+        &["compile", recipe, "-o", out.to_str().unwrap()],
+    );
+    assert!(
+        compiled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&compiled.stderr)
+    );
+    let score = |file: &str, backend: &str, show: &str| {
+        run(
+            env!("CARGO_BIN_EXE_rlx"),
+            &[
+                "score",
+                file,
+                "--rollouts",
+                rollouts,
+                "--grad",
+                "--backend",
+                backend,
+                "--show",
+                show,
+            ],
+        )
+    };
+    for backend in ["jit", "interp"] {
+        let document = |output: std::process::Output| -> Value {
+            assert!(
+                output.status.success(),
+                "{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            serde_json::from_slice(&output.stdout).unwrap()
+        };
+        let shown = "doubled,group_mean,centred,weighted,score";
+        let on_artifact = document(score(out.to_str().unwrap(), backend, shown));
+        assert_eq!(
+            on_artifact,
+            document(score(recipe, backend, shown)),
+            "{backend}"
+        );
+        assert_eq!(
+            on_artifact["show"]["centred"],
+            serde_json::json!([null, 1.0, null, -1.0])
+        );
+    }
+    let typo = score(out.to_str().unwrap(), "jit", "centered");
+    let stderr = String::from_utf8_lossy(&typo.stderr);
+    assert_eq!(typo.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("inputs: logp, score; lets: doubled, group_mean, centred, weighted"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&directory).ok();
+}
+
 /// `rlx run` on an artifact trains exactly as on its recipe: the same metrics at every step (timings
 /// aside) and the same sampler settings from the recipe's `rollout { … }` block.
 #[test]
@@ -511,6 +575,19 @@ fn bodies_that_do_not_describe_a_valid_plan_are_rejected() {
         tampered(|d| d["params"][0]["value"] = Value::from(123.0)),
         ErrorKind::Invalid,
         "`params` differs",
+    );
+    // The graph of shown values: over other inputs, or naming a node it does not have.
+    expect_error(
+        tampered(|d| d["shown"]["inputs"][0]["name"] = Value::from("renamed")),
+        ErrorKind::Invalid,
+        "its graph of shown values has other inputs",
+    );
+    expect_error(
+        tampered(|d| {
+            d["shown"]["outputs"]["shown"] = serde_json::json!([["advantage", 1_000_000]]);
+        }),
+        ErrorKind::Invalid,
+        "its graph of shown values is malformed",
     );
     // An input's shape changed consistently in graph and metadata: the plan no longer matches.
     expect_error(

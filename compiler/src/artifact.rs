@@ -35,7 +35,7 @@ use crate::Checked;
 /// The first bytes of every artifact.
 pub const MAGIC: &str = "RLXC";
 /// The layout and schema version this compiler writes and reads.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 /// The compiler that writes (and the only one that reads) an artifact: the IR and the plan are
 /// internal representations, so an artifact from another version is rejected, never reinterpreted.
 pub const COMPILER: &str = concat!("rlx-compiler ", env!("CARGO_PKG_VERSION"));
@@ -243,6 +243,10 @@ pub struct Artifact {
     pub rollout: Vec<RolloutInfo>,
     /// The IR: forward values and the loss gradient.
     pub graph: Graph,
+    /// `graph` with every top-level `let` kept alive as `outputs.shown`, named as declared
+    /// (`crate::compile_graph_showing`): what `rlx score --show LET` evaluates on the interpreter. Never
+    /// planned or run as the kernel.
+    pub shown: Graph,
     /// The kernel plan of `graph` with `options` (`rlxc compile --emit plan-json`).
     pub plan: serde_json::Value,
 }
@@ -261,6 +265,14 @@ impl Artifact {
             .as_ref()
             .ok_or_else(|| compile("the recipe has errors".into()))?;
         let graph = crate::compile_graph(recipe, overrides).map_err(compile)?;
+        let lets: Vec<hir::GlobalId> = recipe
+            .globals
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| g.kind == hir::GlobalKind::Let)
+            .map(|(index, _)| hir::GlobalId(index as u32))
+            .collect();
+        let shown = crate::compile_graph_showing(recipe, overrides, &lets).map_err(compile)?;
         let plan = plan::plan(&graph, options)
             .map_err(|e| compile(format!("the recipe has no kernel plan: {e}")))?;
         let plan = serde_json::to_value(&plan)
@@ -305,6 +317,7 @@ impl Artifact {
             rubrics: graph.rubrics.clone(),
             rollout: crate::ir::rollout_settings(recipe, &graph),
             graph,
+            shown,
             plan,
         })
     }
@@ -402,6 +415,24 @@ impl Artifact {
                 .all(|(p, (name, value))| &p.name == name && same(p.value, *value));
         if !params_agree {
             return Err(invalid("`params` differs from the graph's params".into()));
+        }
+        // The graph of `--show`: well formed (as the planner checks any graph, shown values included),
+        // over the same inputs, params and rubrics.
+        plan::check_graph(&self.shown)
+            .map_err(|e| invalid(format!("its graph of shown values is malformed: {e}")))?;
+        let shown = &self.shown;
+        let same_params = shown.params.len() == self.graph.params.len()
+            && shown
+                .params
+                .iter()
+                .zip(&self.graph.params)
+                .all(|(a, b)| a.0 == b.0 && same(a.1, b.1));
+        if shown.inputs != self.graph.inputs || shown.rubrics != self.graph.rubrics || !same_params
+        {
+            return Err(invalid(
+                "its graph of shown values has other inputs, params or rubrics than its graph"
+                    .into(),
+            ));
         }
         for input in &self.inputs {
             if input.shape.level == Level::Pair

@@ -68,17 +68,19 @@ pub fn score_with_backend(
     show: &[String],
 ) -> Result<Scored, String> {
     let graph = rlx_compiler::compile_graph(recipe, overrides)?;
-    let lets: Vec<GlobalId> = resolve_show(recipe, show, "")?
+    let lets = top_level_lets(recipe);
+    let names: Vec<&str> = lets.iter().map(|(_, name)| *name).collect();
+    let shown: Vec<GlobalId> = resolve_show(recipe, &names, show)?
         .into_iter()
         .filter_map(|name| match name {
-            Showable::Let(id) => Some(id),
+            Showable::Let(index) => Some(lets[index].0),
             Showable::Input(_) => None,
         })
         .collect();
-    let shown_graph = match lets.is_empty() {
+    let shown_graph = match shown.is_empty() {
         true => None,
         false => Some(rlx_compiler::compile_graph_showing(
-            recipe, overrides, &lets,
+            recipe, overrides, &shown,
         )?),
     };
     score_graphs(
@@ -93,22 +95,30 @@ pub fn score_with_backend(
 }
 
 /// `score_with_backend` on a compiled graph: `declarations` is the recipe its rollouts are read
-/// against (the checked recipe, or a `.rlxc` artifact's `Artifact::declarations`, which keeps no `let`,
-/// so `show` may name inputs only).
+/// against (the checked recipe, or a `.rlxc` artifact's `Artifact::declarations`), and `shown` the graph
+/// that keeps the top-level `let`s alive by name (an artifact's `Artifact::shown`), evaluated on the
+/// interpreter when `show` names one of them.
 pub fn score_graph(
     graph: &Graph,
+    shown: &Graph,
     declarations: &Recipe,
     rollouts: &str,
     with_gradients: bool,
     backend: Backend,
     show: &[String],
 ) -> Result<Scored, String> {
-    // An artifact's declarations have no `let`s.
-    let hint = " (a compiled .rlxc keeps no `let` names: score the .rlx recipe to show one)";
-    resolve_show(declarations, show, hint)?;
+    let names: Vec<&str> = shown
+        .outputs
+        .shown
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .collect();
+    let shows_a_let = resolve_show(declarations, &names, show)?
+        .iter()
+        .any(|name| matches!(name, Showable::Let(_)));
     score_graphs(
         graph,
-        None,
+        shows_a_let.then_some(shown),
         declarations,
         rollouts,
         with_gradients,
@@ -117,41 +127,44 @@ pub fn score_graph(
     )
 }
 
+/// The recipe's top-level `let`s, in declaration order.
+fn top_level_lets(recipe: &Recipe) -> Vec<(GlobalId, &str)> {
+    recipe
+        .globals
+        .iter()
+        .enumerate()
+        .filter(|(_, g)| g.kind == GlobalKind::Let)
+        .map(|(index, g)| (GlobalId(index as u32), g.name.as_str()))
+        .collect()
+}
+
 /// A name `--show` can print.
 enum Showable {
     /// An input, by index.
     Input(usize),
-    /// A top-level `let`.
-    Let(GlobalId),
+    /// A top-level `let`, by index into the names `resolve_show` was given.
+    Let(usize),
 }
 
-/// Resolve `--show` names against `recipe`: each an input or a top-level `let` (`hint` ends the error).
-fn resolve_show(recipe: &Recipe, show: &[String], hint: &str) -> Result<Vec<Showable>, String> {
-    let lets = || {
-        recipe
-            .globals
-            .iter()
-            .enumerate()
-            .filter(|(_, g)| g.kind == GlobalKind::Let)
-    };
+/// Resolve `--show` names: each an input of `recipe` or one of the top-level `let`s named in `lets`.
+fn resolve_show(recipe: &Recipe, lets: &[&str], show: &[String]) -> Result<Vec<Showable>, String> {
     show.iter()
         .map(|name| {
             if let Some(index) = recipe.inputs.iter().position(|i| &i.name == name) {
                 return Ok(Showable::Input(index));
             }
-            if let Some((index, _)) = lets().find(|(_, g)| &g.name == name) {
-                return Ok(Showable::Let(GlobalId(index as u32)));
+            if let Some(index) = lets.iter().position(|l| l == name) {
+                return Ok(Showable::Let(index));
             }
             let inputs: Vec<&str> = recipe.inputs.iter().map(|i| i.name.as_str()).collect();
-            let named: Vec<&str> = lets().map(|(_, g)| g.name.as_str()).collect();
             let list = |names: &[&str]| match names.is_empty() {
                 true => "none".to_string(),
                 false => names.join(", "),
             };
             Err(format!(
-                "--show {name}: the recipe has no input or top-level `let` of that name; inputs: {}; lets: {}{hint}",
+                "--show {name}: the recipe has no input or top-level `let` of that name; inputs: {}; lets: {}",
                 list(&inputs),
-                list(&named)
+                list(lets)
             ))
         })
         .collect()
@@ -177,7 +190,10 @@ fn score_graphs(
     show: &[String],
 ) -> Result<Scored, String> {
     let recipe = declarations;
-    let names = resolve_show(recipe, show, "")?;
+    let lets: Vec<&str> = shown
+        .map(|g| g.outputs.shown.iter().map(|(n, _)| n.as_str()).collect())
+        .unwrap_or_default();
+    let names = resolve_show(recipe, &lets, show)?;
     let read = read_rollouts(rollouts, recipe).map_err(|e| e.to_string())?;
     crate::batch::check_group_sizes_named(graph, &read.batch.layout, |g| {
         format!("group {}", read.groups[g])

@@ -775,7 +775,8 @@ fn score(
     let (hir, loaded) = if rlx_compiler::artifact::is_artifact_path(recipe) {
         let loaded = rlx_compiler::artifact::load(recipe).and_then(|loaded| {
             let graph = loaded.graph_with(&overrides)?.clone();
-            Ok((graph, loaded.declarations()?))
+            let declarations = loaded.declarations()?;
+            Ok((graph, loaded.shown, declarations))
         });
         match loaded {
             Ok(loaded) => (None, Some(loaded)),
@@ -801,8 +802,8 @@ fn score(
         (Some(hir), _) => {
             rlx_runtime::score::score_with_backend(hir, &text, &overrides, grad, backend, show)
         }
-        (None, Some((graph, declarations))) => {
-            rlx_runtime::score::score_graph(graph, declarations, &text, grad, backend, show)
+        (None, Some((graph, shown, declarations))) => {
+            rlx_runtime::score::score_graph(graph, shown, declarations, &text, grad, backend, show)
         }
         (None, None) => Err("internal error: no recipe".to_string()),
     };

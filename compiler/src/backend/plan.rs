@@ -550,6 +550,13 @@ fn filter_variant(graph: &Graph) -> Vec<bool> {
     variant
 }
 
+/// Check a graph's structure as [`plan`] does before planning (operands before nodes, arities, shapes,
+/// rubric axes, every output a node), without planning it: for graphs that only the interpreter runs
+/// (an artifact's graph of shown values).
+pub fn check_graph(graph: &Graph) -> Result<(), PlanError> {
+    validate(graph)
+}
+
 /// Check the graph's invariants the codegen relies on; anything else is a plan error (the caller falls
 /// back to the interpreter), never a wrong kernel.
 fn validate(graph: &Graph) -> Result<(), PlanError> {
