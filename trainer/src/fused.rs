@@ -200,11 +200,14 @@ impl CustomOp3 for RmsNormBwd {
 // The product with a frozen weight
 
 /// `x · wᵀ` for x: [n, in], w: [out, in] → [n, out]. When `w` takes no gradient (neither a variable nor
-/// computed from one) the backward pass computes only ∂x = ∂y·w; else this is candle's matrix product
-/// (both gradients). Any dtype and device candle's product takes on the trained path; the frozen path
-/// runs on the CPU (its `cuda_fwd` belongs to the GPU trainer).
+/// computed from one) the backward pass computes only ∂x = ∂y·w; else both gradients, as candle's
+/// matrix product. A product of at most [`MATVEC_ROWS`] f32 rows on the CPU (decoding) runs as
+/// matrix–vector products ([`matvec`]) whether the weight is trained or frozen, so that a model and
+/// its no-grad view decode bit for bit alike; more rows take candle's product (gemm). Any dtype and
+/// device candle's product takes on the trained path; the custom ops run on the CPU (their `cuda_fwd`
+/// belongs to the GPU trainer).
 pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    if w.is_variable() || w.track_op() || !x.device().is_cpu() {
+    if !x.device().is_cpu() {
         return x.matmul(&w.t()?);
     }
     let (n, inp) = x.dims2()?;
@@ -223,10 +226,40 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
             w.dtype()
         )
     }
+    let bmnk = (1, n, out, inp);
+    if w.is_variable() || w.track_op() {
+        if n <= MATVEC_ROWS && x.dtype() == candle_core::DType::F32 {
+            return x
+                .contiguous()?
+                .apply_op2(&w.contiguous()?, TrackedRows { bmnk });
+        }
+        return x.matmul(&w.t()?);
+    }
     x.contiguous()?.apply_op1(FrozenLinear {
         w: w.detach(),
-        bmnk: (1, n, out, inp),
+        bmnk,
     })
+}
+
+/// `x · wᵀ` on the CPU: [`matvec`] for at most [`MATVEC_ROWS`] contiguous f32 rows, else candle's product.
+fn cpu_product(
+    x: &CpuStorage,
+    xl: &Layout,
+    w: &CpuStorage,
+    wl: &Layout,
+    bmnk: (usize, usize, usize, usize),
+) -> Result<(CpuStorage, Shape)> {
+    let (_, n, out, inp) = bmnk;
+    let f32s = matches!((x, w), (CpuStorage::F32(_), CpuStorage::F32(_)));
+    if n <= MATVEC_ROWS && f32s && xl.is_contiguous() && wl.is_contiguous() {
+        let x = cpu_f32("linear: x", x, xl)?;
+        let w = cpu_f32("linear: the weight", w, wl)?;
+        let y = matvec(x, w, n, out, inp);
+        return Ok((CpuStorage::F32(y), Shape::from((n, out))));
+    }
+    // wᵀ as a strided view of w: the layout candle's own `x.matmul(&w.t())` hands the kernel.
+    let y = x.matmul(w, bmnk, xl, &wl.transpose(0, 1)?)?;
+    Ok((y, Shape::from((n, out))))
 }
 
 struct FrozenLinear {
@@ -244,14 +277,169 @@ impl CustomOp1 for FrozenLinear {
         let Storage::Cpu(w) = &*storage else {
             bail!("linear: the weight is not on the CPU")
         };
-        // wᵀ as a strided view of w: the layout candle's own `x.matmul(&w.t())` hands the kernel.
-        let y = x.matmul(w, self.bmnk, xl, &wl.transpose(0, 1)?)?;
-        Ok((y, Shape::from((self.bmnk.1, self.bmnk.2))))
+        cpu_product(x, xl, w, wl, self.bmnk)
     }
 
     fn bwd(&self, _x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
         Ok(Some(dy.matmul(&self.w)?))
     }
+}
+
+/// A few rows times a trained weight: the forward by [`matvec`], the backward candle's products
+/// (∂x = ∂y·w, ∂w = ∂yᵀ·x).
+struct TrackedRows {
+    bmnk: (usize, usize, usize, usize),
+}
+
+impl CustomOp2 for TrackedRows {
+    fn name(&self) -> &'static str {
+        "linear-rows"
+    }
+
+    fn cpu_fwd(
+        &self,
+        x: &CpuStorage,
+        xl: &Layout,
+        w: &CpuStorage,
+        wl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        cpu_product(x, xl, w, wl, self.bmnk)
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        Ok((Some(dy.matmul(w)?), Some(dy.t()?.matmul(x)?)))
+    }
+}
+
+/// Rows at or below which a product with a frozen weight runs as matrix–vector products ([`matvec`]):
+/// decoding one or a few rows, where the time is reading the weight from memory. candle's product of
+/// one row is gemm's matrix–vector kernel, on one thread; above a few rows its blocked kernel, which
+/// reuses each weight block for many rows, is the faster.
+pub const MATVEC_ROWS: usize = 4;
+
+/// Weight rows (outputs) per parallel task of [`matvec`].
+const MATVEC_OUTPUTS_PER_TASK: usize = 64;
+
+/// `y = x · wᵀ` for x: [n, inp] and w: [out, inp] (row-major, f32), as `n` matrix–vector products that
+/// read each weight row once (from memory) for all `n` rows, the outputs split over rayon's threads.
+/// Each output is one dot product summed in a fixed order (16 lanes, then the lanes pairwise), so the
+/// result does not depend on the number of threads.
+pub fn matvec(x: &[f32], w: &[f32], n: usize, out: usize, inp: usize) -> Vec<f32> {
+    debug_assert_eq!(x.len(), n * inp);
+    debug_assert_eq!(w.len(), out * inp);
+    // Output-major (yᵀ), so that each task owns one contiguous slice; transposed at the end for n > 1.
+    let mut yt = vec![0f32; out * n];
+    if inp == 0 {
+        return yt;
+    }
+    yt.par_chunks_mut(MATVEC_OUTPUTS_PER_TASK * n.max(1))
+        .zip(w.par_chunks(MATVEC_OUTPUTS_PER_TASK * inp))
+        .for_each(|(ys, ws)| {
+            for (ys, wr) in ys.chunks_mut(n).zip(ws.chunks(inp)) {
+                for (y, xr) in ys.iter_mut().zip(x.chunks(inp)) {
+                    *y = dot(xr, wr);
+                }
+            }
+        });
+    if n <= 1 {
+        return yt;
+    }
+    let mut y = vec![0f32; n * out];
+    for (j, ys) in yt.chunks(n).enumerate() {
+        for (r, v) in ys.iter().enumerate() {
+            y[r * out + j] = *v;
+        }
+    }
+    y
+}
+
+/// `Σ a_k b_k`: with AVX2 and FMA (detected at run time), in four 8-wide accumulators; else in 16
+/// scalar lanes. Either way in a fixed order for a given machine.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the features the function is compiled for were detected on this CPU.
+            return unsafe { dot_avx2(a, b) };
+        }
+    }
+    dot_lanes(a, b)
+}
+
+/// [`dot`] in 16 independent scalar lanes, then [`finish_dot`].
+fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let n = a.len().min(b.len());
+    let body = n / LANES * LANES;
+    let mut acc = [0f32; LANES];
+    for (x, y) in a[..body]
+        .chunks_exact(LANES)
+        .zip(b[..body].chunks_exact(LANES))
+    {
+        for i in 0..LANES {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    finish_dot(&mut acc, &a[body..n], &b[body..n])
+}
+
+/// The end of a dot product: the lane sums `acc` (a power of two of them) added pairwise, then the
+/// remaining products `Σ a_k b_k` in order.
+fn finish_dot(acc: &mut [f32], a: &[f32], b: &[f32]) -> f32 {
+    let mut width = acc.len();
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            acc[i] += acc[i + width];
+        }
+    }
+    let mut sum = acc[0];
+    for (x, y) in a.iter().zip(b) {
+        sum += x * y;
+    }
+    sum
+}
+
+/// [`dot`] with AVX2 and FMA: 32 products per iteration in four independent accumulators (the loop is
+/// then bound by memory, not by the latency of one accumulator), then [`finish_dot`] on their sum.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    const STEP: usize = 32;
+    let n = a.len().min(b.len());
+    let body = n / STEP * STEP;
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut k = 0;
+    while k < body {
+        for (j, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: k + 8j + 8 <= body <= n, within both slices; unaligned loads.
+            let (x, y) = unsafe {
+                (
+                    _mm256_loadu_ps(pa.add(k + 8 * j)),
+                    _mm256_loadu_ps(pb.add(k + 8 * j)),
+                )
+            };
+            *acc = _mm256_fmadd_ps(x, y, *acc);
+        }
+        k += STEP;
+    }
+    let pair = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut lanes = [0f32; 8];
+    // SAFETY: `lanes` holds 8 f32.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), pair) };
+    finish_dot(&mut lanes, &a[body..n], &b[body..n])
 }
 
 // ---------------------------------------------------------------------------------------------------

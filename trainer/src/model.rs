@@ -934,7 +934,17 @@ impl Model {
 
     /// Logits `[.., vocab]` of hidden states `[.., hidden]`.
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        hidden.broadcast_matmul(&self.lm_head.t()?)
+        // As one product over all the leading positions ([`linear`]: a frozen head, as in a no-grad
+        // view, takes the frozen kernel, which runs a row or a few as matrix–vector products).
+        let dims = hidden.dims().to_vec();
+        let width = dims.last().copied().unwrap_or(0);
+        let rows = hidden.elem_count() / width.max(1);
+        let logits = linear(&hidden.reshape((rows, width))?, &self.lm_head)?;
+        let mut out = dims;
+        if let Some(last) = out.last_mut() {
+            *last = logits.dim(1)?;
+        }
+        logits.reshape(out)
     }
 
     /// log π(ids[:, j] | ids[:, ..j]) for the positions `j` in `start..t`, `[batch, t - start]`

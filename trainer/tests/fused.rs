@@ -280,3 +280,72 @@ fn a_frozen_weight_gets_no_gradient_and_the_input_gets_candles() {
     let message = |r: candle_core::Result<Tensor>| r.unwrap_err().to_string();
     assert!(message(linear(&x, &random(&mut rng, &[13, 28], 1.0))).contains("input size"));
 }
+
+/// A few rows (decoding) take the matrix–vector kernel (`fused::matvec`, at most `MATVEC_ROWS` rows):
+/// its products equal candle's for every row count around the threshold, for sizes that leave a
+/// remainder in the dot product (not a multiple of 32) and in the parallel split (not a multiple of
+/// 64 outputs), for a non-contiguous weight (candle's kernel then), with the ∂x of the frozen path, and
+/// for a trained weight (the same values as frozen, both gradients candle's).
+#[test]
+fn a_few_rows_take_the_matrix_vector_kernel_with_the_same_values() {
+    use rlx_trainer::fused::MATVEC_ROWS;
+    let mut rng = Rng::new(11);
+    for (inp, out) in [(576, 192), (45, 131), (7, 3), (64, 64)] {
+        let w = random(&mut rng, &[out, inp], 0.3);
+        for n in 1..=MATVEC_ROWS + 1 {
+            let x = random(&mut rng, &[n, inp], 1.0);
+            let plain = x.matmul(&w.t().unwrap()).unwrap();
+            let fused = linear(&x, &w).unwrap();
+            assert_eq!(fused.dims(), &[n, out]);
+            let err = max_rel(&fused, &plain);
+            assert!(err < 1e-5, "{n} rows × {inp} → {out}: {err}");
+            // The same product again: the kernel is deterministic.
+            assert_eq!(values(&linear(&x, &w).unwrap()), values(&fused));
+        }
+    }
+    // A weight stored transposed (a strided view) is not read as if contiguous.
+    let wt = random(&mut rng, &[40, 33], 0.3);
+    let w = wt.t().unwrap();
+    let x = random(&mut rng, &[1, 40], 1.0);
+    let plain = x.matmul(&w.t().unwrap()).unwrap();
+    assert!(max_rel(&linear(&x, &w).unwrap(), &plain) < 1e-5);
+    // ∂x of one row through the frozen path is candle's.
+    let w = random(&mut rng, &[70, 50], 0.3);
+    let x = random(&mut rng, &[1, 50], 1.0);
+    let weights = random(&mut rng, &[1, 70], 1.0);
+    let xv = Var::from_tensor(&x).unwrap();
+    let loss = (linear(xv.as_tensor(), &w).unwrap() * &weights)
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    let store = loss.backward().unwrap();
+    let dx = store.get(xv.as_tensor()).expect("∂x").clone();
+    let want = weights.matmul(&w).unwrap();
+    assert!(max_rel(&dx, &want) < 1e-5, "{}", max_rel(&dx, &want));
+    // A trained weight with a few rows takes the same kernel (a model and its no-grad view decode
+    // alike) and keeps both gradients, candle's.
+    for n in 1..=MATVEC_ROWS {
+        let wv = Var::from_tensor(&random(&mut rng, &[70, 50], 0.3)).unwrap();
+        let xv = Var::from_tensor(&random(&mut rng, &[n, 50], 1.0)).unwrap();
+        let weights = random(&mut rng, &[n, 70], 1.0);
+        let fused = linear(xv.as_tensor(), wv.as_tensor()).unwrap();
+        let frozen = linear(xv.as_tensor(), &wv.as_tensor().detach()).unwrap();
+        assert_eq!(values(&fused), values(&frozen), "{n} rows");
+        let grads = |y: &Tensor| {
+            let store = (y * &weights)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let dx = store.get(xv.as_tensor()).expect("∂x").clone();
+            let dw = store.get(wv.as_tensor()).expect("∂w").clone();
+            (dx, dw)
+        };
+        let plain = xv.as_tensor().matmul(&wv.as_tensor().t().unwrap()).unwrap();
+        assert!(max_rel(&fused, &plain) < 1e-5, "{n} rows");
+        let ((dx, dw), (want_dx, want_dw)) = (grads(&fused), grads(&plain));
+        assert!(max_rel(&dx, &want_dx) < 1e-5, "{n} rows: ∂x");
+        assert!(max_rel(&dw, &want_dw) < 1e-5, "{n} rows: ∂w");
+    }
+}
