@@ -3,7 +3,8 @@
 use serde_json::{json, Map, Value};
 
 use rlx_compiler::hir::{GlobalId, GlobalKind, Recipe};
-use rlx_compiler::ir::{Graph, Level, Op, Shape, Value as Builtin};
+use rlx_compiler::ir::lower::ROLLOUT_SHOWN_PREFIX;
+use rlx_compiler::ir::{Graph, Level, Op, RolloutInfo, RolloutValueInfo, Shape, Value as Builtin};
 
 use crate::batch::Layout;
 use crate::geometry::Geometry;
@@ -58,7 +59,8 @@ pub fn score(
 }
 
 /// `score` on the chosen engine (`rlx score --backend`), with the values of the inputs and top-level
-/// `let`s named in `show` under the document's `"show"` key (`rlx score --show`).
+/// `let`s named in `show` under the document's `"show"` key (`rlx score --show`), at step 0 and
+/// progress 0 (`score_at` sets them).
 pub fn score_with_backend(
     recipe: &Recipe,
     rollouts: &str,
@@ -66,6 +68,31 @@ pub fn score_with_backend(
     with_gradients: bool,
     backend: Backend,
     show: &[String],
+) -> Result<Scored, String> {
+    score_at(
+        recipe,
+        rollouts,
+        overrides,
+        with_gradients,
+        backend,
+        show,
+        &Context::default(),
+    )
+}
+
+/// `score_with_backend` as a trainer would score at a point of its run: `context` gives the recipe's
+/// `step` and `progress` (`rlx score --step --progress`). The document's `"rollout"` key has the
+/// recipe's `rollout { … }` settings: constants and params as numbers, string lists as lists, and every
+/// other expression evaluated on these rollouts at this step (one value per response for a
+/// per-response setting such as RuscaRL's `scaffold`).
+pub fn score_at(
+    recipe: &Recipe,
+    rollouts: &str,
+    overrides: &[(String, f64)],
+    with_gradients: bool,
+    backend: Backend,
+    show: &[String],
+    context: &Context,
 ) -> Result<Scored, String> {
     let graph = rlx_compiler::compile_graph(recipe, overrides)?;
     let lets: Vec<GlobalId> = resolve_show(recipe, show, "")?
@@ -75,10 +102,14 @@ pub fn score_with_backend(
             Showable::Input(_) => None,
         })
         .collect();
-    let shown_graph = match lets.is_empty() {
+    let rollout = rlx_compiler::ir::rollout_settings(recipe, &graph);
+    let rollout_expressions = rollout
+        .iter()
+        .any(|s| matches!(s.value, RolloutValueInfo::Expression));
+    let shown_graph = match lets.is_empty() && !rollout_expressions {
         true => None,
-        false => Some(rlx_compiler::compile_graph_showing(
-            recipe, overrides, &lets,
+        false => Some(rlx_compiler::compile_graph_showing_rollout(
+            recipe, overrides, &lets, true,
         )?),
     };
     score_graphs(
@@ -89,6 +120,8 @@ pub fn score_with_backend(
         with_gradients,
         backend,
         show,
+        context,
+        &rollout,
     )
 }
 
@@ -103,9 +136,33 @@ pub fn score_graph(
     backend: Backend,
     show: &[String],
 ) -> Result<Scored, String> {
+    score_graph_at(
+        graph,
+        declarations,
+        rollouts,
+        with_gradients,
+        backend,
+        show,
+        &Context::default(),
+    )
+}
+
+/// `score_graph` at a step and progress (see `score_at`). The artifact keeps its rollout settings'
+/// constants, params and string lists, not their other expressions: those print as the string
+/// `"expression"` (score the .rlx recipe to evaluate them).
+pub fn score_graph_at(
+    graph: &Graph,
+    declarations: &Recipe,
+    rollouts: &str,
+    with_gradients: bool,
+    backend: Backend,
+    show: &[String],
+    context: &Context,
+) -> Result<Scored, String> {
     // An artifact's declarations have no `let`s.
     let hint = " (a compiled .rlxc keeps no `let` names: score the .rlx recipe to show one)";
     resolve_show(declarations, show, hint)?;
+    let rollout = rlx_compiler::ir::rollout_settings(declarations, graph);
     score_graphs(
         graph,
         None,
@@ -114,6 +171,8 @@ pub fn score_graph(
         with_gradients,
         backend,
         show,
+        context,
+        &rollout,
     )
 }
 
@@ -167,6 +226,7 @@ fn reads_token_counts(graph: &Graph) -> bool {
 
 /// `score_graph`, with `shown` (when `show` names a `let`): the graph of `compile_graph_showing`,
 /// evaluated by the interpreter for those values.
+#[allow(clippy::too_many_arguments)]
 fn score_graphs(
     graph: &Graph,
     shown: Option<&Graph>,
@@ -175,6 +235,8 @@ fn score_graphs(
     with_gradients: bool,
     backend: Backend,
     show: &[String],
+    context: &Context,
+    rollout: &[RolloutInfo],
 ) -> Result<Scored, String> {
     let recipe = declarations;
     let names = resolve_show(recipe, show, "")?;
@@ -189,22 +251,21 @@ fn score_graphs(
             ));
         }
     }
-    let context = Context::default();
     let mut fallback = None;
     let mut shown_values = None;
     let outcome = match (backend, shown) {
         (Backend::Interp, Some(shown)) => {
             // One evaluation gives both: the shown graph computes the same outputs.
             let (outcome, values) =
-                evaluate_showing(shown, &read.batch, &context).map_err(|e| e.to_string())?;
+                evaluate_showing(shown, &read.batch, context).map_err(|e| e.to_string())?;
             shown_values = Some(values);
             outcome
         }
-        _ => run(graph, &read.batch, &context, backend, &mut fallback)?,
+        _ => run(graph, &read.batch, context, backend, &mut fallback)?,
     };
     if let (None, Some(shown)) = (&shown_values, shown) {
         let (_, values) =
-            evaluate_showing(shown, &read.batch, &context).map_err(|e| e.to_string())?;
+            evaluate_showing(shown, &read.batch, context).map_err(|e| e.to_string())?;
         shown_values = Some(values);
     }
     let layout = &read.batch.layout;
@@ -256,8 +317,33 @@ fn score_graphs(
         }
         document.insert("grad".into(), Value::Object(gradients));
     }
+    let no_values = Vec::new();
+    let shown_values = shown_values.as_ref().unwrap_or(&no_values);
+    let shown_value = |name: &str| -> Option<(Vec<Option<f64>>, Shape)> {
+        let g = shown?;
+        let (_, id) = g.outputs.shown.iter().find(|(n, _)| n == name)?;
+        let (_, values) = shown_values.iter().find(|(n, _)| n == name)?;
+        Some((values.clone(), g.node(*id).shape.clone()))
+    };
+    if !rollout.is_empty() {
+        let mut settings = Map::new();
+        for setting in rollout {
+            let value = match &setting.value {
+                RolloutValueInfo::Number(v) => json!(v),
+                RolloutValueInfo::Strings(strings) => json!(strings),
+                RolloutValueInfo::Expression => {
+                    match shown_value(&format!("{ROLLOUT_SHOWN_PREFIX}{}", setting.key)) {
+                        Some((values, shape)) => present(&values, &shape, &geometry, &by_line)
+                            .map_err(|e| format!("the rollout setting `{}`: {e}", setting.key))?,
+                        None => json!("expression"),
+                    }
+                }
+            };
+            settings.insert(setting.key.clone(), value);
+        }
+        document.insert("rollout".into(), Value::Object(settings));
+    }
     if !show.is_empty() {
-        let lets = shown_values.unwrap_or_default();
         let mut shown_map = Map::new();
         for (name, showable) in show.iter().zip(&names) {
             let (values, shape): (Vec<Option<f64>>, Shape) = match showable {
@@ -269,16 +355,8 @@ fn score_graphs(
                     let values = read.batch.inputs.get(*index).cloned().unwrap_or_default();
                     (values.into_iter().map(Some).collect(), input.shape.clone())
                 }
-                Showable::Let(_) => {
-                    let (values, shape) = shown
-                        .and_then(|g| {
-                            let (_, id) = g.outputs.shown.iter().find(|(n, _)| n == name)?;
-                            let (_, values) = lets.iter().find(|(n, _)| n == name)?;
-                            Some((values.clone(), g.node(*id).shape.clone()))
-                        })
-                        .ok_or_else(|| format!("internal error: `{name}` was not kept"))?;
-                    (values, shape)
-                }
+                Showable::Let(_) => shown_value(name)
+                    .ok_or_else(|| format!("internal error: `{name}` was not kept"))?,
             };
             let value = present(&values, &shape, &geometry, &by_line)
                 .map_err(|e| format!("--show {name}: {e}"))?;
