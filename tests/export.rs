@@ -858,11 +858,12 @@ fn check_case(
                         &verl["missing"],
                         "actor/",
                     );
+                    // The same names: a JSON object's keys come back sorted, the list in declaration order.
                     let returned: Vec<String> = verl["metrics"]
                         .as_object()
                         .map(|m| m.keys().cloned().collect())
                         .unwrap_or_default();
-                    let declared: Vec<String> = verl["returns"]
+                    let mut declared: Vec<String> = verl["returns"]
                         .as_array()
                         .map(|a| {
                             a.iter()
@@ -870,6 +871,7 @@ fn check_case(
                                 .collect()
                         })
                         .unwrap_or_default();
+                    declared.sort();
                     if returned != declared {
                         checker.failures.push(format!(
                             "policy_loss returns {returned:?}, POLICY_LOSS_METRICS says {declared:?}"
@@ -1310,7 +1312,10 @@ fn every_recipe_metric_reaches_trl_and_verl() {
                 .as_object()
                 .map(|m| m.keys().cloned().collect())
                 .unwrap_or_default();
-            let expected_keys: Vec<String> = returns.iter().map(|n| format!("actor/{n}")).collect();
+            // A JSON object's keys come back sorted; `returns` is in declaration order.
+            let mut expected_keys: Vec<String> =
+                returns.iter().map(|n| format!("actor/{n}")).collect();
+            expected_keys.sort();
             if keys != expected_keys {
                 fail(
                     case,
