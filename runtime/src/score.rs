@@ -139,6 +139,7 @@ pub fn score_graph(
     score_graph_at(
         graph,
         declarations,
+        &[],
         rollouts,
         with_gradients,
         backend,
@@ -147,12 +148,15 @@ pub fn score_graph(
     )
 }
 
-/// `score_graph` at a step and progress (see `score_at`). The artifact keeps its rollout settings'
-/// constants, params and string lists, not their other expressions: those print as the string
-/// `"expression"` (score the .rlx recipe to evaluate them).
+/// `score_graph` at a step and progress (see `score_at`), with the artifact's rollout settings
+/// (`Artifact::rollout`, params at their compiled values) under the document's `"rollout"` key. An
+/// artifact keeps its settings' constants, params and string lists, not their other expressions: those
+/// print as the string `"expression"` (score the .rlx recipe to evaluate them).
+#[allow(clippy::too_many_arguments)]
 pub fn score_graph_at(
     graph: &Graph,
     declarations: &Recipe,
+    rollout: &[RolloutInfo],
     rollouts: &str,
     with_gradients: bool,
     backend: Backend,
@@ -162,7 +166,6 @@ pub fn score_graph_at(
     // An artifact's declarations have no `let`s.
     let hint = " (a compiled .rlxc keeps no `let` names: score the .rlx recipe to show one)";
     resolve_show(declarations, show, hint)?;
-    let rollout = rlx_compiler::ir::rollout_settings(declarations, graph);
     score_graphs(
         graph,
         None,
@@ -172,7 +175,7 @@ pub fn score_graph_at(
         backend,
         show,
         context,
-        &rollout,
+        rollout,
     )
 }
 

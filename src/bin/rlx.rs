@@ -802,7 +802,7 @@ fn score(
     let (hir, loaded) = if rlx_compiler::artifact::is_artifact_path(recipe) {
         let loaded = rlx_compiler::artifact::load(recipe).and_then(|loaded| {
             let graph = loaded.graph_with(&overrides)?.clone();
-            Ok((graph, loaded.declarations()?))
+            Ok((graph, loaded.declarations()?, loaded.rollout.clone()))
         });
         match loaded {
             Ok(loaded) => (None, Some(loaded)),
@@ -828,9 +828,10 @@ fn score(
         (Some(hir), _) => {
             rlx_runtime::score::score_at(hir, &text, &overrides, grad, backend, show, context)
         }
-        (None, Some((graph, declarations))) => rlx_runtime::score::score_graph_at(
+        (None, Some((graph, declarations, rollout))) => rlx_runtime::score::score_graph_at(
             graph,
             declarations,
+            rollout,
             &text,
             grad,
             backend,
