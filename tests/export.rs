@@ -858,11 +858,12 @@ fn check_case(
                         &verl["missing"],
                         "actor/",
                     );
+                    // The same names: a JSON object's keys come back sorted, the list in declaration order.
                     let returned: Vec<String> = verl["metrics"]
                         .as_object()
                         .map(|m| m.keys().cloned().collect())
                         .unwrap_or_default();
-                    let declared: Vec<String> = verl["returns"]
+                    let mut declared: Vec<String> = verl["returns"]
                         .as_array()
                         .map(|a| {
                             a.iter()
@@ -870,6 +871,7 @@ fn check_case(
                                 .collect()
                         })
                         .unwrap_or_default();
+                    declared.sort();
                     if returned != declared {
                         checker.failures.push(format!(
                             "policy_loss returns {returned:?}, POLICY_LOSS_METRICS says {declared:?}"
@@ -1310,7 +1312,10 @@ fn every_recipe_metric_reaches_trl_and_verl() {
                 .as_object()
                 .map(|m| m.keys().cloned().collect())
                 .unwrap_or_default();
-            let expected_keys: Vec<String> = returns.iter().map(|n| format!("actor/{n}")).collect();
+            // A JSON object's keys come back sorted; `returns` is in declaration order.
+            let mut expected_keys: Vec<String> =
+                returns.iter().map(|n| format!("actor/{n}")).collect();
+            expected_keys.sort();
             if keys != expected_keys {
                 fail(
                     case,
@@ -1461,6 +1466,87 @@ print("OK", float(ours), float(theirs))
     assert!(
         output.status.success() && stdout.contains("OK"),
         "verl registry check failed:\n{stdout}\n{stderr}"
+    );
+    eprintln!("verl: {}", stdout.trim());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The GMPO and DPPO-TV recipes against verl's own losses (`geo_mean`, `dppo_tv`): the exported
+/// `policy_loss` (the recipe's loss with verl's advantages) and verl's `core_algos` function on the same
+/// padded batch, with verl's config set to the recipe's params: loss, gradient and clip metrics. The
+/// DPPO recipe optimises the potential of verl's gradient, so its verl value is its `pg_loss_verl` metric.
+#[test]
+#[cfg_attr(
+    not(rlx_verl),
+    ignore = "needs verl: run scripts/install-torch.sh --with-verl"
+)]
+fn gmpo_and_dppo_tv_match_verls_losses() {
+    let python = python();
+    let dir = scratch("verl-objectives");
+    let (_, gmpo) = export(&root().join("recipes/gmpo.rlx"), &dir).expect("gmpo exports");
+    let (_, dppo) = export(&root().join("recipes/dppo_tv.rlx"), &dir).expect("dppo_tv exports");
+    let script = r#"
+import importlib.util, sys
+import torch
+from verl.trainer.ppo import core_algos
+
+def load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+class Config(dict):
+    """What verl's losses read from its ActorConfig."""
+    def __getattr__(self, name):
+        return self[name]
+
+torch.manual_seed(1)
+B, T = 8, 7
+mask = torch.zeros(B, T, dtype=torch.float64)
+for i, n in enumerate([7, 3, 5, 1, 6, 2, 7, 4]):
+    mask[i, :n] = 1
+old = -torch.rand(B, T, dtype=torch.float64) * 3 - 0.05
+# per-response advantages of both signs and one zero, the ratio spread over the clip ranges
+adv_rows = torch.tensor([1.3, -0.7, 0.0, 2.0, -1.5, 0.4, -0.2, 0.9], dtype=torch.float64)
+advantages = adv_rows[:, None].expand(B, T) * mask
+
+cases = [
+    (sys.argv[1], "geo_mean", Config(clip_ratio=0.4, clip_ratio_low=0.4, clip_ratio_high=0.4, clip_ratio_c=3.0,
+                                     global_batch_info={}), "token-mean", 0.6, None),
+    (sys.argv[2], "dppo_tv", Config(clip_ratio=0.15, clip_ratio_low=0.15, clip_ratio_high=0.15, clip_ratio_c=10000.0,
+                                    global_batch_info={"loss_scale_factor": 8192}), "seq-mean-token-sum-norm", 0.8,
+     "actor/pg_loss_verl"),
+]
+for path, mode, config, agg, spread, value_metric in cases:
+    module = load(path, "rlx_" + mode)
+    base = (old + spread * torch.randn(B, T, dtype=torch.float64)).clamp(max=-1e-3)
+    log_prob = base.clone().requires_grad_()
+    ours, metrics = module.policy_loss(old, log_prob, advantages, mask, agg, config, None)
+    (ours_grad,) = torch.autograd.grad(ours, log_prob)
+    log_prob2 = base.clone().requires_grad_()
+    theirs, their_metrics = core_algos.get_policy_loss_fn(mode)(old, log_prob2, advantages, mask, agg, config, None)
+    (their_grad,) = torch.autograd.grad(theirs, log_prob2)
+    value = float(ours) if value_metric is None else float(metrics[value_metric])
+    assert abs(value - float(theirs)) <= 1e-9 * abs(float(theirs)) + 1e-12, (mode, value, float(theirs))
+    assert torch.allclose(ours_grad * mask, their_grad * mask, rtol=1e-9, atol=1e-12), (mode, ours_grad, their_grad)
+    for key in ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"):
+        assert abs(metrics[f"actor/{key}"] - their_metrics[f"actor/{key}"]) < 1e-6, (mode, key, metrics, their_metrics)
+    nonzero = float(their_metrics["actor/pg_clipfrac"]) + float(their_metrics["actor/pg_clipfrac_lower"])
+    print("OK", mode, value, float(theirs), "clip fractions", nonzero)
+"#;
+    let output = Command::new(&python)
+        .arg("-c")
+        .arg(script)
+        .arg(&gmpo)
+        .arg(&dppo)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.matches("OK").count() == 2,
+        "verl comparison failed:\n{stdout}\n{stderr}"
     );
     eprintln!("verl: {}", stdout.trim());
     let _ = std::fs::remove_dir_all(&dir);

@@ -135,13 +135,21 @@ fn hand_worked_cases_match() {
             Some(Value::Object(show)) => show.keys().cloned().collect(),
             _ => Vec::new(),
         };
+        // `rlx score --step --progress`.
+        let context = rlx_runtime::interp::Context {
+            step: expected.get("step").and_then(Value::as_f64).unwrap_or(0.0),
+            progress: expected
+                .get("progress")
+                .and_then(Value::as_f64)
+                .unwrap_or(0.0),
+        };
         // Both the interpreter (the oracle) and the kernels must give the hand-worked values.
         for backend in [
             rlx_runtime::score::Backend::Interp,
             rlx_runtime::score::Backend::Jit,
         ] {
-            let scored = match rlx_runtime::score::score_with_backend(
-                &recipe, &rollouts, &overrides, true, backend, &show,
+            let scored = match rlx_runtime::score::score_at(
+                &recipe, &rollouts, &overrides, true, backend, &show, &context,
             ) {
                 Ok(scored) => scored.document,
                 Err(message) => {
@@ -185,7 +193,12 @@ fn hand_worked_cases_match() {
                 );
             }
             // Named values: each expected name against the document's value of that name.
-            for (key, word) in [("metrics", "metric"), ("show", "show"), ("grad", "grad")] {
+            for (key, word) in [
+                ("metrics", "metric"),
+                ("show", "show"),
+                ("grad", "grad"),
+                ("rollout", "rollout setting"),
+            ] {
                 if let Some(Value::Object(named)) = expected.get(key) {
                     for (name, values) in named {
                         compare(
@@ -316,6 +329,45 @@ fn score_command_prints_the_documented_document() {
     assert!(first["kept"].as_bool().unwrap());
     assert_eq!(document["grad"]["logp"].as_array().unwrap().len(), 8);
     assert!(document["metrics"]["kl"].as_f64().unwrap() > 0.0);
+}
+
+/// `rlx score --step N --progress P` scores as the trainer would at that step, and prints the rollout
+/// settings evaluated there; a progress outside [0, 1] is a usage error.
+#[test]
+fn step_and_progress_reach_the_recipe_and_its_rollout_settings() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "score",
+            "tests/scores/rollouts/schedule.rlx",
+            "--rollouts",
+            "tests/scores/rollouts/schedule.jsonl",
+        ];
+        args.extend_from_slice(extra);
+        rlx(&args)
+    };
+    let at = run(&["--step", "40", "--progress", "0.2"]);
+    assert!(
+        at.status.success(),
+        "{}",
+        String::from_utf8_lossy(&at.stderr)
+    );
+    let document: Value = serde_json::from_slice(&at.stdout).expect("JSON on stdout");
+    assert_eq!(document["metrics"]["at_step"].as_f64(), Some(40.0));
+    assert_eq!(document["rollout"]["stop"][0], "</answer>");
+    let scaffold = document["rollout"]["scaffold"]
+        .as_array()
+        .expect("one value per response");
+    assert!(
+        (scaffold[1].as_f64().unwrap() - 0.25).abs() < 1e-12,
+        "{scaffold:?}"
+    );
+    // Without the flags: step 0 and progress 0, so the scaffold has not decayed (σ(25) ≈ 1).
+    let start: Value = serde_json::from_slice(&run(&[]).stdout).expect("JSON on stdout");
+    assert_eq!(start["metrics"]["at_step"].as_f64(), Some(0.0));
+    assert!(start["rollout"]["scaffold"][0].as_f64().unwrap() > 0.999);
+    let bad = run(&["--progress", "1.5"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("from 0 to 1"));
 }
 
 #[test]

@@ -243,9 +243,10 @@ pub struct Artifact {
     pub rollout: Vec<RolloutInfo>,
     /// The IR: forward values and the loss gradient.
     pub graph: Graph,
-    /// `graph` with every top-level `let` kept alive as `outputs.shown`, named as declared
-    /// (`crate::compile_graph_showing`): what `rlx score --show LET` evaluates on the interpreter. Never
-    /// planned or run as the kernel.
+    /// `graph` with every top-level `let` kept alive as `outputs.shown`, named as declared, and every
+    /// `rollout { … }` setting given by an expression, named `rollout.KEY`
+    /// (`crate::compile_graph_showing_rollout`): what `rlx score --show LET` and the scored document's
+    /// `"rollout"` key evaluate on the interpreter. Never planned or run as the kernel.
     pub shown: Graph,
     /// The kernel plan of `graph` with `options` (`rlxc compile --emit plan-json`).
     pub plan: serde_json::Value,
@@ -272,7 +273,8 @@ impl Artifact {
             .filter(|(_, g)| g.kind == hir::GlobalKind::Let)
             .map(|(index, _)| hir::GlobalId(index as u32))
             .collect();
-        let shown = crate::compile_graph_showing(recipe, overrides, &lets).map_err(compile)?;
+        let shown = crate::compile_graph_showing_rollout(recipe, overrides, &lets, true)
+            .map_err(compile)?;
         let plan = plan::plan(&graph, options)
             .map_err(|e| compile(format!("the recipe has no kernel plan: {e}")))?;
         let plan = serde_json::to_value(&plan)

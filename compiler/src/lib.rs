@@ -137,8 +137,20 @@ pub fn compile_graph_showing(
     overrides: &[(String, f64)],
     shown: &[hir::GlobalId],
 ) -> Result<ir::Graph, String> {
+    compile_graph_showing_rollout(recipe, overrides, shown, false)
+}
+
+/// `compile_graph_showing`, also keeping (when `rollout` is set) the recipe's `rollout { … }`
+/// expressions as `graph.outputs.shown` named `rollout.KEY` (`ir::lower::lower_showing_rollout`), for
+/// `rlx score` to print; such a graph is not for the planner.
+pub fn compile_graph_showing_rollout(
+    recipe: &hir::Recipe,
+    overrides: &[(String, f64)],
+    shown: &[hir::GlobalId],
+    rollout: bool,
+) -> Result<ir::Graph, String> {
     let params = ir::lower::param_values(recipe, overrides)?;
-    let graph = ir::lower::lower_showing(recipe, &params, shown);
+    let graph = ir::lower::lower_showing_rollout(recipe, &params, shown, rollout);
     let mut graph = ir::autodiff::differentiate(graph);
     graph.eliminate_dead_code();
     Ok(graph)

@@ -2,8 +2,10 @@
 
 use serde_json::{json, Map, Value};
 
+use rlx_compiler::artifact::Artifact;
 use rlx_compiler::hir::{GlobalId, GlobalKind, Recipe};
-use rlx_compiler::ir::{Graph, Level, Op, Shape, Value as Builtin};
+use rlx_compiler::ir::lower::ROLLOUT_SHOWN_PREFIX;
+use rlx_compiler::ir::{Graph, Level, Op, RolloutInfo, RolloutValueInfo, Shape, Value as Builtin};
 
 use crate::batch::Layout;
 use crate::geometry::Geometry;
@@ -58,7 +60,8 @@ pub fn score(
 }
 
 /// `score` on the chosen engine (`rlx score --backend`), with the values of the inputs and top-level
-/// `let`s named in `show` under the document's `"show"` key (`rlx score --show`).
+/// `let`s named in `show` under the document's `"show"` key (`rlx score --show`), at step 0 and
+/// progress 0 (`score_at` sets them).
 pub fn score_with_backend(
     recipe: &Recipe,
     rollouts: &str,
@@ -66,6 +69,31 @@ pub fn score_with_backend(
     with_gradients: bool,
     backend: Backend,
     show: &[String],
+) -> Result<Scored, String> {
+    score_at(
+        recipe,
+        rollouts,
+        overrides,
+        with_gradients,
+        backend,
+        show,
+        &Context::default(),
+    )
+}
+
+/// `score_with_backend` as a trainer would score at a point of its run: `context` gives the recipe's
+/// `step` and `progress` (`rlx score --step --progress`). The document's `"rollout"` key has the
+/// recipe's `rollout { … }` settings: constants and params as numbers, string lists as lists, and every
+/// other expression evaluated on these rollouts at this step (one value per response for a
+/// per-response setting such as RuscaRL's `scaffold`).
+pub fn score_at(
+    recipe: &Recipe,
+    rollouts: &str,
+    overrides: &[(String, f64)],
+    with_gradients: bool,
+    backend: Backend,
+    show: &[String],
+    context: &Context,
 ) -> Result<Scored, String> {
     let graph = rlx_compiler::compile_graph(recipe, overrides)?;
     let lets = top_level_lets(recipe);
@@ -77,10 +105,14 @@ pub fn score_with_backend(
             Showable::Input(_) => None,
         })
         .collect();
-    let shown_graph = match shown.is_empty() {
+    let rollout = rlx_compiler::ir::rollout_settings(recipe, &graph);
+    let rollout_expressions = rollout
+        .iter()
+        .any(|s| matches!(s.value, RolloutValueInfo::Expression));
+    let shown_graph = match shown.is_empty() && !rollout_expressions {
         true => None,
-        false => Some(rlx_compiler::compile_graph_showing(
-            recipe, overrides, &shown,
+        false => Some(rlx_compiler::compile_graph_showing_rollout(
+            recipe, overrides, &shown, true,
         )?),
     };
     score_graphs(
@@ -91,40 +123,58 @@ pub fn score_with_backend(
         with_gradients,
         backend,
         show,
+        context,
+        &rollout,
     )
 }
 
-/// `score_with_backend` on a compiled graph: `declarations` is the recipe its rollouts are read
-/// against (the checked recipe, or a `.rlxc` artifact's `Artifact::declarations`), and `shown` the graph
-/// that keeps the top-level `let`s alive by name (an artifact's `Artifact::shown`), evaluated on the
-/// interpreter when `show` names one of them.
-pub fn score_graph(
-    graph: &Graph,
-    shown: &Graph,
-    declarations: &Recipe,
+/// `score_at` on a `.rlxc` artifact (`rlx score FILE.rlxc`): its graph, with `overrides` that must
+/// repeat the compiled params (`Artifact::graph_with`); rollouts read against its declarations; its
+/// `rollout { … }` settings under the document's `"rollout"` key; and its `shown` graph (every top-level
+/// `let` and rollout expression by name), evaluated on the interpreter when `show` names a `let` or a
+/// rollout setting is an expression.
+pub fn score_artifact(
+    artifact: &Artifact,
+    overrides: &[(String, f64)],
     rollouts: &str,
     with_gradients: bool,
     backend: Backend,
     show: &[String],
+    context: &Context,
 ) -> Result<Scored, String> {
-    let names: Vec<&str> = shown
-        .outputs
-        .shown
-        .iter()
-        .map(|(n, _)| n.as_str())
-        .collect();
-    let shows_a_let = resolve_show(declarations, &names, show)?
+    let graph = artifact.graph_with(overrides).map_err(|e| e.to_string())?;
+    let declarations = artifact.declarations().map_err(|e| e.to_string())?;
+    let shown = &artifact.shown;
+    let names: Vec<&str> = shown_lets(shown);
+    let shows_a_let = resolve_show(&declarations, &names, show)?
         .iter()
         .any(|name| matches!(name, Showable::Let(_)));
+    let rollout_expressions = artifact
+        .rollout
+        .iter()
+        .any(|s| matches!(s.value, RolloutValueInfo::Expression));
     score_graphs(
         graph,
-        shows_a_let.then_some(shown),
-        declarations,
+        (shows_a_let || rollout_expressions).then_some(shown),
+        &declarations,
         rollouts,
         with_gradients,
         backend,
         show,
+        context,
+        &artifact.rollout,
     )
+}
+
+/// The top-level `let`s a graph keeps by name (its `outputs.shown`, less the rollout settings).
+fn shown_lets(graph: &Graph) -> Vec<&str> {
+    graph
+        .outputs
+        .shown
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .filter(|n| !n.starts_with(ROLLOUT_SHOWN_PREFIX))
+        .collect()
 }
 
 /// The recipe's top-level `let`s, in declaration order.
@@ -180,6 +230,7 @@ fn reads_token_counts(graph: &Graph) -> bool {
 
 /// `score_graph`, with `shown` (when `show` names a `let`): the graph of `compile_graph_showing`,
 /// evaluated by the interpreter for those values.
+#[allow(clippy::too_many_arguments)]
 fn score_graphs(
     graph: &Graph,
     shown: Option<&Graph>,
@@ -188,11 +239,11 @@ fn score_graphs(
     with_gradients: bool,
     backend: Backend,
     show: &[String],
+    context: &Context,
+    rollout: &[RolloutInfo],
 ) -> Result<Scored, String> {
     let recipe = declarations;
-    let lets: Vec<&str> = shown
-        .map(|g| g.outputs.shown.iter().map(|(n, _)| n.as_str()).collect())
-        .unwrap_or_default();
+    let lets: Vec<&str> = shown.map(shown_lets).unwrap_or_default();
     let names = resolve_show(recipe, &lets, show)?;
     let read = read_rollouts(rollouts, recipe).map_err(|e| e.to_string())?;
     crate::batch::check_group_sizes_named(graph, &read.batch.layout, |g| {
@@ -205,22 +256,21 @@ fn score_graphs(
             ));
         }
     }
-    let context = Context::default();
     let mut fallback = None;
     let mut shown_values = None;
     let outcome = match (backend, shown) {
         (Backend::Interp, Some(shown)) => {
             // One evaluation gives both: the shown graph computes the same outputs.
             let (outcome, values) =
-                evaluate_showing(shown, &read.batch, &context).map_err(|e| e.to_string())?;
+                evaluate_showing(shown, &read.batch, context).map_err(|e| e.to_string())?;
             shown_values = Some(values);
             outcome
         }
-        _ => run(graph, &read.batch, &context, backend, &mut fallback)?,
+        _ => run(graph, &read.batch, context, backend, &mut fallback)?,
     };
     if let (None, Some(shown)) = (&shown_values, shown) {
         let (_, values) =
-            evaluate_showing(shown, &read.batch, &context).map_err(|e| e.to_string())?;
+            evaluate_showing(shown, &read.batch, context).map_err(|e| e.to_string())?;
         shown_values = Some(values);
     }
     let layout = &read.batch.layout;
@@ -272,8 +322,33 @@ fn score_graphs(
         }
         document.insert("grad".into(), Value::Object(gradients));
     }
+    let no_values = Vec::new();
+    let shown_values = shown_values.as_ref().unwrap_or(&no_values);
+    let shown_value = |name: &str| -> Option<(Vec<Option<f64>>, Shape)> {
+        let g = shown?;
+        let (_, id) = g.outputs.shown.iter().find(|(n, _)| n == name)?;
+        let (_, values) = shown_values.iter().find(|(n, _)| n == name)?;
+        Some((values.clone(), g.node(*id).shape.clone()))
+    };
+    if !rollout.is_empty() {
+        let mut settings = Map::new();
+        for setting in rollout {
+            let value = match &setting.value {
+                RolloutValueInfo::Number(v) => json!(v),
+                RolloutValueInfo::Strings(strings) => json!(strings),
+                RolloutValueInfo::Expression => {
+                    match shown_value(&format!("{ROLLOUT_SHOWN_PREFIX}{}", setting.key)) {
+                        Some((values, shape)) => present(&values, &shape, &geometry, &by_line)
+                            .map_err(|e| format!("the rollout setting `{}`: {e}", setting.key))?,
+                        None => json!("expression"),
+                    }
+                }
+            };
+            settings.insert(setting.key.clone(), value);
+        }
+        document.insert("rollout".into(), Value::Object(settings));
+    }
     if !show.is_empty() {
-        let lets = shown_values.unwrap_or_default();
         let mut shown_map = Map::new();
         for (name, showable) in show.iter().zip(&names) {
             let (values, shape): (Vec<Option<f64>>, Shape) = match showable {
@@ -285,16 +360,8 @@ fn score_graphs(
                     let values = read.batch.inputs.get(*index).cloned().unwrap_or_default();
                     (values.into_iter().map(Some).collect(), input.shape.clone())
                 }
-                Showable::Let(_) => {
-                    let (values, shape) = shown
-                        .and_then(|g| {
-                            let (_, id) = g.outputs.shown.iter().find(|(n, _)| n == name)?;
-                            let (_, values) = lets.iter().find(|(n, _)| n == name)?;
-                            Some((values.clone(), g.node(*id).shape.clone()))
-                        })
-                        .ok_or_else(|| format!("internal error: `{name}` was not kept"))?;
-                    (values, shape)
-                }
+                Showable::Let(_) => shown_value(name)
+                    .ok_or_else(|| format!("internal error: `{name}` was not kept"))?,
             };
             let value = present(&values, &shape, &geometry, &by_line)
                 .map_err(|e| format!("--show {name}: {e}"))?;

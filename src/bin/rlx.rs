@@ -49,6 +49,13 @@ enum Command {
         /// `--features cuda`; docs/gpu.md).
         #[arg(long, default_value = "cpu", value_parser = parse_device)]
         device: Device,
+        /// Score as the trainer would at this training step: the recipe's `step` (default 0).
+        #[arg(long, default_value_t = 0)]
+        step: u64,
+        /// The fraction of training done, the recipe's `progress`, from 0 to 1 (default 0; the trainer
+        /// uses step / steps).
+        #[arg(long, default_value_t = 0.0, value_parser = parse_progress)]
+        progress: f64,
     },
     /// Train a policy with a recipe: sample, score, apply the compiled recipe, backpropagate, step.
     ///
@@ -229,6 +236,17 @@ enum Device {
     Cuda(usize),
 }
 
+/// `--progress`: a number from 0 to 1.
+fn parse_progress(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        Ok(p) => Err(format!(
+            "progress is the fraction of training done, from 0 to 1, not {p}"
+        )),
+        Err(_) => Err(format!("expected a number from 0 to 1, found `{text}`")),
+    }
+}
+
 fn parse_device(text: &str) -> Result<Device, String> {
     match text {
         "cpu" => Ok(Device::Cpu),
@@ -273,7 +291,13 @@ fn main() -> ExitCode {
             show,
             backend,
             device,
+            step,
+            progress,
         } => {
+            let context = rlx_runtime::interp::Context {
+                step: step as f64,
+                progress,
+            };
             let backend = match (backend, device) {
                 (BackendArg::Interp, Device::Cpu) => rlx_runtime::score::Backend::Interp,
                 (BackendArg::Jit, Device::Cpu) => rlx_runtime::score::Backend::Jit,
@@ -298,6 +322,7 @@ fn main() -> ExitCode {
                 &names,
                 out.as_deref(),
                 backend,
+                &context,
             )
         }
         Command::Compare {
@@ -755,6 +780,7 @@ fn run(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn score(
     recipe: &Path,
     rollouts: &Path,
@@ -763,6 +789,7 @@ fn score(
     show: &[String],
     out: Option<&Path>,
     backend: rlx_runtime::score::Backend,
+    context: &rlx_runtime::interp::Context,
 ) -> ExitCode {
     let overrides: Vec<(String, f64)> = match set.iter().map(|s| rlx::parse_override(s)).collect() {
         Ok(overrides) => overrides,
@@ -773,10 +800,12 @@ fn score(
     };
     // The recipe: checked here (`.rlx`) or loaded (`.rlxc`, docs/formats.md).
     let (hir, loaded) = if rlx_compiler::artifact::is_artifact_path(recipe) {
+        // The artifact's own errors (an override that does not repeat a compiled param, invalid
+        // declarations) before the rollouts are read.
         let loaded = rlx_compiler::artifact::load(recipe).and_then(|loaded| {
-            let graph = loaded.graph_with(&overrides)?.clone();
-            let declarations = loaded.declarations()?;
-            Ok((graph, loaded.shown, declarations))
+            loaded.graph_with(&overrides)?;
+            loaded.declarations()?;
+            Ok(loaded)
         });
         match loaded {
             Ok(loaded) => (None, Some(loaded)),
@@ -800,11 +829,11 @@ fn score(
     };
     let scored = match (&hir, &loaded) {
         (Some(hir), _) => {
-            rlx_runtime::score::score_with_backend(hir, &text, &overrides, grad, backend, show)
+            rlx_runtime::score::score_at(hir, &text, &overrides, grad, backend, show, context)
         }
-        (None, Some((graph, shown, declarations))) => {
-            rlx_runtime::score::score_graph(graph, shown, declarations, &text, grad, backend, show)
-        }
+        (None, Some(artifact)) => rlx_runtime::score::score_artifact(
+            artifact, &overrides, &text, grad, backend, show, context,
+        ),
         (None, None) => Err("internal error: no recipe".to_string()),
     };
     match scored {

@@ -20,6 +20,21 @@ pub fn lower(recipe: &hir::Recipe, params: &[f64]) -> Graph {
 /// `lower`, keeping the values of the top-level `let`s `shown` (indices into `recipe.globals`) alive
 /// as `Outputs::shown`, named as declared.
 pub fn lower_showing(recipe: &hir::Recipe, params: &[f64], shown: &[hir::GlobalId]) -> Graph {
+    lower_showing_rollout(recipe, params, shown, false)
+}
+
+/// The prefix of a `rollout { … }` expression's name in `Outputs::shown` (`rollout.scaffold`).
+pub const ROLLOUT_SHOWN_PREFIX: &str = "rollout.";
+
+/// `lower_showing`, also keeping (when `rollout` is set) every `rollout { … }` setting given by an
+/// expression other than a constant or a param, as `Outputs::shown` named `rollout.KEY`, so that
+/// `rlx score` can print what the sampler would use.
+pub fn lower_showing_rollout(
+    recipe: &hir::Recipe,
+    params: &[f64],
+    shown: &[hir::GlobalId],
+    rollout: bool,
+) -> Graph {
     let rubrics: Vec<RubricInfo> = recipe
         .rubrics
         .iter()
@@ -86,6 +101,19 @@ pub fn lower_showing(recipe: &hir::Recipe, params: &[f64], shown: &[hir::GlobalI
             lowerer.globals.get(id.0 as usize),
         ) {
             let named = (global.name.clone(), node);
+            lowerer.builder.graph.outputs.shown.push(named);
+        }
+    }
+    if rollout {
+        for setting in &recipe.rollout {
+            let hir::RolloutValue::Expr(expr) = &setting.value else {
+                continue;
+            };
+            if matches!(expr.kind, ExprKind::Const(_) | ExprKind::Param(_)) {
+                continue;
+            }
+            let node = lowerer.expr(expr);
+            let named = (format!("{ROLLOUT_SHOWN_PREFIX}{}", setting.key), node);
             lowerer.builder.graph.outputs.shown.push(named);
         }
     }
