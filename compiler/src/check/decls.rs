@@ -424,7 +424,7 @@ impl<'p> Checker<'p> {
         }
         for entry in &decl.entries {
             match entry {
-                ast::RubricEntry::Criterion(_) => {}
+                ast::RubricEntry::Criterion(_) | ast::RubricEntry::Criteria(_) => {}
                 ast::RubricEntry::Interact(interact) => {
                     let find = |checker: &mut Self, name: &ast::Ident| -> Option<usize> {
                         let found = rubric.criteria.iter().position(|c| c.name == name.name);
