@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use rlx_compiler::packages::{self, Outcome};
 
-use crate::diagnostics::{report, report_diagnostics};
+use crate::diagnostics::report_diagnostics;
 
 fn finish(dir: &Path, outcome: &Outcome, done: impl FnOnce(&packages::Workspace)) -> ExitCode {
     report_diagnostics(

@@ -603,7 +603,8 @@ impl Artifact {
                 criteria: r
                     .criteria
                     .iter()
-                    .map(|c| hir::Criterion {
+                    .enumerate()
+                    .map(|(index, c)| hir::Criterion {
                         name: c.clone(),
                         weight: hir::Number::Const(1.0),
                         points: None,
@@ -611,6 +612,7 @@ impl Artifact {
                         veto: false,
                         critical: false,
                         saturate: None,
+                        text: r.texts.get(index).filter(|t| !t.is_empty()).cloned(),
                     })
                     .collect(),
                 interactions: Vec::new(),

@@ -115,6 +115,7 @@ impl RubricFile {
                     name: ident(&criterion.name),
                     attrs,
                     span: at,
+                    text: Some(criterion.text.clone()),
                 }
             })
             .collect()
@@ -790,7 +791,12 @@ impl JsonParser<'_> {
         self.at += 1;
         loop {
             match self.text.get(self.at) {
-                None => return Err((Span::new(start, self.at), "unterminated string".into())),
+                None => {
+                    return Err((
+                        Span::new(start, self.text.len()),
+                        "unterminated string".into(),
+                    ))
+                }
                 Some(b'\\') => self.at += 2,
                 Some(b'"') => {
                     self.at += 1;
@@ -887,6 +893,7 @@ veto = true
         );
         assert_eq!(errors("[[[", false).len(), 1);
         assert_eq!(errors("{\"criteria\": [", true).len(), 1);
+        assert_eq!(errors("{\"criteria\": \"\\", true).len(), 1);
         let deep = "[".repeat(100_000);
         assert_eq!(errors(&deep, true).len(), 1);
     }

@@ -328,6 +328,14 @@ fn path_and_git_packages_compile_to_the_graph_of_copied_modules() {
     assert!(!updated.has_errors(), "{:?}", updated.diagnostics);
     let checked = check_path(&by_path.join("recipe.rlx")).expect("read");
     assert_eq!(graph_json(&checked), expected);
+    // The criteria's texts travel with the rubric, for a judge signal to ask.
+    let graph =
+        rlx_compiler::compile_graph(checked.recipe.as_ref().expect("clean"), &[]).expect("graph");
+    assert_eq!(graph.rubrics[0].criteria, ["voice", "grounded"]);
+    assert_eq!(
+        graph.rubrics[0].texts,
+        ["Active voice.", "Supported claims."]
+    );
     assert_eq!(checked.packages.len(), 1);
     assert_eq!(checked.packages[0].source, "path+../style");
     assert_eq!(
@@ -534,4 +542,44 @@ fn a_recipe_in_no_package_cannot_import_from_one() {
             .map(|w| w.packages.len()),
         Some(0)
     );
+}
+
+#[test]
+fn the_example_package_checks_clean_and_documents_itself() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/packages");
+    let checked = check_path(&examples.join("style_grpo/grpo_style.rlx")).expect("read");
+    assert!(checked.recipe.is_some(), "{:?}", errors(&checked));
+    assert_eq!(checked.packages.len(), 1);
+    assert_eq!(checked.packages[0].name, "house_style");
+    let locked = packages::resolve_at(&examples.join("style_grpo"), Mode::Locked);
+    assert!(!locked.has_errors(), "{:?}", locked.diagnostics);
+    let doc = rlx_compiler::docgen::package_markdown(&examples.join("house_style")).expect("doc");
+    assert!(doc.contains("### `house_style/shaping` (module)"), "{doc}");
+    assert!(
+        doc.contains("| `flattering` |  | veto #reward-hacking |"),
+        "{doc}"
+    );
+}
+
+#[test]
+fn package_imports_and_criteria_entries_format_and_parse_back() {
+    let messy = "import   house_style/shaping.{ bonus }\nrubric style {\n  criteria   house_style/criteria/style.toml\n    criteria \"./local.json\"\n  criterion extra weight 2\n}\n";
+    let formatted =
+        rlx_compiler::format::format_source(rlx_compiler::FileId(0), messy).expect("parses");
+    assert_eq!(
+        formatted,
+        "import house_style/shaping.{bonus}\n\nrubric style {\n    criteria house_style/criteria/style.toml\n    criteria \"./local.json\"\n    criterion extra weight 2\n}\n"
+    );
+    let again =
+        rlx_compiler::format::format_source(rlx_compiler::FileId(0), &formatted).expect("parses");
+    assert_eq!(again, formatted);
+    // `..` cannot be written in a module path; `std` is never a package.
+    assert!(
+        rlx_compiler::syntax::parse_module(rlx_compiler::FileId(0), "import a/../b\n").is_err()
+    );
+    let checked = rlx_compiler::check_source(
+        "m.rlx",
+        "import stdx/loss\ninput s : f32[resp]\nreward = s\n",
+    );
+    assert!(checked.has_errors());
 }

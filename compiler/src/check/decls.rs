@@ -371,6 +371,7 @@ impl<'p> Checker<'p> {
                 veto: false,
                 critical: false,
                 saturate: None,
+                text: criterion.text.clone(),
             };
             let mut has_weight = false;
             for attr in &criterion.attrs {

@@ -234,6 +234,8 @@ pub struct CriterionDecl {
     pub name: Ident,
     pub attrs: Vec<CriterionAttr>,
     pub span: Span,
+    /// What a judge is asked: the `text` of a criterion from a rubric file (none when written inline).
+    pub text: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

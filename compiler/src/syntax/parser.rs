@@ -866,7 +866,12 @@ impl Builder {
                         }
                     })
                     .collect();
-                RubricEntry::Criterion(CriterionDecl { name, attrs, span })
+                RubricEntry::Criterion(CriterionDecl {
+                    name,
+                    attrs,
+                    span,
+                    text: None,
+                })
             }
             Rule::interact => {
                 let first = ident(next(&mut inner));
