@@ -450,6 +450,9 @@ impl Artifact {
         if !recipe.path.is_absolute() {
             return Err(invalid(recipe, "is not an absolute path"));
         }
+        if recipe.path.extension().is_none_or(|e| e != "rlx") {
+            return Err(invalid(recipe, "is not a `.rlx` file"));
+        }
         let mut inside = Vec::with_capacity(self.sources.len());
         for source in &self.sources {
             let relative = source
@@ -461,7 +464,7 @@ impl Artifact {
                 Err(Escape::NotRlx) => {
                     return Err(invalid(
                         source,
-                        "is not a `.rlx` or rubric (`.toml`, `.json`) file",
+                        "is not a `.rlx` file (nor a rubric file, `.toml` or `.json`)",
                     ))
                 }
                 Err(_) => return Err(invalid(source, "leaves the recipe's folder")),

@@ -583,3 +583,52 @@ fn package_imports_and_criteria_entries_format_and_parse_back() {
     );
     assert!(checked.has_errors());
 }
+
+#[test]
+fn an_artifact_records_and_checks_its_rubric_files() {
+    let root = scratch("artifact");
+    style_package(&root);
+    std::fs::remove_file(root.join("rlx.toml")).expect("rm");
+    write(&root.join("recipe.rlx"), &recipe(false));
+    let checked = check_path(&root.join("recipe.rlx")).expect("read");
+    let artifact = rlx_compiler::artifact::Artifact::build(
+        &checked,
+        "recipe",
+        &[],
+        &rlx_compiler::backend::Options::default(),
+    )
+    .expect("artifact");
+    let recorded: Vec<String> = artifact
+        .sources
+        .iter()
+        .map(|s| {
+            s.path
+                .strip_prefix(&root)
+                .expect("inside")
+                .display()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        recorded,
+        [
+            "recipe.rlx",
+            "criteria.toml",
+            "voice.rlx",
+            "inner/scale.rlx"
+        ]
+    );
+    assert!(artifact.packages.is_empty());
+    let path = root.join("recipe.rlxc");
+    artifact.save(&path).expect("save");
+    assert!(rlx_compiler::artifact::load(&path).is_ok());
+    write(
+        &root.join("criteria.toml"),
+        &RUBRIC.replace("points = 3", "points = 4"),
+    );
+    let error = rlx_compiler::artifact::load(&path).expect_err("stale");
+    assert!(
+        error.to_string().contains("criteria.toml has changed"),
+        "{error}"
+    );
+}
