@@ -2,6 +2,7 @@
 
 pub mod diagnostics;
 pub mod output;
+pub mod packages;
 
 pub use rlx_compiler::files::write_output;
 

@@ -485,6 +485,7 @@ fn every_construct_rubric() {
         .entries
         .iter()
         .map(|entry| match entry {
+            RubricEntry::Criteria(file) => format!("criteria {}", file.source.written()),
             RubricEntry::Criterion(criterion) => {
                 let attrs: Vec<String> = criterion
                     .attrs
@@ -943,6 +944,9 @@ fn names_and_literals_span_their_text() {
             ItemKind::Rubric(rubric) => {
                 for entry in &rubric.entries {
                     match entry {
+                        RubricEntry::Criteria(file) => {
+                            assert!(src[file.span.range()].starts_with("criteria "));
+                        }
                         RubricEntry::Criterion(criterion) => {
                             let text = &src[criterion.span.range()];
                             assert!(text.starts_with("criterion "), "{text:?}");

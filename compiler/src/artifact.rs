@@ -196,6 +196,9 @@ impl Header {
     }
 }
 
+/// What a recorded source may be: a module, or a rubric file (`criteria "FILE"`).
+const SOURCE_EXTENSIONS: [&str; 3] = ["rlx", "toml", "json"];
+
 /// A source file the artifact was compiled from.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceHash {
@@ -227,9 +230,13 @@ pub struct Artifact {
     pub compiler: String,
     /// The recipe's name (its file stem).
     pub recipe: String,
-    /// The recipe file first, then every file it imported from disk (the standard library is part of
-    /// the compiler, so `compiler` covers it).
+    /// The recipe file first, then every file it read from disk in its folder: imports and rubric
+    /// files (the standard library is part of the compiler, so `compiler` covers it).
     pub sources: Vec<SourceHash>,
+    /// The packages it was compiled with (docs/sharing.md): each one's lock entry, the SHA-256 of every
+    /// file it provides. Absent when the recipe imports from no package.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub packages: Vec<crate::packages::Record>,
     /// The options the recorded plan was made with.
     pub options: Options,
     /// The recipe's inputs, in batch order (equal to `graph.inputs`).
@@ -279,9 +286,15 @@ impl Artifact {
             .map_err(|e| compile(format!("the recipe has no kernel plan: {e}")))?;
         let plan = serde_json::to_value(&plan)
             .map_err(|e| compile(format!("cannot serialise the plan: {e}")))?;
-        let sources: Vec<SourceHash> = checked
-            .disk_files()
+        let files = checked.disk_files();
+        let folder = files
+            .first()
+            .and_then(|(recipe, _)| recipe.parent())
+            .map(Path::to_path_buf);
+        // Package files outside the recipe's folder are pinned by `packages`.
+        let sources: Vec<SourceHash> = files
             .into_iter()
+            .filter(|(path, _)| folder.as_ref().is_none_or(|f| path.starts_with(f)))
             .map(|(path, text)| SourceHash {
                 path: path.to_path_buf(),
                 sha256: hex_digest(text.as_bytes()),
@@ -313,6 +326,7 @@ impl Artifact {
             compiler: COMPILER.into(),
             recipe: name.into(),
             sources,
+            packages: checked.packages.clone(),
             options: *options,
             inputs: graph.inputs.clone(),
             params,
@@ -469,15 +483,23 @@ impl Artifact {
         if !recipe.path.is_absolute() {
             return Err(invalid(recipe, "is not an absolute path"));
         }
+        if recipe.path.extension().is_none_or(|e| e != "rlx") {
+            return Err(invalid(recipe, "is not a `.rlx` file"));
+        }
         let mut inside = Vec::with_capacity(self.sources.len());
         for source in &self.sources {
             let relative = source
                 .path
                 .strip_prefix(folder)
                 .map_err(|_| invalid(source, "is outside the recipe's folder"))?;
-            match files::check_relative(relative) {
+            match files::check_relative_with(relative, &SOURCE_EXTENSIONS) {
                 Ok(()) => inside.push(relative),
-                Err(Escape::NotRlx) => return Err(invalid(source, "is not a `.rlx` file")),
+                Err(Escape::NotRlx) => {
+                    return Err(invalid(
+                        source,
+                        "is not a `.rlx` file (nor a rubric file, `.toml` or `.json`)",
+                    ))
+                }
                 Err(_) => return Err(invalid(source, "leaves the recipe's folder")),
             }
         }
@@ -497,7 +519,12 @@ impl Artifact {
             return Ok(None);
         };
         for (source, relative) in self.sources.iter().zip(inside) {
-            let path = match files::resolve_inside(Some(&root), &root, relative) {
+            let path = match files::resolve_inside_with(
+                Some(&root),
+                &root,
+                relative,
+                &SOURCE_EXTENSIONS,
+            ) {
                 Ok(path) => path,
                 Err(Escape::Missing(_)) => continue,
                 Err(_) => {
@@ -612,7 +639,8 @@ impl Artifact {
                 criteria: r
                     .criteria
                     .iter()
-                    .map(|c| hir::Criterion {
+                    .enumerate()
+                    .map(|(index, c)| hir::Criterion {
                         name: c.clone(),
                         weight: hir::Number::Const(1.0),
                         points: None,
@@ -620,6 +648,7 @@ impl Artifact {
                         veto: false,
                         critical: false,
                         saturate: None,
+                        text: r.texts.get(index).filter(|t| !t.is_empty()).cloned(),
                     })
                     .collect(),
                 interactions: Vec::new(),

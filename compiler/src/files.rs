@@ -299,9 +299,20 @@ pub enum Escape {
 
 /// The one rule for paths that a recipe or an artifact names: `written`, relative to `base`, must be
 /// relative, without `..`, name a `.rlx` file, and (symbolic links followed) stay inside `root`, the
-/// canonical folder of the recipe. Returns the canonical path.
+/// canonical folder of the recipe (or of the package the importing file belongs to). Returns the
+/// canonical path.
 pub fn resolve_inside(root: Option<&Path>, base: &Path, written: &Path) -> Result<PathBuf, Escape> {
-    check_relative(written)?;
+    resolve_inside_with(root, base, written, &["rlx"])
+}
+
+/// [`resolve_inside`] for a file with one of `extensions` (a rubric file: `toml` or `json`).
+pub fn resolve_inside_with(
+    root: Option<&Path>,
+    base: &Path,
+    written: &Path,
+    extensions: &[&str],
+) -> Result<PathBuf, Escape> {
+    check_relative_with(written, extensions)?;
     let target = base.join(written);
     let canonical = target.canonicalize().map_err(|_| Escape::Missing(target))?;
     match root {
@@ -312,6 +323,11 @@ pub fn resolve_inside(root: Option<&Path>, base: &Path, written: &Path) -> Resul
 
 /// The part of [`resolve_inside`]'s rule that needs no file system: relative, no `..`, `.rlx`.
 pub fn check_relative(written: &Path) -> Result<(), Escape> {
+    check_relative_with(written, &["rlx"])
+}
+
+/// [`check_relative`] for a file with one of `extensions` (`Escape::NotRlx` when it has none of them).
+pub fn check_relative_with(written: &Path, extensions: &[&str]) -> Result<(), Escape> {
     use std::path::Component;
     if written.is_absolute() || written.has_root() {
         return Err(Escape::Absolute);
@@ -322,7 +338,10 @@ pub fn check_relative(written: &Path) -> Result<(), Escape> {
     {
         return Err(Escape::Parent);
     }
-    if written.extension().is_none_or(|e| e != "rlx") {
+    if written
+        .extension()
+        .is_none_or(|e| !extensions.iter().any(|x| e == *x))
+    {
         return Err(Escape::NotRlx);
     }
     Ok(())

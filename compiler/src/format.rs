@@ -90,9 +90,10 @@ fn module_mentions(module: &Module, c: char) -> bool {
     module.items.iter().any(|item| {
         item.doc.iter().any(|doc| doc.contains(c))
             || match &item.kind {
-                ItemKind::Import(import) => match &import.source {
-                    ImportSource::Std(path) | ImportSource::Relative(path) => path.contains(c),
-                },
+                ItemKind::Import(import) => import.source.written().contains(c),
+                ItemKind::Rubric(rubric) => rubric.entries.iter().any(|entry| {
+                    matches!(entry, RubricEntry::Criteria(file) if file.source.written().contains(c))
+                }),
                 ItemKind::Rollout(entries) => entries.iter().any(|entry| match &entry.value {
                     RolloutValue::Strings(strings) => {
                         strings.iter().any(|(string, _)| string.contains(c))
@@ -539,6 +540,7 @@ impl<'a> Printer<'a> {
                         line.push_str(path);
                     }
                     ImportSource::Relative(path) => line.push_str(&quoted(path)),
+                    ImportSource::Package { .. } => line.push_str(&import.source.written()),
                 }
                 if let Some(names) = &import.names {
                     line.push_str(".{");
@@ -650,6 +652,17 @@ impl<'a> Printer<'a> {
         let mut lines = Vec::new();
         for entry in &rubric.entries {
             let (start, entry_end, text) = match entry {
+                RubricEntry::Criteria(file) => {
+                    let path = match &file.source {
+                        ImportSource::Relative(path) => quoted(path),
+                        source => source.written(),
+                    };
+                    (
+                        file.span.start,
+                        self.tight_end(file.span),
+                        format!("criteria {path}"),
+                    )
+                }
                 RubricEntry::Criterion(criterion) => {
                     // Columns: the name, the leading `weight`/`points` attributes, the rest.
                     let lead = criterion

@@ -10,7 +10,9 @@ pub mod export;
 pub mod files;
 pub mod format;
 pub mod ir;
+pub mod packages;
 pub mod resolve;
+pub mod rubric_file;
 pub mod source;
 pub mod stdlib;
 pub mod syntax;
@@ -27,6 +29,9 @@ pub struct Checked {
     pub root: FileId,
     pub diagnostics: Vec<Diagnostic>,
     pub recipe: Option<hir::Recipe>,
+    /// The packages the recipe's package depends on, as locked and verified, when it imported from
+    /// one (docs/sharing.md).
+    pub packages: Vec<packages::Record>,
 }
 
 impl Checked {
@@ -34,12 +39,17 @@ impl Checked {
         self.diagnostics.iter().any(Diagnostic::is_error)
     }
 
-    /// The files read from disk, the recipe first, then its imports (the standard library is part of
-    /// the compiler): each canonical path with its text.
+    /// The files read from disk, the recipe first, then its imports and rubric files (the standard
+    /// library is part of the compiler; package manifests and locks are described by `packages`):
+    /// each canonical path with its text.
     pub fn disk_files(&self) -> Vec<(&Path, &str)> {
         let mut files = Vec::new();
         for (id, file) in self.sources.files() {
             if let Origin::Path(path) = &file.origin {
+                let name = path.file_name().unwrap_or_default();
+                if name == packages::MANIFEST || name == packages::LOCK {
+                    continue;
+                }
                 let entry = (path.as_path(), file.text.as_str());
                 if id == self.root {
                     files.insert(0, entry);
@@ -89,6 +99,10 @@ pub fn check_sources(sources: SourceMap, root: FileId) -> Checked {
     let outcome = on_compiler_stack(move || {
         let mut sources = sources;
         let (program, mut diagnostics) = resolve::load(&mut sources, root);
+        let packages = program
+            .as_ref()
+            .map(|p| p.packages.clone())
+            .unwrap_or_default();
         let recipe = program.and_then(|program| {
             let (recipe, found) = check::check(&program, &sources);
             diagnostics.extend(found);
@@ -99,6 +113,7 @@ pub fn check_sources(sources: SourceMap, root: FileId) -> Checked {
             root,
             diagnostics,
             recipe,
+            packages,
         }
     });
     outcome.unwrap_or_else(|panic| {
@@ -118,6 +133,7 @@ pub fn check_sources(sources: SourceMap, root: FileId) -> Checked {
                 format!("internal compiler error (please report it): {what}"),
             )],
             recipe: None,
+            packages: Vec::new(),
         }
     })
 }

@@ -535,6 +535,35 @@ fn extract_pattern(extract: Extract, pattern: &Option<String>) -> Result<Option<
     }
 }
 
+/// A `judge` left without `criteria` whose input is indexed by a recipe rubric with criterion texts
+/// (from a rubric file, docs/sharing.md) asks about those texts. `rubric_texts` maps an input's name
+/// to its rubric's `(criterion, text)` list; a rubric with an empty text is left alone (the judge then
+/// needs `criteria`, as before).
+pub fn judge_rubric_texts(
+    specs: &mut BTreeMap<String, SignalSpec>,
+    rubric_texts: &BTreeMap<String, Vec<(String, String)>>,
+) {
+    for (name, spec) in specs.iter_mut() {
+        let SignalSpec::Judge { criteria, .. } = spec else {
+            continue;
+        };
+        let Some(list) = rubric_texts.get(name) else {
+            continue;
+        };
+        if criteria.is_none() && !list.is_empty() && list.iter().all(|(_, t)| !t.trim().is_empty())
+        {
+            *criteria = Some(
+                list.iter()
+                    .map(|(name, text)| JudgeCriterion {
+                        name: name.clone(),
+                        text: text.clone(),
+                    })
+                    .collect(),
+            );
+        }
+    }
+}
+
 /// Parses signal specs from TOML: a document whose only table is `[signals]` (as in
 /// `[signals.correct] kind = "exact_answer"`). Errors carry TOML's location and serde's message.
 pub fn parse_toml(src: &str) -> Result<BTreeMap<String, SignalSpec>, String> {

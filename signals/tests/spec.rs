@@ -262,3 +262,41 @@ fn specs_embed_in_a_larger_config() {
     .to_string();
     assert!(e.contains("unknown field `keyword`"), "{e}");
 }
+
+#[test]
+fn a_judge_on_a_rubric_from_a_rubric_file_asks_its_texts() {
+    let toml = "[signals.judged]\nkind = \"judge\"\n";
+    // Without texts, a judge on a rubric input needs named criteria.
+    assert!(error(toml).contains("give the signal a list of named criteria"));
+    let mut specs = parse_toml(toml).unwrap();
+    let texts = [(
+        "judged".to_string(),
+        vec![
+            ("short".to_string(), "The response is short.".to_string()),
+            ("polite".to_string(), "The response is polite.".to_string()),
+        ],
+    )]
+    .into_iter()
+    .collect();
+    rlx_signals::spec::judge_rubric_texts(&mut specs, &texts);
+    let registry = Registry::new(&specs, &inputs()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(registry.needs_judge());
+    assert!(registry
+        .output_type("judged")
+        .unwrap()
+        .to_string()
+        .starts_with("f32[resp, "));
+    // A rubric with a criterion without text is left alone.
+    let mut specs = parse_toml(toml).unwrap();
+    let partial = [(
+        "judged".to_string(),
+        vec![
+            ("short".to_string(), "The response is short.".to_string()),
+            ("polite".to_string(), String::new()),
+        ],
+    )]
+    .into_iter()
+    .collect();
+    rlx_signals::spec::judge_rubric_texts(&mut specs, &partial);
+    assert!(Registry::new(&specs, &inputs()).is_err());
+}

@@ -209,6 +209,21 @@ enum Command {
         #[arg(long, default_value = "cpu", value_parser = parse_device)]
         device: Device,
     },
+    /// Resolve the package's dependencies from its rlx.toml (fetching git packages into the cache)
+    /// and write rlx.lock: each package's source and the SHA-256 of every file it provides
+    /// (docs/sharing.md). Exit status: 0 when locked, 1 on an error.
+    Update {
+        /// The package's folder, or a folder inside it.
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Bring the git packages of rlx.lock into the cache (`$RLX_CACHE`, else `~/.cache/rlx`) and
+    /// verify every package against the lock; compiling afterwards needs no network. Exit status: 0
+    /// when every package is there and matches, 1 otherwise.
+    Fetch {
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+    },
 }
 
 /// Counts live bytes, for `rlx bench`'s peak memory (the system allocator underneath).
@@ -282,6 +297,8 @@ fn main() -> ExitCode {
     tune_allocator();
     let cli = Cli::parse();
     match cli.command {
+        Command::Update { dir } => rlx::packages::update(&dir),
+        Command::Fetch { dir } => rlx::packages::fetch(&dir),
         Command::Score {
             recipe,
             rollouts,

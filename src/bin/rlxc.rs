@@ -32,7 +32,8 @@ enum Command {
     ///
     /// Exit status: 0 when every file is clean, 1 when any has an error, 2 on a usage or I/O error.
     Check {
-        /// Files to check.
+        /// Files to check; a folder is a package (docs/sharing.md): its dependencies are verified
+        /// against rlx.lock and every `.rlx` file it provides is checked.
         #[arg(required = true)]
         files: Vec<PathBuf>,
         /// `human` (miette reports on stderr) or `json` (one document on stdout, byte spans included).
@@ -50,8 +51,9 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
-    /// Print the standard library's reference (docs/stdlib.md) from its doc comments.
-    Doc,
+    /// Print the standard library's reference (docs/stdlib.md) from its doc comments, or with a
+    /// package folder, the package's reference: modules, recipes and rubric files.
+    Doc { package: Option<PathBuf> },
     /// Compile a recipe and print one of its representations.
     Compile {
         file: PathBuf,
@@ -100,7 +102,14 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Check { files, format } => check(&files, format),
         Command::Fmt { files, check } => fmt(&files, check),
-        Command::Doc => print_status(&rlx_compiler::docgen::stdlib_markdown()),
+        Command::Doc { package: None } => print_status(&rlx_compiler::docgen::stdlib_markdown()),
+        Command::Doc { package: Some(dir) } => match rlx_compiler::docgen::package_markdown(&dir) {
+            Ok(text) => print_status(&text),
+            Err(message) => {
+                eprintln!("error: {message}");
+                ExitCode::from(2)
+            }
+        },
         Command::Compile {
             file,
             emit: Some(Emit::Torch),
@@ -137,6 +146,28 @@ fn check(files: &[PathBuf], format: Format) -> ExitCode {
     let mut io_error = false;
     let mut documents = Vec::new();
     for path in files {
+        if path.is_dir() {
+            match rlx::packages::check_package(path) {
+                Err(message) => {
+                    eprintln!("error: {message}");
+                    io_error = true;
+                }
+                Ok((error, checked)) => {
+                    any_error |= error;
+                    for (file, checked) in checked {
+                        match format {
+                            Format::Human => report(&file, &checked),
+                            Format::Json => documents.push(json!({
+                                "file": file.display().to_string(),
+                                "ok": !checked.has_errors(),
+                                "diagnostics": to_json_all(&checked.diagnostics, &checked.sources),
+                            })),
+                        }
+                    }
+                }
+            }
+            continue;
+        }
         let checked = match rlx_compiler::check_path(path) {
             Ok(checked) => checked,
             Err(error) => {

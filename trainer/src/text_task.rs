@@ -188,6 +188,25 @@ pub fn bind_signals(
             "config: [signals.{name}]: `{name}` is filled by the trainer, not by a signal"
         ));
     }
+    // A judge on a rubric whose criteria come from a rubric file asks about their texts.
+    let mut rubric_texts = BTreeMap::new();
+    for input in &graph.inputs {
+        if let Some(IrFeature::Rubric { index, .. }) = input.shape.feature {
+            let rubric = &graph.rubrics[index as usize];
+            if rubric.texts.len() == rubric.criteria.len() {
+                let list: Vec<(String, String)> = rubric
+                    .criteria
+                    .iter()
+                    .cloned()
+                    .zip(rubric.texts.iter().cloned())
+                    .collect();
+                rubric_texts.insert(input.name.clone(), list);
+            }
+        }
+    }
+    let mut specs = specs.clone();
+    rlx_signals::spec::judge_rubric_texts(&mut specs, &rubric_texts);
+    let specs = &specs;
     let registry = Registry::new(specs, &decls).map_err(|e| format!("config: {e}"))?;
     for (input, decl) in graph.inputs.iter().zip(&decls) {
         let trainer = TRAINER_INPUTS.contains(&input.name.as_str())

@@ -371,6 +371,7 @@ impl<'p> Checker<'p> {
                 veto: false,
                 critical: false,
                 saturate: None,
+                text: criterion.text.clone(),
             };
             let mut has_weight = false;
             for attr in &criterion.attrs {
@@ -424,7 +425,7 @@ impl<'p> Checker<'p> {
         }
         for entry in &decl.entries {
             match entry {
-                ast::RubricEntry::Criterion(_) => {}
+                ast::RubricEntry::Criterion(_) | ast::RubricEntry::Criteria(_) => {}
                 ast::RubricEntry::Interact(interact) => {
                     let find = |checker: &mut Self, name: &ast::Ident| -> Option<usize> {
                         let found = rubric.criteria.iter().position(|c| c.name == name.name);

@@ -114,6 +114,8 @@ pub struct Criterion {
     /// A scoring criterion whose failure (a score below 0.5, after `levels`) vetoes the response.
     pub critical: bool,
     pub saturate: Option<Shape>,
+    /// What a judge is asked, from a rubric file (docs/sharing.md).
+    pub text: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -41,6 +41,14 @@ pub fn lower_showing_rollout(
         .map(|r| RubricInfo {
             name: r.name.clone(),
             criteria: r.criteria.iter().map(|c| c.name.clone()).collect(),
+            texts: if r.criteria.iter().any(|c| c.text.is_some()) {
+                r.criteria
+                    .iter()
+                    .map(|c| c.text.clone().unwrap_or_default())
+                    .collect()
+            } else {
+                Vec::new()
+            },
         })
         .collect();
     let mut lowerer = Lowerer {

@@ -331,6 +331,10 @@ pub struct Outputs {
 pub struct RubricInfo {
     pub name: String,
     pub criteria: Vec<String>,
+    /// Each criterion's text when the rubric's criteria come from rubric files (docs/sharing.md):
+    /// what a judge signal left without `criteria` asks. Empty when no criterion has a text.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub texts: Vec<String>,
 }
 
 /// A `rollout { … }` setting as a sampler reads it (`rollout_settings`): what a trainer needs of the

@@ -93,6 +93,20 @@ pub enum ImportSource {
     Std(String),
     /// `"./mine.rlx"`: a file relative to the importing file.
     Relative(String),
+    /// `name/module` (a module, `.rlx` implied) or `name/dir/file.toml` (a rubric file): a file of
+    /// the declared package `name` (docs/sharing.md).
+    Package { package: String, path: String },
+}
+
+impl ImportSource {
+    /// The source as written (without quotes).
+    pub fn written(&self) -> String {
+        match self {
+            ImportSource::Std(path) => format!("std/{path}"),
+            ImportSource::Relative(path) => path.clone(),
+            ImportSource::Package { package, path } => format!("{package}/{path}"),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -195,6 +209,9 @@ pub struct RubricDecl {
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub enum RubricEntry {
+    /// `criteria "./style.toml"` / `criteria name/style.toml`: criteria from a rubric file, replaced
+    /// by the criteria it declares when the recipe is resolved (`resolve.rs`, `rubric_file.rs`).
+    Criteria(CriteriaFile),
     Criterion(CriterionDecl),
     Interact(InteractDecl),
     Aggregate(Ident),
@@ -203,10 +220,22 @@ pub enum RubricEntry {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CriteriaFile {
+    /// `Relative` or `Package`, the path with its extension.
+    pub source: ImportSource,
+    /// The path as written.
+    pub source_span: Span,
+    /// The whole entry.
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct CriterionDecl {
     pub name: Ident,
     pub attrs: Vec<CriterionAttr>,
     pub span: Span,
+    /// What a judge is asked: the `text` of a criterion from a rubric file (none when written inline).
+    pub text: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -343,6 +343,9 @@ fn rule_description(rule: Rule) -> Option<&'static str> {
         Rule::keep_section => "`keep`",
         Rule::rollout_block => "`rollout`",
         Rule::std_path => "a module path such as `std/loss`",
+        Rule::package_path => "a package module such as `name/module`",
+        Rule::data_path => "a package file such as `name/style.toml`",
+        Rule::criteria_file => "`criteria`",
         Rule::string => "a string",
         Rule::import_list => "`.{names}`",
         Rule::type_expr | Rule::elem_type => "a type such as `f32[tok]`",
@@ -545,6 +548,7 @@ impl Builder {
                     Rule::std_path => {
                         ImportSource::Std(source.as_str().trim_start_matches("std/").to_string())
                     }
+                    Rule::package_path => package_source(source.as_str()),
                     _ => ImportSource::Relative(self.string(source)),
                 };
                 let names = inner
@@ -822,6 +826,19 @@ impl Builder {
         let rule = pair.as_rule();
         let mut inner = pair.into_inner();
         match rule {
+            Rule::criteria_file => {
+                let source = next(&mut inner);
+                let source_span = span_of(&source);
+                let source = match source.as_rule() {
+                    Rule::data_path => package_source(source.as_str()),
+                    _ => ImportSource::Relative(self.string(source)),
+                };
+                RubricEntry::Criteria(CriteriaFile {
+                    source,
+                    source_span,
+                    span,
+                })
+            }
             Rule::criterion => {
                 let name = ident(next(&mut inner));
                 let attrs = inner
@@ -849,7 +866,12 @@ impl Builder {
                         }
                     })
                     .collect();
-                RubricEntry::Criterion(CriterionDecl { name, attrs, span })
+                RubricEntry::Criterion(CriterionDecl {
+                    name,
+                    attrs,
+                    span,
+                    text: None,
+                })
             }
             Rule::interact => {
                 let first = ident(next(&mut inner));
@@ -1081,5 +1103,14 @@ pub fn children(expr: &Expr) -> Vec<&Expr> {
         ExprKind::Call { args, .. } => args.iter().map(|arg| &arg.value).collect(),
         ExprKind::Index { base, .. } => vec![base],
         ExprKind::Block { lets, body } => lets.iter().map(|l| &l.value).chain([&**body]).collect(),
+    }
+}
+
+/// `name/rest` → the package `name` and the path `rest` inside it.
+fn package_source(written: &str) -> ImportSource {
+    let (package, path) = written.split_once('/').unwrap_or((written, ""));
+    ImportSource::Package {
+        package: package.to_string(),
+        path: path.to_string(),
     }
 }
