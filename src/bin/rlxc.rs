@@ -52,6 +52,8 @@ enum Command {
     },
     /// Print the standard library's reference (docs/stdlib.md) from its doc comments.
     Doc,
+    /// Run the language server (LSP over stdin/stdout) for editors (docs/editors.md).
+    Lsp,
     /// Compile a recipe and print one of its representations.
     Compile {
         file: PathBuf,
@@ -101,6 +103,13 @@ fn main() -> ExitCode {
         Command::Check { files, format } => check(&files, format),
         Command::Fmt { files, check } => fmt(&files, check),
         Command::Doc => print_status(&rlx_compiler::docgen::stdlib_markdown()),
+        Command::Lsp => match rlx_lsp::run_stdio() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("error: {error}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Compile {
             file,
             emit: Some(Emit::Torch),
