@@ -75,10 +75,7 @@ impl Analysis {
                 ),
                 true,
             ),
-            None => (
-                previous.map(|p| p.index.clone()).unwrap_or_default(),
-                false,
-            ),
+            None => (previous.map(|p| p.index.clone()).unwrap_or_default(), false),
         };
         let mut types = Vec::new();
         if let Some(Checked {
@@ -195,10 +192,21 @@ impl Analysis {
         };
         let mut message = diagnostic.message.clone();
         if let Some(label) = primary.filter(|l| !l.message.is_empty()) {
-            message.push_str(&format!(" ({})", label.message));
+            if !message.contains(&label.message) {
+                message.push_str(&format!(" ({})", label.message));
+            }
         }
         if !here {
-            let name = &checked.sources.get(diagnostic.file).name;
+            let source = checked.sources.get(diagnostic.file);
+            let name = match (&source.origin, &self.folder) {
+                (Origin::Path(path), Some(folder)) => folder
+                    .canonicalize()
+                    .ok()
+                    .and_then(|folder| path.strip_prefix(folder).ok())
+                    .map(|rest| format!("./{}", rest.display()))
+                    .unwrap_or_else(|| source.name.clone()),
+                _ => source.name.clone(),
+            };
             message = format!("in {name}: {message}");
         }
         if let Some(help) = &diagnostic.help {
@@ -273,9 +281,7 @@ impl Analysis {
             .items
             .iter()
             .filter_map(|item| match &item.kind {
-                ItemKind::Import(import) => {
-                    Some((import, index::item_code(&self.text, item.span)))
-                }
+                ItemKind::Import(import) => Some((import, index::item_code(&self.text, item.span))),
                 _ => None,
             })
             .collect()

@@ -6,9 +6,9 @@ use std::collections::HashMap;
 
 use lsp_types::{
     CodeAction, CodeActionKind, CompletionItem, CompletionItemKind, CompletionTextEdit,
-    DocumentSymbol, Documentation, Hover, HoverContents, Location, MarkupContent,
-    MarkupKind, ParameterInformation, ParameterLabel, Position, Range, SignatureHelp,
-    SignatureInformation, SymbolKind, TextEdit, Url, WorkspaceEdit,
+    DocumentSymbol, Documentation, Hover, HoverContents, Location, MarkupContent, MarkupKind,
+    ParameterInformation, ParameterLabel, Position, Range, SignatureHelp, SignatureInformation,
+    SymbolKind, TextEdit, Url, WorkspaceEdit,
 };
 use rlx_compiler::check::builtins;
 use rlx_compiler::check::types::Level;
@@ -22,10 +22,40 @@ use crate::index::{self, builtin, Def, DefKind, Occurrence};
 
 /// Keywords offered by completion.
 const KEYWORDS: &[&str] = &[
-    "import", "input", "param", "fn", "let", "rubric", "reward", "advantage", "loss", "metric",
-    "keep", "when", "over", "others", "other", "rollout", "true", "false", "and", "or", "not",
-    "policy", "value", "criterion", "weight", "points", "levels", "veto", "critical", "saturate",
-    "interact", "aggregate", "on_veto", "shape",
+    "import",
+    "input",
+    "param",
+    "fn",
+    "let",
+    "rubric",
+    "reward",
+    "advantage",
+    "loss",
+    "metric",
+    "keep",
+    "when",
+    "over",
+    "others",
+    "other",
+    "rollout",
+    "true",
+    "false",
+    "and",
+    "or",
+    "not",
+    "policy",
+    "value",
+    "criterion",
+    "weight",
+    "points",
+    "levels",
+    "veto",
+    "critical",
+    "saturate",
+    "interact",
+    "aggregate",
+    "on_veto",
+    "shape",
 ];
 
 fn markdown(value: String) -> MarkupContent {
@@ -40,17 +70,28 @@ fn citation(def: &Def, current: &Url) -> Option<String> {
     let location = def.location.as_ref()?;
     let line = location.range.start.line + 1;
     if let Some(module) = index::std_module_of(&location.uri) {
-        return Some(format!("defined in `std/{module}` (stdlib/{module}.rlx:{line})"));
+        return Some(format!(
+            "defined in `std/{module}` (stdlib/{module}.rlx:{line})"
+        ));
     }
     if &location.uri == current {
         return None;
     }
-    let path = location
-        .uri
+    let path = location.uri.to_file_path().ok();
+    let folder = current
         .to_file_path()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|_| location.uri.to_string());
-    Some(format!("defined in `{path}`:{line}"))
+        .ok()
+        .and_then(|p| p.parent().map(std::path::Path::to_path_buf));
+    // A relative import: the path as the recipe writes it.
+    let shown = match (&path, &folder) {
+        (Some(path), Some(folder)) => path
+            .strip_prefix(folder)
+            .map(|rest| format!("./{}", rest.display()))
+            .unwrap_or_else(|_| path.display().to_string()),
+        (Some(path), None) => path.display().to_string(),
+        (None, _) => location.uri.to_string(),
+    };
+    Some(format!("defined in `{shown}`:{line}"))
 }
 
 fn describe(def: &Def, current: &Url) -> String {
@@ -79,7 +120,8 @@ pub fn hover(analysis: &Analysis, position: Position) -> Option<Hover> {
         let shown: Vec<String> = types.iter().map(|t| format!("`{t}`")).collect();
         // On a function's name, the smallest typed expression is its call: say what it returns.
         let call = occurrence.is_some_and(|o| {
-            o.span != *span && matches!(o.def.kind, DefKind::Fn | DefKind::Rubric | DefKind::Builtin)
+            o.span != *span
+                && matches!(o.def.kind, DefKind::Fn | DefKind::Rubric | DefKind::Builtin)
         });
         let what = if call { "returns" } else { "type" };
         parts.push(format!("{what} {}", shown.join(" or ")));
@@ -222,10 +264,7 @@ pub fn prepare_rename(analysis: &Analysis, position: Position) -> Result<&Occurr
         return Err("the standard library is read-only".into());
     }
     let offset = analysis.offset(position);
-    let occurrence = analysis
-        .index
-        .occurrence_at(offset)
-        .ok_or("no name here")?;
+    let occurrence = analysis.index.occurrence_at(offset).ok_or("no name here")?;
     let local = matches!(
         occurrence.def.kind,
         DefKind::Let | DefKind::Local | DefKind::FnParam
@@ -308,8 +347,12 @@ fn ident_before(code: &[u8], end: usize) -> Option<(usize, String)> {
     while start > 0 && is_ident_byte(code[start - 1]) {
         start -= 1;
     }
-    (start < end && !code[start].is_ascii_digit())
-        .then(|| (start, String::from_utf8_lossy(&code[start..end]).into_owned()))
+    (start < end && !code[start].is_ascii_digit()).then(|| {
+        (
+            start,
+            String::from_utf8_lossy(&code[start..end]).into_owned(),
+        )
+    })
 }
 
 fn open_call(code: &[u8]) -> Option<OpenCall> {
@@ -495,7 +538,8 @@ pub fn completion(analysis: &Analysis, position: Position) -> Vec<CompletionItem
     let mut seen: Vec<String> = Vec::new();
     if let Some(call) = &call {
         if let Some(def) = analysis.index.function(&call.name) {
-            for param in &def.params {
+            // Parameters not already given by position.
+            for param in def.params.iter().skip(call.commas) {
                 seen.push(format!("{} =", param.name));
                 items.push(CompletionItem {
                     insert_text: Some(format!("{} = ", param.name)),
@@ -604,8 +648,7 @@ pub fn signature_help(analysis: &Analysis, position: Position) -> Option<Signatu
                 names,
                 vec![sig.doc.to_string()],
             )
-        } else if let Some((name, doc)) = builtins::AXIS_OPS.iter().find(|(n, _)| *n == call.name)
-        {
+        } else if let Some((name, doc)) = builtins::AXIS_OPS.iter().find(|(n, _)| *n == call.name) {
             let signature = doc.split("): ").next().unwrap_or(name).to_string() + ")";
             let inner = signature
                 .strip_prefix(&format!("{name}("))
@@ -773,9 +816,7 @@ pub fn document_symbols(analysis: &Analysis) -> Vec<DocumentSymbol> {
                 )
             }
             ItemKind::Reward(_) => ("reward".into(), SymbolKind::EVENT, head(6), Vec::new()),
-            ItemKind::Advantage(_) => {
-                ("advantage".into(), SymbolKind::EVENT, head(9), Vec::new())
-            }
+            ItemKind::Advantage(_) => ("advantage".into(), SymbolKind::EVENT, head(9), Vec::new()),
             ItemKind::Loss(_) => ("loss".into(), SymbolKind::EVENT, head(4), Vec::new()),
             ItemKind::Metric { name, .. } => (
                 format!("metric {}", name.name),
@@ -838,9 +879,7 @@ pub fn formatting(analysis: &Analysis) -> Result<Vec<TextEdit>, String> {
     if formatted == analysis.text {
         return Ok(Vec::new());
     }
-    let end = analysis
-        .lines
-        .position(&analysis.text, analysis.text.len());
+    let end = analysis.lines.position(&analysis.text, analysis.text.len());
     Ok(vec![TextEdit::new(
         Range::new(Position::new(0, 0), end),
         formatted,
@@ -886,7 +925,10 @@ pub fn code_actions(analysis: &Analysis, range: Range) -> Vec<CodeAction> {
         // "did you mean `NAME`?"
         if let Some(rest) = help.strip_prefix("did you mean `") {
             if let Some(name) = rest.strip_suffix("`?") {
-                actions.push(replace(format!("Replace `{written}` with `{name}`"), name.into()));
+                actions.push(replace(
+                    format!("Replace `{written}` with `{name}`"),
+                    name.into(),
+                ));
             }
         }
         for snippet in snippets(help) {
@@ -936,7 +978,10 @@ fn mark_policy(analysis: &Analysis, decl: &str) -> Option<CodeAction> {
     if input.role.is_some() {
         return None;
     }
-    let at = analysis.range(Span::new(input.ty.span.end as usize, input.ty.span.end as usize));
+    let at = analysis.range(Span::new(
+        input.ty.span.end as usize,
+        input.ty.span.end as usize,
+    ));
     Some(quick_fix(
         analysis,
         format!("Mark `{name}` as the policy's log-probabilities"),
@@ -952,8 +997,11 @@ fn import_actions(analysis: &Analysis, name: &str) -> Vec<CodeAction> {
     let mut modules: Vec<&str> = stdlib::module_names()
         .filter(|module| {
             let uri = index::std_uri(module);
-            stdlib::module(module)
-                .is_some_and(|text| index::functions_of(&uri, text).iter().any(|f| f.name == name))
+            stdlib::module(module).is_some_and(|text| {
+                index::functions_of(&uri, text)
+                    .iter()
+                    .any(|f| f.name == name)
+            })
         })
         .collect();
     modules.sort();

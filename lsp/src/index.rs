@@ -199,7 +199,8 @@ pub fn load_import(source: &ImportSource, folder: Option<&Path>) -> Option<(Url,
         ImportSource::Relative(path) => {
             let folder = folder?;
             let root = folder.canonicalize().ok()?;
-            let target: PathBuf = files::resolve_inside(Some(&root), folder, Path::new(path)).ok()?;
+            let target: PathBuf =
+                files::resolve_inside(Some(&root), folder, Path::new(path)).ok()?;
             let text = files::read_text(&target, MAX_SOURCE_BYTES as u64).ok()?;
             Some((Url::from_file_path(&target).ok()?, text))
         }
@@ -408,8 +409,14 @@ impl Indexer<'_> {
                     self.declaration(item_code(self.text, item.span)),
                     &item.doc,
                 ),
-                ItemKind::Let(decl) => {
-                    self.def(&decl.name, DefKind::Let, format!("let {}", decl.name.name), &item.doc)
+                ItemKind::Let(_) | ItemKind::Metric { .. } => {
+                    let (name, kind) = match &item.kind {
+                        ItemKind::Let(decl) => (&decl.name, DefKind::Let),
+                        ItemKind::Metric { name, .. } => (name, DefKind::Metric),
+                        _ => continue,
+                    };
+                    let detail = shorten(&self.declaration(item_code(self.text, item.span)));
+                    self.def(name, kind, detail, &item.doc)
                 }
                 ItemKind::Fn(decl) => self.fn_def(item, decl),
                 ItemKind::Rubric(decl) => {
@@ -446,12 +453,6 @@ impl Indexer<'_> {
                     };
                     self.def(&ident, DefKind::Section, format!("{name} = …"), &item.doc)
                 }
-                ItemKind::Metric { name, .. } => self.def(
-                    name,
-                    DefKind::Metric,
-                    format!("metric {}", name.name),
-                    &item.doc,
-                ),
                 _ => continue,
             };
             self.index.occurrences.push(Occurrence {
@@ -474,7 +475,25 @@ impl Indexer<'_> {
 
     fn item(&mut self, item: &Item) {
         match &item.kind {
-            ItemKind::Import(_) | ItemKind::Input(_) | ItemKind::Param(_) => {}
+            ItemKind::Import(_) | ItemKind::Param(_) => {}
+            ItemKind::Input(decl) => {
+                // `f32[resp, style]`: the rubric that names the feature axis.
+                for axis in &decl.ty.axes {
+                    let rubric = self
+                        .index
+                        .top
+                        .get(&axis.name)
+                        .filter(|d| d.kind == DefKind::Rubric)
+                        .cloned();
+                    if let Some(def) = rubric {
+                        self.index.occurrences.push(Occurrence {
+                            span: axis.span,
+                            def,
+                            is_def: false,
+                        });
+                    }
+                }
+            }
             ItemKind::Fn(decl) => {
                 let Some(def) = self.index.top.get(&decl.name.name).cloned() else {
                     return;
@@ -526,7 +545,9 @@ impl Indexer<'_> {
             index
                 .criteria
                 .iter()
-                .find(|c| c.name == ident.name && c.doc[0].contains(&format!("`{}`", decl.name.name)))
+                .find(|c| {
+                    c.name == ident.name && c.doc[0].contains(&format!("`{}`", decl.name.name))
+                })
                 .cloned()
         };
         for entry in &decl.entries {
@@ -684,9 +705,10 @@ impl Indexer<'_> {
                         def: def.clone(),
                         is_def: true,
                     });
-                    self.index
-                        .locals
-                        .push((Span::new(local.value.span.end as usize, expr.span.end as usize), def.clone()));
+                    self.index.locals.push((
+                        Span::new(local.value.span.end as usize, expr.span.end as usize),
+                        def.clone(),
+                    ));
                     self.locals.push(def);
                 }
                 self.expr(body);
@@ -694,6 +716,16 @@ impl Indexer<'_> {
             }
         }
     }
+}
+
+/// A declaration shown on hover, cut to a readable length.
+fn shorten(code: &str) -> String {
+    const MAX_CHARS: usize = 160;
+    if code.chars().count() <= MAX_CHARS {
+        return code.to_string();
+    }
+    let cut: String = code.chars().take(MAX_CHARS).collect();
+    format!("{cut} …")
 }
 
 /// A parameter as written: its name, type and default.

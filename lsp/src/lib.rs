@@ -28,8 +28,8 @@ use lsp_types::request::{
 };
 use lsp_types::{
     CodeActionProviderCapability, CompletionOptions, HoverProviderCapability, OneOf,
-    PrepareRenameResponse, PublishDiagnosticsParams, RenameOptions, ServerCapabilities,
-    ServerInfo, SignatureHelpOptions, TextDocumentSyncCapability, TextDocumentSyncKind,
+    PrepareRenameResponse, PublishDiagnosticsParams, RenameOptions, ServerCapabilities, ServerInfo,
+    SignatureHelpOptions, TextDocumentSyncCapability, TextDocumentSyncKind,
     TextDocumentSyncOptions, TextDocumentSyncSaveOptions, Url,
 };
 use serde_json::Value;
@@ -151,12 +151,14 @@ pub fn serve_with(connection: &Connection, options: Options) -> Result<(), Strin
                     Ok(Ok(value)) => Response::new_ok(id, value),
                     Ok(Err((code, message))) => Response::new_err(id, code as i32, message),
                     Err(panic) => {
-                        let what = panic_message(&panic);
+                        let what = panic_message(&*panic);
                         eprintln!("rlxc lsp: internal error in {method}: {what}");
                         Response::new_err(
                             id,
                             ErrorCode::InternalError as i32,
-                            format!("internal error in {method} (logged; please report it): {what}"),
+                            format!(
+                                "internal error in {method} (logged; please report it): {what}"
+                            ),
                         )
                     }
                 };
@@ -172,7 +174,7 @@ pub fn serve_with(connection: &Connection, options: Options) -> Result<(), Strin
                 {
                     eprintln!(
                         "rlxc lsp: internal error in {method}: {}",
-                        panic_message(&panic)
+                        panic_message(&*panic)
                     );
                 }
             }
@@ -182,7 +184,7 @@ pub fn serve_with(connection: &Connection, options: Options) -> Result<(), Strin
     Ok(())
 }
 
-fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<String>()
         .cloned()
@@ -231,12 +233,17 @@ impl Server {
     }
 
     fn request(&mut self, request: Request) -> RequestResult {
-        let Request { method, params: p, .. } = request;
+        let Request {
+            method, params: p, ..
+        } = request;
         match method.as_str() {
             HoverRequest::METHOD => {
                 let p: lsp_types::HoverParams = params(p)?;
                 let at = p.text_document_position_params;
-                json(features::hover(self.document(&at.text_document.uri)?, at.position))
+                json(features::hover(
+                    self.document(&at.text_document.uri)?,
+                    at.position,
+                ))
             }
             GotoDefinition::METHOD => {
                 let p: lsp_types::GotoDefinitionParams = params(p)?;
@@ -293,7 +300,9 @@ impl Server {
                 let analysis = self.document(&p.text_document.uri)?;
                 let occurrence = features::prepare_rename(analysis, p.position)
                     .map_err(|e| (ErrorCode::RequestFailed, e))?;
-                json(PrepareRenameResponse::Range(analysis.range(occurrence.span)))
+                json(PrepareRenameResponse::Range(
+                    analysis.range(occurrence.span),
+                ))
             }
             Rename::METHOD => {
                 let p: lsp_types::RenameParams = params(p)?;

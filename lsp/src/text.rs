@@ -100,7 +100,10 @@ mod tests {
         assert_eq!(index.position(text, x), Position::new(1, 3));
         assert_eq!(index.offset(text, Position::new(1, 3)), x);
         // A column inside the surrogate pair falls back to the character's start.
-        assert_eq!(index.offset(text, Position::new(1, 2)), text.find('𝄞').unwrap());
+        assert_eq!(
+            index.offset(text, Position::new(1, 2)),
+            text.find('𝄞').unwrap()
+        );
         // Past the end of a line: the line's end; past the last line: the text's end.
         assert_eq!(index.offset(text, Position::new(0, 99)), 1);
         assert_eq!(index.offset(text, Position::new(9, 0)), text.len());

@@ -30,11 +30,56 @@ impl Rng {
 /// Pieces that edits insert: the language's punctuation and words, and text that has broken parsers
 /// before (unclosed brackets and strings, comments, non-ASCII, a byte order mark).
 const PIECES: &[&str] = &[
-    "(", ")", "{", "}", "[", "]", ",", "=", ".", "/", "//", "///", "\"", "\n", " ", "over ", "tok",
-    "resp", "group", "batch", "others", "let x = ", "import ", "std/", "std/loss.{", "input ",
-    "param p = 1", "fn f(a) = a", "rubric r { criterion c weight 1 }", "mean(", "x[", "other.",
-    "policy", "1e-3", "-", "+", "*", "^", "and ", "not ", "π", "𝄞", "\u{feff}", "reward = ",
-    "loss = ", "metric m = ", "keep resp when ", "rollout { n = 2 }", "((((((((", "))))",
+    "(",
+    ")",
+    "{",
+    "}",
+    "[",
+    "]",
+    ",",
+    "=",
+    ".",
+    "/",
+    "//",
+    "///",
+    "\"",
+    "\n",
+    " ",
+    "over ",
+    "tok",
+    "resp",
+    "group",
+    "batch",
+    "others",
+    "let x = ",
+    "import ",
+    "std/",
+    "std/loss.{",
+    "input ",
+    "param p = 1",
+    "fn f(a) = a",
+    "rubric r { criterion c weight 1 }",
+    "mean(",
+    "x[",
+    "other.",
+    "policy",
+    "1e-3",
+    "-",
+    "+",
+    "*",
+    "^",
+    "and ",
+    "not ",
+    "π",
+    "𝄞",
+    "\u{feff}",
+    "reward = ",
+    "loss = ",
+    "metric m = ",
+    "keep resp when ",
+    "rollout { n = 2 }",
+    "((((((((",
+    "))))",
 ];
 
 /// Where to put the cursor: a byte offset on a character boundary (sometimes past the end).
@@ -75,7 +120,9 @@ fn fuzz_document(client: &mut Client, uri: &str, mut text: String, seed: u64, ed
         while !text.is_char_boundary(end) {
             end += 1;
         }
-        let inserted: String = (0..rng.below(4)).map(|_| PIECES[rng.below(PIECES.len())]).collect();
+        let inserted: String = (0..rng.below(4))
+            .map(|_| PIECES[rng.below(PIECES.len())])
+            .collect();
         client.notify(
             "textDocument/didChange",
             json!({
@@ -88,19 +135,37 @@ fn fuzz_document(client: &mut Client, uri: &str, mut text: String, seed: u64, ed
         );
         text.replace_range(start..end, &inserted);
         let published = client.diagnostics(uri);
-        assert_eq!(published["version"], version, "diagnostics of the new version");
+        assert_eq!(
+            published["version"], version,
+            "diagnostics of the new version"
+        );
         let at = position(&text, offset_in(&mut rng, &text));
         let doc = json!({ "uri": uri });
         let requests = [
-            ("textDocument/hover", json!({ "textDocument": doc, "position": at })),
-            ("textDocument/definition", json!({ "textDocument": doc, "position": at })),
+            (
+                "textDocument/hover",
+                json!({ "textDocument": doc, "position": at }),
+            ),
+            (
+                "textDocument/definition",
+                json!({ "textDocument": doc, "position": at }),
+            ),
             (
                 "textDocument/references",
                 json!({ "textDocument": doc, "position": at, "context": { "includeDeclaration": true } }),
             ),
-            ("textDocument/completion", json!({ "textDocument": doc, "position": at })),
-            ("textDocument/signatureHelp", json!({ "textDocument": doc, "position": at })),
-            ("textDocument/documentSymbol", json!({ "textDocument": doc })),
+            (
+                "textDocument/completion",
+                json!({ "textDocument": doc, "position": at }),
+            ),
+            (
+                "textDocument/signatureHelp",
+                json!({ "textDocument": doc, "position": at }),
+            ),
+            (
+                "textDocument/documentSymbol",
+                json!({ "textDocument": doc }),
+            ),
             (
                 "textDocument/formatting",
                 json!({ "textDocument": doc, "options": { "tabSize": 4, "insertSpaces": true } }),
@@ -132,7 +197,10 @@ fn random_edits_never_stop_the_server() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(60);
-    let recipes = Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes");
+    let recipes = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../recipes")
+        .canonicalize()
+        .expect("recipes/");
     let mut client = Client::start();
     for (seed, name) in ["grpo.rlx", "rubicon.rlx", "darling.rlx", "healthbench.rlx"]
         .iter()
@@ -140,7 +208,13 @@ fn random_edits_never_stop_the_server() {
     {
         let path = recipes.join(name);
         let text = std::fs::read_to_string(&path).expect("a shipped recipe");
-        fuzz_document(&mut client, &file_uri(&path), text, 0x9E37_79B9 + seed as u64, edits);
+        fuzz_document(
+            &mut client,
+            &file_uri(&path),
+            text,
+            0x9E37_79B9 + seed as u64,
+            edits,
+        );
     }
     // An unsaved buffer (no folder: relative imports unavailable) and an empty one.
     fuzz_document(
@@ -150,7 +224,16 @@ fn random_edits_never_stop_the_server() {
         7,
         edits,
     );
-    fuzz_document(&mut client, "file:///nonexistent/dir/new.rlx", String::new(), 11, edits);
-    eprintln!("slowest answer: {:?} (bound {ANSWER_WITHIN:?})", client.slowest);
+    fuzz_document(
+        &mut client,
+        "file:///nonexistent/dir/new.rlx",
+        String::new(),
+        11,
+        edits,
+    );
+    eprintln!(
+        "slowest answer: {:?} (bound {ANSWER_WITHIN:?})",
+        client.slowest
+    );
     client.shutdown();
 }

@@ -45,14 +45,20 @@ fn cases() -> Vec<PathBuf> {
 
 /// The byte offset of `|` in `marked` once the text around it is found (exactly once) in `text`.
 fn cursor(text: &str, marked: &str) -> usize {
-    let bar = marked.find('|').unwrap_or_else(|| panic!("no `|` in {marked:?}"));
+    let bar = marked
+        .find('|')
+        .unwrap_or_else(|| panic!("no `|` in {marked:?}"));
     let plain = marked.replacen('|', "", 1);
     unique(text, &plain) + bar
 }
 
 fn unique(text: &str, needle: &str) -> usize {
     let found: Vec<usize> = text.match_indices(needle).map(|(i, _)| i).collect();
-    assert_eq!(found.len(), 1, "{needle:?} must occur exactly once in the document");
+    assert_eq!(
+        found.len(),
+        1,
+        "{needle:?} must occur exactly once in the document"
+    );
     found[0]
 }
 
@@ -122,7 +128,9 @@ fn run_case(path: &Path) -> Value {
             record.push(json!({ "change": change, "diagnostics": diagnostics["diagnostics"] }));
             continue;
         }
-        let method = step["request"].as_str().expect("a step opens, changes or requests");
+        let method = step["request"]
+            .as_str()
+            .expect("a step opens, changes or requests");
         let mut params = json!({ "textDocument": { "uri": uri } });
         if let Some(at) = step.get("at").and_then(Value::as_str) {
             params["position"] = position(&text, cursor(&text, at));
@@ -185,7 +193,11 @@ fn brief(method: &str, result: Value) -> Value {
 #[test]
 fn every_case_answers_as_recorded() {
     let cases = cases();
-    assert!(cases.len() >= 6, "the protocol suite has {} cases", cases.len());
+    assert!(
+        cases.len() >= 6,
+        "the protocol suite has {} cases",
+        cases.len()
+    );
     let bless = std::env::var_os("RLX_BLESS").is_some();
     let mut failures = Vec::new();
     for case in &cases {
@@ -199,7 +211,10 @@ fn every_case_answers_as_recorded() {
         let expected: Value = match std::fs::read_to_string(&expected_path) {
             Ok(text) => serde_json::from_str(&text).expect("expected file is JSON"),
             Err(_) => {
-                failures.push(format!("{}: no expected file (RLX_BLESS=1 writes it)", case.display()));
+                failures.push(format!(
+                    "{}: no expected file (RLX_BLESS=1 writes it)",
+                    case.display()
+                ));
                 continue;
             }
         };
@@ -211,7 +226,9 @@ fn every_case_answers_as_recorded() {
                     failures.push(format!(
                         "{} step {index}:\n  expected {}\n  got      {}",
                         case.display(),
-                        expected_steps.get(index).map_or("nothing".into(), |s| s.to_string()),
+                        expected_steps
+                            .get(index)
+                            .map_or("nothing".into(), |s| s.to_string()),
                         got_step
                     ));
                 }
@@ -235,13 +252,20 @@ fn a_panic_in_a_request_is_answered_and_the_server_stays_up() {
     let mut client = Client::start();
     let response = client.respond("rlx/internal/panic", Value::Null);
     let error = response.error.expect("an error response");
-    assert!(error.message.contains("internal error"), "{}", error.message);
+    assert!(
+        error.message.contains("internal error"),
+        "{}",
+        error.message
+    );
     let file = fixtures().join("recipe.rlx");
     let uri = file_uri(&file);
     let text = std::fs::read_to_string(&file).expect("fixture");
     let diagnostics = client.open(&uri, &text);
     assert_eq!(diagnostics["diagnostics"], json!([]));
-    let symbols = client.request("textDocument/documentSymbol", json!({ "textDocument": { "uri": uri } }));
+    let symbols = client.request(
+        "textDocument/documentSymbol",
+        json!({ "textDocument": { "uri": uri } }),
+    );
     assert!(symbols.as_array().is_some_and(|s| !s.is_empty()));
     client.shutdown();
 }
@@ -255,11 +279,21 @@ fn bad_requests_get_errors() {
         "textDocument/hover",
         json!({ "textDocument": { "uri": "file:///nowhere.rlx" }, "position": { "line": 0, "character": 0 } }),
     );
-    assert!(missing.error.expect("an error").message.contains("not open"));
+    assert!(missing
+        .error
+        .expect("an error")
+        .message
+        .contains("not open"));
     let unknown = client.respond("textDocument/unknownThing", json!({}));
-    assert_eq!(unknown.error.expect("an error").code, lsp_server::ErrorCode::MethodNotFound as i32);
+    assert_eq!(
+        unknown.error.expect("an error").code,
+        lsp_server::ErrorCode::MethodNotFound as i32
+    );
     let malformed = client.respond("textDocument/hover", json!({ "textDocument": 3 }));
-    assert_eq!(malformed.error.expect("an error").code, lsp_server::ErrorCode::InvalidParams as i32);
+    assert_eq!(
+        malformed.error.expect("an error").code,
+        lsp_server::ErrorCode::InvalidParams as i32
+    );
     client.shutdown();
 }
 
@@ -279,7 +313,9 @@ fn stdlib_documents_are_served() {
     // Go to definition inside a stdlib document, without opening it first: `token_mean` in
     // `std/loss` is imported from `std/agg`.
     let text = rlx_compiler::stdlib::module("loss").expect("std/loss");
-    let at = text.find("token_mean").expect("std/loss imports token_mean");
+    let at = text
+        .find("token_mean")
+        .expect("std/loss imports token_mean");
     let location = client.request(
         "textDocument/definition",
         json!({ "textDocument": { "uri": "rlx-std:/loss.rlx" }, "position": position(text, at) }),

@@ -53,10 +53,14 @@ impl Recipe {
             .chain(&self.loss)
             .chain(self.metrics.iter().map(|metric| &metric.expr))
             .chain(self.keeps.iter().map(|keep| &keep.condition))
-            .chain(self.rollout.iter().filter_map(|setting| match &setting.value {
-                RolloutValue::Expr(expr) => Some(expr),
-                RolloutValue::Strings(_) => None,
-            }));
+            .chain(
+                self.rollout
+                    .iter()
+                    .filter_map(|setting| match &setting.value {
+                        RolloutValue::Expr(expr) => Some(expr),
+                        RolloutValue::Strings(_) => None,
+                    }),
+            );
         for root in roots {
             walk(root, &mut visit);
         }

@@ -69,7 +69,9 @@ fn every_recipe_and_stdlib_module_parses_without_error() {
 #[test]
 fn a_syntax_error_is_an_error_node() {
     let mut parser = parser();
-    let tree = parser.parse("let a = (1 +\nloss = a", None).expect("a tree");
+    let tree = parser
+        .parse("let a = (1 +\nloss = a", None)
+        .expect("a tree");
     assert!(first_error(tree.root_node()).is_some());
 }
 
@@ -165,7 +167,7 @@ fn the_highlight_query_compiles_and_captures() {
     let mut captured: Vec<(String, String)> = Vec::new();
     let mut matches = cursor.matches(&query, tree.root_node(), text.as_bytes());
     while let Some(found) = matches.next() {
-        for capture in found.captures {
+        for capture in found.captures() {
             let name = query.capture_names()[capture.index as usize].to_string();
             let node_text = capture
                 .node
@@ -200,4 +202,59 @@ fn the_generated_parser_is_current() {
         rlx_compiler::export::sha256::hex_digest(&grammar),
         "grammar.js changed since src/ was generated: run editors/tree-sitter-rlx/generate.sh"
     );
+}
+
+/// The names inside the first `(a|b|c)` group after `marker` in `text`.
+fn alternatives(text: &str, marker: &str) -> std::collections::BTreeSet<String> {
+    let at = text
+        .find(marker)
+        .unwrap_or_else(|| panic!("{marker:?} not found"));
+    let rest = &text[at..];
+    let open = rest.find('(').expect("a group") + 1;
+    let close = open + rest[open..].find(')').expect("a closed group");
+    rest[open..close].split('|').map(str::to_string).collect()
+}
+
+/// Both grammars highlight exactly the compiler's built-ins (compiler/src/check/builtins.rs is the one
+/// list): the functions, reductions and axis operations, and the built-in values.
+#[test]
+fn the_grammars_know_every_builtin() {
+    use rlx_compiler::check::builtins;
+    let functions: std::collections::BTreeSet<String> = builtins::FUNCS
+        .iter()
+        .map(|f| f.name)
+        .chain(builtins::REDUCTIONS.iter().map(|r| r.name))
+        .chain(builtins::AXIS_OPS.iter().map(|(name, _)| *name))
+        .map(str::to_string)
+        .collect();
+    let values: std::collections::BTreeSet<String> = builtins::VALUES
+        .iter()
+        .map(|v| v.name.to_string())
+        .filter(|name| name != "inf")
+        .collect();
+    let highlights = tree_sitter_rlx::HIGHLIGHTS_QUERY;
+    assert_eq!(alternatives(highlights, "@function.builtin \"^"), functions);
+    assert_eq!(alternatives(highlights, "@variable.builtin \"^"), values);
+    let textmate =
+        std::fs::read_to_string(root().join("editors/vscode/syntaxes/rlx.tmLanguage.json"))
+            .expect("the TextMate grammar");
+    let function_rule = textmate
+        .find("support.function.builtin.rlx")
+        .expect("a built-in function rule");
+    let rule_start = textmate[..function_rule]
+        .rfind("\"match\"")
+        .expect("its pattern");
+    assert_eq!(
+        alternatives(&textmate[rule_start..], "\"match\""),
+        functions
+    );
+    let value_rule = textmate
+        .find("variable.language.builtin.rlx")
+        .expect("a built-in value rule");
+    let rule_start = textmate[..value_rule]
+        .rfind("\"match\"")
+        .expect("its pattern");
+    let mut textmate_values = alternatives(&textmate[rule_start..], "\"match\"");
+    textmate_values.insert("pi".into()); // a constant there, with `true`, `false` and `inf`
+    assert_eq!(textmate_values, values);
 }

@@ -60,7 +60,10 @@ impl Client {
     pub fn notify(&mut self, method: &str, params: Value) {
         self.connection
             .sender
-            .send(Message::Notification(Notification::new(method.into(), params)))
+            .send(Message::Notification(Notification::new(
+                method.into(),
+                params,
+            )))
             .expect("the server is listening");
     }
 
@@ -71,7 +74,11 @@ impl Client {
         let started = Instant::now();
         self.connection
             .sender
-            .send(Message::Request(Request::new(id.clone(), method.into(), params)))
+            .send(Message::Request(Request::new(
+                id.clone(),
+                method.into(),
+                params,
+            )))
             .expect("the server is listening");
         loop {
             let left = ANSWER_WITHIN.saturating_sub(started.elapsed());
