@@ -231,9 +231,15 @@ fn random_edits_never_stop_the_server() {
         11,
         edits,
     );
+    // 6 documents, 10 requests after each edit.
+    assert!(
+        client.answered >= 6 * edits * 10,
+        "{} answers",
+        client.answered
+    );
     eprintln!(
-        "slowest answer: {:?} (bound {ANSWER_WITHIN:?})",
-        client.slowest
+        "{} answers, the slowest in {:?} (bound {ANSWER_WITHIN:?})",
+        client.answered, client.slowest
     );
     client.shutdown();
 }

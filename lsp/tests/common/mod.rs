@@ -32,6 +32,8 @@ pub struct Client {
     pub notifications: Vec<Notification>,
     /// The slowest answer so far.
     pub slowest: Duration,
+    /// How many requests were answered.
+    pub answered: usize,
 }
 
 impl Client {
@@ -47,6 +49,7 @@ impl Client {
             next_id: 0,
             notifications: Vec::new(),
             slowest: Duration::ZERO,
+            answered: 0,
         };
         let init = client.request(
             "initialize",
@@ -85,6 +88,7 @@ impl Client {
             match self.connection.receiver.recv_timeout(left) {
                 Ok(Message::Response(response)) if response.id == id => {
                     self.slowest = self.slowest.max(started.elapsed());
+                    self.answered += 1;
                     return response;
                 }
                 Ok(Message::Response(other)) => panic!("an answer to another request: {other:?}"),
