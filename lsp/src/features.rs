@@ -16,33 +16,17 @@ use rlx_compiler::format::format_source;
 use rlx_compiler::source::FileId;
 use rlx_compiler::stdlib;
 use rlx_compiler::syntax::ast::{self, ImportSource, ItemKind, RubricEntry, Span};
+use rlx_compiler::syntax::parser::RESERVED_WORDS;
 
 use crate::analysis::Analysis;
 use crate::index::{self, builtin, Def, DefKind, Occurrence};
 
-/// Keywords offered by completion.
-const KEYWORDS: &[&str] = &[
-    "import",
-    "input",
-    "param",
-    "fn",
-    "let",
-    "rubric",
+/// The words that are keywords only where the grammar expects them (grammar/rlx.pest, the `kw_`
+/// rules); the reserved ones are the parser's `RESERVED_WORDS`.
+const CONTEXTUAL_KEYWORDS: &[&str] = &[
     "reward",
     "advantage",
     "loss",
-    "metric",
-    "keep",
-    "when",
-    "over",
-    "others",
-    "other",
-    "rollout",
-    "true",
-    "false",
-    "and",
-    "or",
-    "not",
     "policy",
     "value",
     "criterion",
@@ -57,6 +41,11 @@ const KEYWORDS: &[&str] = &[
     "on_veto",
     "shape",
 ];
+
+/// Keywords offered by completion.
+fn keywords() -> impl Iterator<Item = &'static str> {
+    RESERVED_WORDS.iter().chain(CONTEXTUAL_KEYWORDS).copied()
+}
 
 fn markdown(value: String) -> MarkupContent {
     MarkupContent {
@@ -227,7 +216,9 @@ pub fn rename(
     if !is_identifier(new_name) {
         return Err(format!("`{new_name}` is not a name"));
     }
-    if KEYWORDS.contains(&new_name) || builtins::all_names().any(|b| b == new_name) {
+    let section = ["reward", "advantage", "loss"].contains(&new_name);
+    if RESERVED_WORDS.contains(&new_name) || section || builtins::all_names().any(|b| b == new_name)
+    {
         return Err(format!("`{new_name}` is a keyword or built-in name"));
     }
     let target = occurrence.def.clone();
@@ -574,7 +565,7 @@ pub fn completion(analysis: &Analysis, position: Position) -> Vec<CompletionItem
             }
         }
     }
-    for keyword in KEYWORDS {
+    for keyword in keywords() {
         if !seen.iter().any(|s| s == keyword) {
             items.push(item(
                 keyword,

@@ -8,8 +8,8 @@ mod common;
 
 use std::path::Path;
 
-use common::{file_uri, Client, ANSWER_WITHIN};
-use serde_json::{json, Value};
+use common::{file_uri, position, Client, ANSWER_WITHIN};
+use serde_json::json;
 
 /// xorshift64*: a small seeded generator (no dependency, same sequence everywhere).
 struct Rng(u64);
@@ -89,14 +89,6 @@ fn offset_in(rng: &mut Rng, text: &str) -> usize {
         offset -= 1;
     }
     offset
-}
-
-fn position(text: &str, offset: usize) -> Value {
-    let before = &text[..offset];
-    let line = before.matches('\n').count();
-    let start = before.rfind('\n').map_or(0, |n| n + 1);
-    let column: usize = before[start..].chars().map(char::len_utf16).sum();
-    json!({ "line": line, "character": column })
 }
 
 fn check_answer(method: &str, response: lsp_server::Response, text: &str) {

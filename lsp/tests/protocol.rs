@@ -26,7 +26,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use common::{file_uri, fixtures, Client};
+use common::{file_uri, fixtures, position, Client};
 use serde_json::{json, Value};
 
 fn cases() -> Vec<PathBuf> {
@@ -60,15 +60,6 @@ fn unique(text: &str, needle: &str) -> usize {
         "{needle:?} must occur exactly once in the document"
     );
     found[0]
-}
-
-/// (line, UTF-16 column) of a byte offset.
-fn position(text: &str, offset: usize) -> Value {
-    let before = &text[..offset];
-    let line = before.matches('\n').count();
-    let start = before.rfind('\n').map_or(0, |n| n + 1);
-    let column: usize = before[start..].chars().map(char::len_utf16).sum();
-    json!({ "line": line, "character": column })
 }
 
 fn range(text: &str, start: usize, end: usize) -> Value {

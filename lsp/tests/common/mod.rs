@@ -18,6 +18,15 @@ pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
+/// The protocol position (line, UTF-16 column) of a byte offset.
+pub fn position(text: &str, offset: usize) -> Value {
+    let before = &text[..offset];
+    let line = before.matches('\n').count();
+    let start = before.rfind('\n').map_or(0, |n| n + 1);
+    let column: usize = before[start..].chars().map(char::len_utf16).sum();
+    json!({ "line": line, "character": column })
+}
+
 pub fn file_uri(path: &Path) -> String {
     lsp_types::Url::from_file_path(path)
         .expect("an absolute path")
