@@ -106,6 +106,21 @@ impl Analysis {
         }
     }
 
+    /// A document whose analysis failed: its text, and nothing known about it.
+    pub fn text_only(uri: Url, text: String) -> Analysis {
+        Analysis {
+            uri,
+            lines: LineIndex::new(&text),
+            text,
+            folder: None,
+            checked: None,
+            module: None,
+            index: ModuleIndex::default(),
+            index_current: false,
+            types: Vec::new(),
+        }
+    }
+
     pub fn offset(&self, position: Position) -> usize {
         self.lines.offset(&self.text, position)
     }

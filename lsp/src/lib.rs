@@ -184,6 +184,21 @@ pub fn serve_with(connection: &Connection, options: Options) -> Result<(), Strin
     Ok(())
 }
 
+/// [`Analysis::new`], and where it panics (a bug), the text alone: the document stays open with its
+/// current text, so later edits still apply to the right text.
+fn analyse(uri: Url, text: String, previous: Option<&Analysis>) -> Analysis {
+    catch_unwind(AssertUnwindSafe(|| {
+        Analysis::new(uri.clone(), text.clone(), previous)
+    }))
+    .unwrap_or_else(|panic| {
+        eprintln!(
+            "rlxc lsp: internal error analysing {uri}: {}",
+            panic_message(&*panic)
+        );
+        Analysis::text_only(uri, text)
+    })
+}
+
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<String>()
@@ -220,7 +235,7 @@ impl Server {
         if !self.documents.contains_key(uri) {
             if let Some(module) = index::std_module_of(uri) {
                 let text = rlx_compiler::stdlib::module(module).unwrap_or_default();
-                let analysis = Analysis::new(uri.clone(), text.into(), None);
+                let analysis = analyse(uri.clone(), text.into(), None);
                 self.documents.insert(uri.clone(), analysis);
             }
         }
@@ -354,7 +369,7 @@ impl Server {
                     return;
                 };
                 let doc = p.text_document;
-                let analysis = Analysis::new(doc.uri.clone(), doc.text, None);
+                let analysis = analyse(doc.uri.clone(), doc.text, None);
                 self.documents.insert(doc.uri.clone(), analysis);
                 self.publish(&doc.uri, Some(doc.version));
             }
@@ -371,7 +386,7 @@ impl Server {
                 for change in p.content_changes {
                     text::apply_change(&mut text, change);
                 }
-                let analysis = Analysis::new(uri.clone(), text, Some(&previous));
+                let analysis = analyse(uri.clone(), text, Some(&previous));
                 self.documents.insert(uri.clone(), analysis);
                 self.publish(&uri, Some(p.text_document.version));
             }
@@ -380,8 +395,7 @@ impl Server {
                 let uris: Vec<Url> = self.documents.keys().cloned().collect();
                 for uri in uris {
                     if let Some(previous) = self.documents.remove(&uri) {
-                        let analysis =
-                            Analysis::new(uri.clone(), previous.text.clone(), Some(&previous));
+                        let analysis = analyse(uri.clone(), previous.text.clone(), Some(&previous));
                         self.documents.insert(uri.clone(), analysis);
                         self.publish(&uri, None);
                     }
