@@ -518,6 +518,17 @@ pub fn completion(analysis: &Analysis, position: Position) -> Vec<CompletionItem
             return criteria.iter().map(def_item).collect();
         }
     }
+    // `other.NAME` (inside `… over others`): the recipe's inputs, `let`s and sections.
+    if before_word.ends_with(b"other.") {
+        let mut names: Vec<&Def> = analysis
+            .index
+            .top
+            .values()
+            .filter(|d| matches!(d.kind, DefKind::Input | DefKind::Let | DefKind::Section))
+            .collect();
+        names.sort_by(|a, b| a.name.cmp(&b.name));
+        return names.into_iter().map(def_item).collect();
+    }
     let call = open_call(&code);
     if let Some(call) = &call {
         if call.after_over {
