@@ -349,14 +349,14 @@ impl Indexer<'_> {
                         Some((uri, text)) => (Some(uri.clone()), functions_of(uri, text)),
                         None => (None, Vec::new()),
                     };
-                    if let Some(uri) = &target {
+                    if let (Some(uri), Some((_, text))) = (&target, &loaded) {
                         let module_def = Def {
                             name: self.source(import.source_span).to_string(),
                             kind: DefKind::Module,
                             location: Some(Location::new(uri.clone(), Range::default())),
                             span: Span::default(),
                             detail: format!("import {}", self.source(import.source_span)),
-                            doc: Vec::new(),
+                            doc: header_comment(text),
                             params: Vec::new(),
                         };
                         self.index.occurrences.push(Occurrence {
@@ -716,6 +716,14 @@ impl Indexer<'_> {
             }
         }
     }
+}
+
+/// The `//` comment lines that open a module (what it is for), without the slashes.
+fn header_comment(text: &str) -> Vec<String> {
+    text.lines()
+        .take_while(|line| line.starts_with("//"))
+        .map(|line| line.trim_start_matches('/').trim().to_string())
+        .collect()
 }
 
 /// A declaration shown on hover, cut to a readable length.
