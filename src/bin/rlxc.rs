@@ -54,6 +54,8 @@ enum Command {
     /// Print the standard library's reference (docs/stdlib.md) from its doc comments, or with a
     /// package folder, the package's reference: modules, recipes and rubric files.
     Doc { package: Option<PathBuf> },
+    /// Run the language server (LSP over stdin/stdout) for editors (docs/editors.md).
+    Lsp,
     /// Compile a recipe and print one of its representations.
     Compile {
         file: PathBuf,
@@ -108,6 +110,13 @@ fn main() -> ExitCode {
             Err(message) => {
                 eprintln!("error: {message}");
                 ExitCode::from(2)
+            }
+        },
+        Command::Lsp => match rlx_lsp::run_stdio() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("error: {error}");
+                ExitCode::FAILURE
             }
         },
         Command::Compile {

@@ -34,6 +34,39 @@ pub struct Recipe {
     pub rollout: Vec<RolloutSetting>,
 }
 
+impl Recipe {
+    /// Every expression of the recipe, each before its sub-expressions: the `let`s and sections, the
+    /// loss, the metrics, the `keep` conditions and the rollout settings. Functions are inlined, so a
+    /// function body's nodes appear once per call, each with the types of that call. Editors read the
+    /// type at a position from it (`rlxc lsp`'s hover).
+    pub fn for_each_expr(&self, mut visit: impl FnMut(&Expr)) {
+        fn walk(expr: &Expr, visit: &mut dyn FnMut(&Expr)) {
+            visit(expr);
+            for child in expr.children() {
+                walk(child, visit);
+            }
+        }
+        let roots = self
+            .globals
+            .iter()
+            .map(|global| &global.expr)
+            .chain(&self.loss)
+            .chain(self.metrics.iter().map(|metric| &metric.expr))
+            .chain(self.keeps.iter().map(|keep| &keep.condition))
+            .chain(
+                self.rollout
+                    .iter()
+                    .filter_map(|setting| match &setting.value {
+                        RolloutValue::Expr(expr) => Some(expr),
+                        RolloutValue::Strings(_) => None,
+                    }),
+            );
+        for root in roots {
+            walk(root, &mut visit);
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Input {
     pub name: String,

@@ -288,17 +288,20 @@ fn invisible_name(c: char) -> Option<&'static str> {
     }
 }
 
+/// The words that can never be names (grammar/rlx.pest, `keyword`). Other keywords (`reward`,
+/// `criterion`, `policy`, …) are keywords only where the grammar expects them.
+pub const RESERVED_WORDS: &[&str] = &[
+    "import", "input", "param", "fn", "let", "rubric", "metric", "keep", "when", "over", "others",
+    "other", "rollout", "true", "false", "and", "or", "not",
+];
+
 fn syntax_help(text: &str, offset: usize) -> Option<String> {
     let rest = text.get(offset..).unwrap_or("");
     let word: String = rest
         .chars()
         .take_while(|c| c.is_alphanumeric() || *c == '_')
         .collect();
-    const RESERVED: &[&str] = &[
-        "import", "input", "param", "fn", "let", "rubric", "metric", "keep", "when", "over",
-        "others", "other", "rollout", "true", "false", "and", "or", "not",
-    ];
-    if RESERVED.contains(&word.as_str()) {
+    if RESERVED_WORDS.contains(&word.as_str()) {
         return Some(format!(
             "`{word}` is a reserved word and cannot be used as a name"
         ));
