@@ -242,27 +242,21 @@ pub fn generate_timed(
     let mut logits = Tensor::cat(&first_logits, 0)?.index_select(&rows_of_chunks, 0)?;
     let mut done = vec![false; batch];
     let mut offset = len;
-    // The rows still decoding: cache row i (and logits row i) is batch row live[i]. Finished rows are
-    // dropped from the cache once they are at least an eighth of it (one copy of the cache per drop),
-    // so that a step is not spent on rows whose completion has ended. Each row's values do not depend
-    // on the other rows in the batch.
-    let mut live: Vec<usize> = (0..batch).collect();
-    let mut live_pads = pads;
     timing.prefill_seconds = start.elapsed().as_secs_f64();
     for step in 0..settings.max_new_tokens {
         let rows = logits.to_vec2::<f32>()?;
-        // One uniform per unfinished row, drawn in row order (the sampling stream does not depend on
-        // the parallel split below, nor on when finished rows are dropped); greedy decoding draws none.
-        let uniforms: Vec<Option<f64>> = live
+        // One uniform per live row, drawn in row order (the sampling stream does not depend on the
+        // parallel split below); greedy decoding draws none.
+        let uniforms: Vec<Option<f64>> = done
             .iter()
-            .map(|&r| (!done[r] && settings.temperature > 0.0).then(|| rng.uniform()))
+            .map(|d| (!d && settings.temperature > 0.0).then(|| rng.uniform()))
             .collect();
         let picks: Vec<Option<(u32, f32, f32)>> = rows
             .par_iter()
             .zip(uniforms.par_iter())
-            .zip(live.par_iter())
-            .map(|((row, u), &r)| {
-                if done[r] {
+            .zip(done.par_iter())
+            .map(|((row, u), done)| {
+                if *done {
                     return None;
                 }
                 let token = choose(row, settings, u.unwrap_or(0.0));
@@ -270,18 +264,17 @@ pub fn generate_timed(
                 Some((token, logp, entropy))
             })
             .collect();
-        let mut next = vec![PAD; live.len()];
-        for (i, pick) in picks.into_iter().enumerate() {
+        let mut next = vec![PAD; batch];
+        for (r, pick) in picks.into_iter().enumerate() {
             let Some((token, logp, h)) = pick else {
                 continue;
             };
-            let r = live[i];
             out[r].tokens.push(token);
             out[r].logp.push(logp);
             if settings.entropy {
                 out[r].entropy.push(h);
             }
-            next[i] = token;
+            next[r] = token;
             if settings.stop.contains(&token) {
                 done[r] = true;
             }
@@ -289,17 +282,8 @@ pub fn generate_timed(
         if done.iter().all(|d| *d) || step + 1 == settings.max_new_tokens {
             break;
         }
-        let finished = live.iter().filter(|&&r| done[r]).count();
-        if finished > 0 && 8 * finished >= live.len() {
-            let keep: Vec<usize> = (0..live.len()).filter(|&i| !done[live[i]]).collect();
-            let index: Vec<u32> = keep.iter().map(|&i| i as u32).collect();
-            cache.repeat_rows(&Tensor::from_vec(index, keep.len(), device)?)?;
-            next = keep.iter().map(|&i| next[i]).collect();
-            live_pads = keep.iter().map(|&i| live_pads[i]).collect();
-            live = keep.iter().map(|&i| live[i]).collect();
-        }
-        let input = Tensor::from_vec(next, (live.len(), 1), device)?;
-        let hidden = model.hidden(&input, offset, &live_pads, Some(&mut cache))?;
+        let input = Tensor::from_vec(next, (batch, 1), device)?;
+        let hidden = model.hidden(&input, offset, &pads, Some(&mut cache))?;
         logits = model.logits(&hidden.squeeze(1)?)?;
         offset += 1;
     }

@@ -217,15 +217,11 @@ fn sampler_stops_each_row_at_the_first_of_its_stop_ids() {
         // The row is the free row up to and including its first stop id; nothing after it.
         assert_eq!(c.tokens, f.tokens[..k], "row {r}");
         assert_eq!(c.logp.len(), c.tokens.len(), "row {r}");
-        // The log-probs agree up to the summation order of the products: rows that finished are
-        // dropped from the batch, and a batch of at most `MATVEC_ROWS` rows takes the matrix–vector
-        // kernel instead of gemm (each row's values are its own, whatever the other rows).
-        for (j, (got, want)) in c.logp.iter().zip(&f.logp[..k]).enumerate() {
-            assert!(
-                (got - want).abs() <= 1e-5 * want.abs().max(1.0),
-                "row {r}, token {j}: log-prob {got} vs {want} without stops"
-            );
-        }
+        let (got, want): (Vec<u32>, Vec<u32>) = (
+            c.logp.iter().map(|v| v.to_bits()).collect(),
+            f.logp[..k].iter().map(|v| v.to_bits()).collect(),
+        );
+        assert_eq!(got, want, "row {r}: log-probs");
         if k < max_new {
             ended_by.push(*c.tokens.last().unwrap());
         }
@@ -291,13 +287,9 @@ fn sampled_rows_end_at_their_first_stop_id_or_the_length_limit() {
     ended_by.sort_unstable();
     ended_by.dedup();
     assert!(ended_by.len() >= 2, "rows ended by {ended_by:?}");
-    // Finished rows are dropped from the sampler's batch as they end (once they are an eighth of it):
-    // every row's log-probabilities are still those of its own tokens, as teacher forcing computes
-    // them (a row continued from another row's cache would not be).
-    assert!(
-        out.iter().filter(|c| c.tokens.len() < 10).count() * 8 >= out.len(),
-        "too few rows end early to drop any"
-    );
+    // Every row's log-probabilities are those of its own tokens, as teacher forcing computes them (the
+    // sampler decodes one position at a time from its KV cache, teacher forcing runs all positions at
+    // once: equal up to the order of the sums).
     let row_prompts: Vec<Vec<u32>> = prompts()
         .into_iter()
         .flat_map(|p| std::iter::repeat_n(p, 6))
