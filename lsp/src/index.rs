@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use lsp_types::{Location, Range, Url};
 use rlx_compiler::check::builtins;
 use rlx_compiler::files;
+use rlx_compiler::packages;
 use rlx_compiler::source::FileId;
 use rlx_compiler::stdlib;
 use rlx_compiler::syntax::ast::{
@@ -201,6 +202,25 @@ pub fn load_import(source: &ImportSource, folder: Option<&Path>) -> Option<(Url,
             let root = folder.canonicalize().ok()?;
             let target: PathBuf =
                 files::resolve_inside(Some(&root), folder, Path::new(path)).ok()?;
+            let text = files::read_text(&target, MAX_SOURCE_BYTES as u64).ok()?;
+            Some((Url::from_file_path(&target).ok()?, text))
+        }
+        // A module of a package: the package of `folder` or one of the packages its lock pins
+        // (docs/sharing.md), read under the same rules inside that package's folder. Whether the
+        // import is declared is the compiler's diagnostic; here it only finds the file.
+        ImportSource::Package { package, path } => {
+            let workspace = packages::resolve_at(folder?, packages::Mode::Locked).workspace?;
+            let dir = match workspace.find(package) {
+                Some(index) => workspace.packages[index].manifest.dir.clone(),
+                None if workspace.root.name == *package => workspace.root.dir.clone(),
+                None => return None,
+            };
+            let written = Path::new(path);
+            let relative = match written.extension() {
+                Some(_) => written.to_path_buf(),
+                None => written.with_extension("rlx"),
+            };
+            let target = files::resolve_inside(Some(&dir), &dir, &relative).ok()?;
             let text = files::read_text(&target, MAX_SOURCE_BYTES as u64).ok()?;
             Some((Url::from_file_path(&target).ok()?, text))
         }
@@ -576,7 +596,8 @@ impl Indexer<'_> {
                     self.rubric_value(&interact.gamma);
                 }
                 RubricEntry::OnVeto(shape) | RubricEntry::Shape(shape) => self.shape(shape),
-                RubricEntry::Aggregate(_) => {}
+                // Criteria from a rubric file: their names are the file's, not the recipe's.
+                RubricEntry::Aggregate(_) | RubricEntry::Criteria(_) => {}
             }
         }
     }
