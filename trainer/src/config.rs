@@ -72,6 +72,10 @@ pub struct Config {
     /// `[signals.NAME]` tables of a text task (docs/signals.md), each filling the recipe input `NAME`.
     #[serde(default, skip_serializing_if = "toml::Table::is_empty")]
     pub signals: toml::Table,
+    /// `[teacher]`: the frozen model whose log-probabilities of the sampled tokens fill the recipe input
+    /// `teacher_logp` (on-policy distillation); the keys and kinds of `[model]`, without `lora`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub teacher: Option<ModelSection>,
 }
 
 impl Config {
@@ -107,8 +111,22 @@ impl Config {
             .is_some_and(|m| m.contains_key("lora"));
         let defaults = defaults_for(&model_kind, &task_kind, lora);
         check_keys(&user, &defaults)?;
+        let mut user = user;
+        let teacher = match user.remove("teacher") {
+            None => None,
+            Some(toml::Value::Table(teacher)) => Some(teacher_table(teacher)?),
+            Some(other) => {
+                return Err(format!(
+                    "config: `teacher` = {other} is a {}, expected a table `[teacher]` (the keys of `[model]`)",
+                    other.type_str()
+                ))
+            }
+        };
         let mut value = defaults;
         merge(&mut value, user);
+        if let Some(teacher) = teacher {
+            value.insert("teacher".into(), teacher.into());
+        }
         let config: Config = toml::Value::Table(value)
             .try_into()
             .map_err(|e: toml::de::Error| format!("config: {}", e.message()))?;
@@ -183,6 +201,7 @@ impl Config {
             positive("sft.lr", self.sft.lr)?;
         }
         let signals = self.signal_specs()?;
+        self.validate_teacher()?;
         match (&self.model, &self.task) {
             (ModelSection::Tiny(_), TaskSection::Arithmetic(_) | TaskSection::Decompose(_)) => {
                 if let Some(name) = signals.keys().next() {
@@ -210,6 +229,50 @@ impl Config {
                     None => Ok(()),
                 }
             }
+        }
+    }
+
+    /// The checks of `[teacher]` that need no file: a teacher's token log-probabilities must be over the
+    /// policy's tokens, so a tiny teacher goes with a tiny policy (the arithmetic tokenizer) and the
+    /// same vocabulary, a pretrained one with a pretrained policy (whose tokenizers
+    /// [`crate::train::plan`] compares, before any weight is read).
+    fn validate_teacher(&self) -> Result<(), String> {
+        let Some(teacher) = &self.teacher else {
+            return Ok(());
+        };
+        match (&self.model, teacher) {
+            (ModelSection::Tiny(_), ModelSection::Tiny(_)) => {
+                let (policy, model) = (self.model.model_config()?, teacher.model_config()?);
+                model
+                    .validate()
+                    .map_err(|e| format!("config: [teacher]: {e}"))?;
+                for (key, value) in [
+                    ("teacher.init_std", model.init_std),
+                    ("teacher.rms_eps", model.rms_eps),
+                    ("teacher.rope_theta", model.rope_theta),
+                ] {
+                    if !(value.is_finite() && value > 0.0) {
+                        return Err(format!(
+                            "config: {key} = {value} must be a positive number"
+                        ));
+                    }
+                }
+                if model.vocab != policy.vocab {
+                    return Err(format!(
+                        "config: teacher.vocab = {} differs from model.vocab = {} (0 = the tokenizer's {}): the teacher's log-probabilities must be over the policy's tokens",
+                        model.vocab,
+                        policy.vocab,
+                        crate::task::Tokenizer.vocab_size()
+                    ));
+                }
+                Ok(())
+            }
+            (ModelSection::Tiny(_), _) | (_, ModelSection::Tiny(_)) => Err(format!(
+                "config: teacher.kind = \"{}\" with model.kind = \"{}\": the teacher's tokenizer must be the policy's (its log-probabilities are of the policy's tokens), and a tiny model has the arithmetic task's character tokenizer, a pretrained one its own",
+                teacher.kind(),
+                self.model.kind()
+            )),
+            _ => Ok(()),
         }
     }
 
@@ -258,6 +321,17 @@ impl Config {
                 ("model.kv_heads", model.kv_heads, 1..=1_024),
                 ("model.intermediate", model.intermediate, 1..=1_048_576),
                 ("model.max_positions", model.max_positions, 1..=1_048_576),
+            ]);
+        }
+        if let Some(ModelSection::Tiny(model)) = &self.teacher {
+            sizes.extend([
+                ("teacher.vocab", model.vocab, 0..=1_048_576),
+                ("teacher.hidden", model.hidden, 1..=65_536),
+                ("teacher.layers", model.layers, 1..=1_024),
+                ("teacher.heads", model.heads, 1..=1_024),
+                ("teacher.kv_heads", model.kv_heads, 1..=1_024),
+                ("teacher.intermediate", model.intermediate, 1..=1_048_576),
+                ("teacher.max_positions", model.max_positions, 1..=1_048_576),
             ]);
         }
         if let TaskSection::Arithmetic(task) = &self.task {
@@ -349,6 +423,44 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// `[teacher]` checked as a `[model]` table (its keys, with the closest known one for an unknown key,
+/// and their types) and completed with the defaults of its kind (a tiny teacher's left-out keys are
+/// `[model]`'s defaults in configs/default.toml, not the policy's). A teacher has no `lora`: it is
+/// frozen, so adapters would stay at their initial zero.
+fn teacher_table(teacher: toml::Table) -> Result<toml::Table, String> {
+    if teacher.contains_key("lora") {
+        return Err(
+            "config: `teacher.lora`: the teacher is frozen (it is never trained), so it takes no LoRA adapters; remove `[teacher.lora]`"
+                .into(),
+        );
+    }
+    let kind = match teacher.get("kind") {
+        None => "tiny".to_string(),
+        Some(toml::Value::String(k)) => k.clone(),
+        Some(other) => {
+            return Err(format!(
+                "config: `teacher.kind` = {other} is a {}, expected a string",
+                other.type_str()
+            ))
+        }
+    };
+    let mut defaults = match defaults_for(&kind, "arithmetic", false).remove("model") {
+        Some(toml::Value::Table(model)) => model,
+        _ => toml::Table::new(),
+    };
+    // The checks of `[model]`, the messages naming `teacher.KEY`.
+    let mut wrapped = toml::Table::new();
+    wrapped.insert("model".into(), teacher.clone().into());
+    let mut want = toml::Table::new();
+    want.insert("model".into(), defaults.clone().into());
+    check_keys(&wrapped, &want).map_err(|e| {
+        e.replace("`model.", "`teacher.")
+            .replace("[model]", "[teacher]")
+    })?;
+    merge(&mut defaults, teacher);
+    Ok(defaults)
 }
 
 /// `value` of `key` must lie in `range`.
@@ -505,6 +617,8 @@ fn check_keys(table: &toml::Table, defaults: &toml::Table) -> Result<(), String>
     }
     let mut have = table.clone();
     have.remove("signals");
+    // `[teacher]` is checked by `teacher_table`.
+    have.remove("teacher");
     let mut want = defaults.clone();
     want.insert("signals".into(), toml::Table::new().into());
     // The sections whose kind is not the default's: their own keys, then their types.

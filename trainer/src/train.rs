@@ -87,6 +87,8 @@ enum Fill {
     OldLogp,
     /// log π_ref of each token under the frozen warm-started model.
     RefLogp,
+    /// log π_teacher of each token under the config's frozen `[teacher]`.
+    TeacherLogp,
     /// The entropy of π_θ at each generated token (differentiable when the input is `policy`).
     Entropy,
     /// An input the task fills, by name (`score` for the arithmetic task; a text task's signals).
@@ -102,6 +104,7 @@ fn filled_list(signals: &[String]) -> String {
         "logp (f32[tok] policy)".to_string(),
         "old_logp (f32[tok])".into(),
         "ref_logp (f32[tok])".into(),
+        "teacher_logp (f32[tok], with a [teacher])".into(),
         "entropy (f32[tok], policy or not)".into(),
     ];
     list.extend(signals.iter().map(|s| format!("{s} (f32[resp])")));
@@ -121,6 +124,7 @@ fn plan_inputs(graph: &Graph, signals: &[String], any_shape: bool) -> Result<Vec
             ("logp", Level::Tok) if plain && input.differentiable => Some(Fill::Logp),
             ("old_logp", Level::Tok) if plain => Some(Fill::OldLogp),
             ("ref_logp", Level::Tok) if plain => Some(Fill::RefLogp),
+            (TEACHER_LOGP, Level::Tok) if plain => Some(Fill::TeacherLogp),
             ("entropy", Level::Tok) if plain => Some(Fill::Entropy),
             (_, level)
                 if signals.iter().any(|s| s == name)
@@ -152,6 +156,55 @@ fn plan_inputs(graph: &Graph, signals: &[String], any_shape: bool) -> Result<Vec
         ));
     }
     Ok(fills)
+}
+
+/// The recipe input the trainer fills with the `[teacher]`'s log-probabilities of the sampled tokens.
+pub const TEACHER_LOGP: &str = "teacher_logp";
+
+/// The config's `[teacher]` against the recipe, before any weight is loaded: a recipe that reads
+/// `teacher_logp` needs one, a recipe that does not must not have one (it would be loaded and run for
+/// nothing), and a pretrained teacher's tokenizer must be the pretrained policy's (its
+/// log-probabilities are of the policy's tokens; [`Config::validate`] checked the tiny ones).
+fn check_teacher(config: &Config, reads_teacher: bool) -> Result<(), Error> {
+    let teacher = match (&config.teacher, reads_teacher) {
+        (None, false) => return Ok(()),
+        (None, true) => {
+            return Err(format!(
+                "the recipe reads `{TEACHER_LOGP} : f32[tok]`, the log-probabilities of a teacher model, and the config has no teacher: add a `[teacher]` table (the keys of `[model]`: `kind = \"hf\"` with `path`, `kind = \"smollm2\"`, or a tiny model; docs/training.md, \"Teacher\")"
+            ))
+        }
+        (Some(teacher), false) => {
+            return Err(format!(
+                "the config has a `[teacher]` ({}) but the recipe does not read `{TEACHER_LOGP} : f32[tok]`: remove `[teacher]` (it would be loaded and run every step for nothing)",
+                teacher.kind()
+            ))
+        }
+        (Some(teacher), true) => teacher,
+    };
+    if !(config.model.pretrained() && teacher.pretrained()) {
+        return Ok(());
+    }
+    let (policy_config, teacher_config) = (
+        config.model.model_config()?,
+        teacher
+            .model_config()
+            .map_err(|e| format!("[teacher]: {e}"))?,
+    );
+    if policy_config.vocab != teacher_config.vocab {
+        return Err(format!(
+            "config: the teacher's vocabulary ({} tokens) differs from the policy's ({}): its log-probabilities must be over the policy's tokens",
+            teacher_config.vocab, policy_config.vocab
+        ));
+    }
+    let (policy_tokenizer, _) = config.model.tokenizer()?;
+    let (teacher_tokenizer, _) = teacher.tokenizer().map_err(|e| format!("[teacher]: {e}"))?;
+    if policy_tokenizer.inner().get_vocab(true) != teacher_tokenizer.inner().get_vocab(true) {
+        return Err(
+            "config: the teacher's tokenizer differs from the policy's (another vocabulary): its log-probabilities must be over the policy's tokens"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// A number the recipe's `rollout { … }` block gives for `key`, if it sets it: an error when it is an
@@ -605,6 +658,7 @@ pub fn plan_graph(graph: Graph, rollout: Vec<RolloutInfo>, config: &Config) -> R
     // Every check of the config and the recipe comes before the task locates or loads an asset.
     let bound = config.task.bind(&graph, &config.signal_specs()?)?;
     let fills = plan_inputs(&graph, &bound.signals(), bound.fills_any_shape())?;
+    check_teacher(config, fills.contains(&Fill::TeacherLogp))?;
     let group_size = if config.sampler.n > 0 {
         config.sampler.n
     } else {
@@ -625,6 +679,19 @@ pub fn plan_graph(graph: Graph, rollout: Vec<RolloutInfo>, config: &Config) -> R
         rollout_number(&rollout, "top_p", (valid, "in (0, 1]"))?.unwrap_or(1.0)
     };
     let task = bound.build(&config.model, config.sampler.max_new_tokens)?;
+    if let Some(teacher) = &config.teacher {
+        let positions = teacher
+            .model_config()
+            .map_err(|e| format!("[teacher]: {e}"))?
+            .max_positions;
+        let needed = task.max_prompt_tokens() + config.sampler.max_new_tokens;
+        if positions < needed {
+            return Err(format!(
+                "config: the teacher's context ({positions} positions) is shorter than a prompt and its completion ({needed} tokens: the task's longest prompt plus sampler.max_new_tokens = {})",
+                config.sampler.max_new_tokens
+            ));
+        }
+    }
     // The memory the sizes need, before anything of that size is allocated.
     let (limit, source) = crate::memory::available();
     crate::memory::Estimate::new(
@@ -677,13 +744,32 @@ struct Samples {
     batch: Batch,
 }
 
+/// log π(token) of every completion token (flat, response by response) under a frozen `model` (the
+/// reference or the teacher): no gradient reaches it, and LoRA adapters are merged into the view.
+fn frozen_logp(
+    model: &Model,
+    rows: &[Vec<u32>],
+    tokens: &[Vec<u32>],
+    device: &Device,
+) -> Result<Vec<f64>, Error> {
+    Ok(model
+        .merged_view()
+        .and_then(|view| completion_logp(&view, rows, tokens, device))
+        .and_then(|t| t.to_vec1::<f32>())
+        .map_err(err)?
+        .into_iter()
+        .map(f64::from)
+        .collect())
+}
+
 /// The batch the recipe sees at `step` for `prompts` and their completions (`n` per prompt, in
-/// order): the task's signals, `old_logp`, the reference log-probs when the recipe reads them, and
-/// every input of `graph` (as `fills` says).
+/// order): the task's signals, `old_logp`, the reference and `teacher` log-probs when the recipe reads
+/// them, and every input of `graph` (as `fills` says).
 #[allow(clippy::too_many_arguments)]
 fn build_samples(
     task: &dyn Task,
     models: &TaskModels,
+    teacher: Option<&Model>,
     (graph, fills): (&Graph, &[Fill]),
     n: usize,
     device: &Device,
@@ -719,16 +805,11 @@ fn build_samples(
     )
     .map_err(|e| e.to_string())?;
     let ref_logp: Option<Vec<f64>> = match models.reference {
-        Some(reference) => Some(
-            reference
-                .merged_view()
-                .and_then(|view| completion_logp(&view, &rows, &tokens, device))
-                .and_then(|t| t.to_vec1::<f32>())
-                .map_err(err)?
-                .into_iter()
-                .map(f64::from)
-                .collect(),
-        ),
+        Some(reference) => Some(frozen_logp(reference, &rows, &tokens, device)?),
+        None => None,
+    };
+    let teacher_logp: Option<Vec<f64>> = match teacher {
+        Some(teacher) => Some(frozen_logp(teacher, &rows, &tokens, device)?),
         None => None,
     };
     let old_logp: Vec<f64> = completions
@@ -746,6 +827,7 @@ fn build_samples(
         .map(|(fill, input)| match fill {
             Fill::Logp | Fill::OldLogp => old_logp.clone(),
             Fill::RefLogp => ref_logp.clone().unwrap_or_default(),
+            Fill::TeacherLogp => teacher_logp.clone().unwrap_or_default(),
             Fill::Entropy => entropy.clone(),
             Fill::Signal(name) => signal_values
                 .iter()
@@ -1064,6 +1146,39 @@ pub const TIMING_KEYS: [&str; 6] = [
     "step_time_s",
 ];
 
+/// Mixed into the run's seed for a tiny teacher's initial weights and warm-start batches (so it is
+/// another model than the policy, and its batches are not the policy's).
+pub const TEACHER_SEED: u64 = 0x7eac_4e55;
+
+/// The config's `[teacher]`, frozen: a pretrained one as loaded; a tiny one fresh from the run's seed
+/// mixed with [`TEACHER_SEED`] and warm-started by the run's `[sft]` phase as the policy is (a fresh
+/// tiny model knows nothing). It is rebuilt the same on a `--resume`, so no checkpoint holds it.
+fn load_teacher(
+    section: &crate::config::ModelSection,
+    task: &dyn Task,
+    config: &Config,
+    device: &Device,
+    progress: &mut impl FnMut(&Event),
+) -> Result<Model, Error> {
+    let seed = config.seed ^ TEACHER_SEED;
+    let teacher = section
+        .build(seed, device)
+        .map_err(|e| format!("[teacher]: {e}"))?;
+    if !section.pretrained() {
+        let start = Instant::now();
+        let loss = supervised(&teacher, task, config, &mut Rng::new(seed), device)
+            .map_err(|e| format!("[teacher]: {e}"))?;
+        progress(&Event::Info(format!(
+            "teacher: tiny, {} parameters; warm start: {} steps in {:.1}s{}",
+            teacher.parameter_count(),
+            config.sft.steps,
+            start.elapsed().as_secs_f64(),
+            loss.map(|l| format!(", loss {l:.4}")).unwrap_or_default()
+        )));
+    }
+    Ok(teacher)
+}
+
 /// Run the whole job: warm start, then `config.steps` RL steps; metrics go to `out/metrics.jsonl`.
 fn describe_base(base: Option<&checkpoint::BaseModel>) -> String {
     match base {
@@ -1264,6 +1379,16 @@ pub fn run_with(
             (0, accuracy, before, reference)
         }
     };
+    let teacher = match &config.teacher {
+        Some(section) => Some(load_teacher(
+            section,
+            task.as_ref(),
+            config,
+            &device,
+            &mut progress,
+        )?),
+        None => None,
+    };
 
     let metrics_path = out.join("metrics.jsonl");
     let mut metrics_text: String = history
@@ -1365,6 +1490,7 @@ pub fn run_with(
             build_samples(
                 task.as_ref(),
                 &models,
+                teacher.as_ref(),
                 (&plan.graph, &plan.fills),
                 n,
                 &device,

@@ -272,7 +272,7 @@ fn recipe_inputs_the_trainer_cannot_fill() {
     };
     assert_eq!(
         message,
-        "recipe input `judge` (f32[resp]) cannot be filled by the trainer: it fills logp (f32[tok] policy), old_logp (f32[tok]), ref_logp (f32[tok]), entropy (f32[tok], policy or not), score (f32[resp]), length (f32[resp]), and inputs with a default"
+        "recipe input `judge` (f32[resp]) cannot be filled by the trainer: it fills logp (f32[tok] policy), old_logp (f32[tok]), ref_logp (f32[tok]), teacher_logp (f32[tok], with a [teacher]), entropy (f32[tok], policy or not), score (f32[resp]), length (f32[resp]), and inputs with a default"
     );
 }
 

@@ -1010,3 +1010,157 @@ fn a_run_fills_the_entropy_input() {
         assert!(h.is_finite() && h > 0.0, "{line:?}");
     }
 }
+
+/// `recipes/opd.rlx` prepared as `rlx run` prepares it, with `config` (TOML) and `sets`.
+fn prepare_opd(
+    recipe_path: &str,
+    config: &str,
+    sets: &[&str],
+    out: &Path,
+) -> Result<rlx_trainer::cli::Prepared, String> {
+    let mut run_args = args(sets);
+    run_args.recipe_name = "opd".into();
+    run_args.config_text = Some(config.into());
+    run_args.out = Some(out.to_path_buf());
+    prepare(&recipe(recipe_path), &run_args)
+}
+
+#[test]
+fn an_opd_run_fills_teacher_logp_with_the_teachers_log_probabilities() {
+    // No warm start: the policy is the fresh tiny model of the run's seed and the teacher (another
+    // size) the fresh one of seed ^ TEACHER_SEED, so both can be rebuilt here.
+    let out = out_dir("opd-teacher");
+    let teacher_toml = "hidden = 32\nintermediate = 64\n";
+    let prepared = prepare_opd(
+        "recipes/opd.rlx",
+        &format!("[teacher]\n{teacher_toml}"),
+        &[
+            "steps=1",
+            // The sampled tokens are re-encoded from samples.jsonl's text, which drops a `<pad>` a
+            // fresh model may sample (seeds 0, 1, 3, 4 sample one); seed 2's completions have none.
+            "seed=2",
+            "sft.steps=0",
+            "train.prompts_per_step=2",
+            "task.eval_questions=4",
+            "train.eval_every=0",
+            "train.samples_every=1",
+        ],
+        &out,
+    )
+    .unwrap();
+    let (seed, policy_config) = (
+        prepared.config.seed,
+        prepared.config.model.model_config().unwrap(),
+    );
+    let teacher_config = prepared
+        .config
+        .teacher
+        .as_ref()
+        .expect("[teacher] is parsed")
+        .model_config()
+        .unwrap();
+    assert_eq!(
+        (teacher_config.hidden, teacher_config.vocab),
+        (32, policy_config.vocab)
+    );
+    rlx_trainer::train::run(prepared.plan, &prepared.config, &prepared.out, |_| {}).unwrap();
+    let reported = metrics(&out)[0]["recipe/reverse_kl"].as_f64().unwrap();
+
+    // The step's samples, re-encoded (each completion ends with the end token the decode drops).
+    let device = Device::Cpu;
+    let tokenizer = rlx_trainer::task::Tokenizer;
+    let (mut rows, mut tokens) = (Vec::new(), Vec::new());
+    for line in std::fs::read_to_string(out.join("samples.jsonl"))
+        .unwrap()
+        .lines()
+    {
+        let line: serde_json::Value = serde_json::from_str(line).unwrap();
+        rows.push(tokenizer.encode(line["prompt"].as_str().unwrap()).unwrap());
+        let mut completion = tokenizer
+            .encode(line["completion"].as_str().unwrap())
+            .unwrap();
+        let count = line["tokens"].as_u64().unwrap() as usize;
+        if completion.len() + 1 == count {
+            completion.push(rlx_trainer::task::EOS);
+        }
+        assert_eq!(completion.len(), count, "{line}");
+        tokens.push(completion);
+    }
+    assert_eq!(rows.len(), 2 * 4, "2 prompts × the recipe's rollout n = 4");
+    let logp = |model: &Model| -> Vec<f32> {
+        completion_logp(model, &rows, &tokens, &device)
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    };
+    let policy = logp(&Model::new(&policy_config, seed, &device).unwrap());
+    let teacher = logp(
+        &Model::new(
+            &teacher_config,
+            seed ^ rlx_trainer::train::TEACHER_SEED,
+            &device,
+        )
+        .unwrap(),
+    );
+    // metric reverse_kl = token_mean(old_logp − teacher_logp): Σ over tokens / their count.
+    let expected = policy
+        .iter()
+        .zip(&teacher)
+        .map(|(p, t)| (p - t) as f64)
+        .sum::<f64>()
+        / policy.len() as f64;
+    assert!(expected.abs() > 1e-3, "the teacher differs from the policy");
+    assert!(
+        (reported - expected).abs() <= 1e-4 * (1.0 + expected.abs()),
+        "reverse_kl {reported} vs {expected} recomputed"
+    );
+}
+
+#[test]
+fn an_opd_run_without_a_teacher_names_the_table_to_add() {
+    let out = out_dir("opd-no-teacher");
+    let err = prepare_opd("recipes/opd.rlx", "", &[], &out).err().unwrap();
+    assert!(
+        err.contains("`teacher_logp : f32[tok]`") && err.contains("add a `[teacher]` table"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_teacher_the_recipe_does_not_read_is_an_error() {
+    let out = out_dir("grpo-teacher");
+    let err = prepare_opd("recipes/grpo.rlx", "[teacher]\n", &[], &out)
+        .err()
+        .unwrap();
+    assert!(
+        err.contains("`[teacher]` (tiny)") && err.contains("does not read `teacher_logp"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_teacher_over_other_tokens_is_a_config_error() {
+    let out = out_dir("opd-bad-teacher");
+    let cases = [
+        (
+            "[teacher]\nvocab = 40\n",
+            "teacher.vocab = 40 differs from model.vocab",
+        ),
+        (
+            "[teacher]\nkind = \"smollm2\"\n",
+            "teacher.kind = \"smollm2\" with model.kind = \"tiny\"",
+        ),
+        ("[teacher]\nhiden = 32\n", "did you mean `teacher.hidden`?"),
+        (
+            "[teacher.lora]\nrank = 4\n",
+            "`teacher.lora`: the teacher is frozen",
+        ),
+        ("teacher = 3\n", "expected a table `[teacher]`"),
+    ];
+    for (config, message) in cases {
+        let err = prepare_opd("recipes/opd.rlx", config, &[], &out)
+            .err()
+            .unwrap_or_else(|| panic!("{config} is accepted"));
+        assert!(err.contains(message), "{config}: {err}");
+    }
+}
