@@ -68,19 +68,7 @@ pub fn score_with_backend(
     show: &[String],
 ) -> Result<Scored, String> {
     let graph = rlx_compiler::compile_graph(recipe, overrides)?;
-    let lets: Vec<GlobalId> = resolve_show(recipe, show, "")?
-        .into_iter()
-        .filter_map(|name| match name {
-            Showable::Let(id) => Some(id),
-            Showable::Input(_) => None,
-        })
-        .collect();
-    let shown_graph = match lets.is_empty() {
-        true => None,
-        false => Some(rlx_compiler::compile_graph_showing(
-            recipe, overrides, &lets,
-        )?),
-    };
+    let shown_graph = shown_graph(recipe, overrides, show)?;
     score_graphs(
         &graph,
         shown_graph.as_ref(),
@@ -90,6 +78,28 @@ pub fn score_with_backend(
         backend,
         show,
     )
+}
+
+/// The graph that keeps the top-level `let`s named in `show` (`compile_graph_showing`), for
+/// `score_read`; `None` when `show` names inputs only. An unknown name is an error.
+pub fn shown_graph(
+    recipe: &Recipe,
+    overrides: &[(String, f64)],
+    show: &[String],
+) -> Result<Option<Graph>, String> {
+    let lets: Vec<GlobalId> = resolve_show(recipe, show, "")?
+        .into_iter()
+        .filter_map(|name| match name {
+            Showable::Let(id) => Some(id),
+            Showable::Input(_) => None,
+        })
+        .collect();
+    Ok(match lets.is_empty() {
+        true => None,
+        false => Some(rlx_compiler::compile_graph_showing(
+            recipe, overrides, &lets,
+        )?),
+    })
 }
 
 /// `score_with_backend` on a compiled graph: `declarations` is the recipe its rollouts are read
@@ -158,7 +168,7 @@ fn resolve_show(recipe: &Recipe, show: &[String], hint: &str) -> Result<Vec<Show
 }
 
 /// Whether evaluating `graph` needs each response's token count.
-fn reads_token_counts(graph: &Graph) -> bool {
+pub(crate) fn reads_token_counts(graph: &Graph) -> bool {
     graph.nodes.iter().any(|node| {
         node.shape.level == Level::Tok
             || matches!(node.op, Op::Value(Builtin::Length | Builtin::TokenIndex))
@@ -176,9 +186,32 @@ fn score_graphs(
     backend: Backend,
     show: &[String],
 ) -> Result<Scored, String> {
+    let read = read_rollouts(rollouts, declarations).map_err(|e| e.to_string())?;
+    score_read(
+        graph,
+        shown,
+        declarations,
+        read,
+        with_gradients,
+        backend,
+        show,
+    )
+}
+
+/// The document of `score_graph` for a batch already read: from a rollout file, or from arrays
+/// (`crate::arrays::ArrayBatch::to_rollouts`, the Python binding's `Recipe.score(**arrays)`);
+/// `shown` is `compile_graph_showing`'s graph when `show` names a `let`.
+pub fn score_read(
+    graph: &Graph,
+    shown: Option<&Graph>,
+    declarations: &Recipe,
+    read: crate::rollouts::Rollouts,
+    with_gradients: bool,
+    backend: Backend,
+    show: &[String],
+) -> Result<Scored, String> {
     let recipe = declarations;
     let names = resolve_show(recipe, show, "")?;
-    let read = read_rollouts(rollouts, recipe).map_err(|e| e.to_string())?;
     crate::batch::check_group_sizes_named(graph, &read.batch.layout, |g| {
         format!("group {}", read.groups[g])
     })?;
