@@ -5,8 +5,9 @@ Python, as rlx's fused kernel (`rlx.Recipe("recipes/dapo.rlx").torch()`) and as 
 groups dynamic sampling keeps, then torch autograd), on the same float32 batch: G groups × N responses
 × T tokens (every response T tokens long, padded layout with a full `response_mask`, as verl holds it).
 
-Each measurement is one training step's objective: forward and backward (∂loss/∂log_prob), median of
-`--runs` after one warm-up. Both sides run on one thread (`torch.set_num_threads(1)`,
+Each measurement is one training step's objective: forward and backward (∂loss/∂log_prob), median
+(and minimum) of `--runs`, the three variants interleaved, after one warm-up: rlx with f64
+accumulation (the default), rlx with f32 accumulation (`Recipe.torch(accumulate="f32")`), verl. Both sides run on one thread (`torch.set_num_threads(1)`,
 RAYON_NUM_THREADS=1 for rlx's kernel). The losses and gradients are checked to agree.
 
 Usage: python scripts/python_bench.py [--groups 64] [--n 8] [--tokens 1024] [--runs 7]
@@ -79,14 +80,18 @@ def rlx_step(fn, logp, old_logp, score, index, mask):
     return loss.detach(), logp.grad
 
 
-def timed(work, runs):
-    work()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
+def timed(works, runs):
+    """Median and minimum milliseconds of each of `works`, run interleaved (one of each per round, so a
+    shared machine's load falls on all alike), after one warm-up round."""
+    for work in works:
         work()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3, min(times) * 1e3
+    times = [[] for _ in works]
+    for _ in range(runs):
+        for work, out in zip(works, times):
+            start = time.perf_counter()
+            work()
+            out.append(time.perf_counter() - start)
+    return [(statistics.median(t) * 1e3, min(t) * 1e3) for t in times]
 
 
 def main():
@@ -105,8 +110,10 @@ def main():
     assert torch.allclose(ours[0], theirs[0], rtol=1e-4, atol=1e-6), (float(ours[0]), float(theirs[0]))
     assert torch.allclose(ours[1], theirs[1], rtol=1e-3, atol=1e-9), "the gradients differ"
 
-    rlx_ms, rlx_min = timed(lambda: rlx_step(fn, *batch), args.runs)
-    verl_ms, verl_min = timed(lambda: verl_step(*batch, args.n), args.runs)
+    fast = rlx.Recipe(os.path.join(ROOT, "recipes", "dapo.rlx")).torch(accumulate="f32")
+    (rlx_ms, rlx_min), (fast_ms, fast_min), (verl_ms, verl_min) = timed(
+        [lambda: rlx_step(fn, *batch), lambda: rlx_step(fast, *batch), lambda: verl_step(*batch, args.n)], args.runs
+    )
     tokens = args.groups * args.n * args.tokens
     result = {
         "groups": args.groups,
@@ -115,9 +122,13 @@ def main():
         "threads": 1,
         "rlx_ms": round(rlx_ms, 2),
         "rlx_min_ms": round(rlx_min, 2),
+        "rlx_f32_accumulate_ms": round(fast_ms, 2),
+        "rlx_f32_accumulate_min_ms": round(fast_min, 2),
         "verl_ms": round(verl_ms, 2),
         "verl_min_ms": round(verl_min, 2),
         "speedup": round(verl_ms / rlx_ms, 2),
+        "speedup_min": round(verl_min / rlx_min, 2),
+        "speedup_f32_accumulate": round(verl_ms / fast_ms, 2),
         "rlx_tokens_per_s": round(tokens / rlx_ms * 1e3),
         "loss": float(ours[0]),
         "torch": torch.__version__,

@@ -129,14 +129,11 @@ def _rows_to_jsonl(rows) -> str:
     lines = []
     for position, row in enumerate(rows):
         if not isinstance(row, Mapping):
-            raise InputError(f"rows[{position}]: a dict was expected, got {type(row).__name__}")
+            raise _input_error(None, f"rows[{position}]: a dict was expected, got {type(row).__name__}", position)
         try:
             lines.append(json.dumps(dict(row), default=_jsonable, allow_nan=True))
         except (TypeError, ValueError) as error:
-            exc = InputError(f"rows[{position}]: {error}")
-            exc.row = position
-            exc.key = None
-            raise exc from None
+            raise _input_error(None, f"rows[{position}]: {error}", position) from None
     return "\n".join(lines)
 
 
@@ -169,10 +166,10 @@ def _array(key: str, value: Any) -> np.ndarray:
     return array
 
 
-def _input_error(key, message):
+def _input_error(key, message, row=None):
     error = InputError(message)
     error.key = key
-    error.row = None
+    error.row = row
     return error
 
 
@@ -295,14 +292,14 @@ class Recipe:
             prepared[key] = _array(key, value)
         return prepared, ids
 
-    def run(self, *, storage: str = "f32", step: float = 0.0, progress: float = 0.0, **arrays) -> dict:
+    def run(self, *, storage: str = "f32", accumulate: str = "f64", step: float = 0.0, progress: float = 0.0, **arrays) -> dict:
         """Run the fused kernel on arrays (as `score(**arrays)` takes them), `f32` inputs held in
         `storage` ("f32" or "f64"; arrays already in that dtype and in the packed layout are read in
-        place): a dict of `loss`, `metrics`, `reward`, `advantage` (per response, NumPy),
+        place; `accumulate` "f64" or "f32", the kernel's arithmetic, docs/kernels.md): a dict of `loss`, `metrics`, `reward`, `advantage` (per response, NumPy),
         `kept` (bool per response) and `grad` (each differentiable input's gradient, shaped like its
         array)."""
         prepared, _ = self._prepare(arrays)
-        return self._compiled.run(prepared, storage, step, progress, None)
+        return self._compiled.run(prepared, storage, step, progress, None, accumulate)
 
     def given(self, value: str, available=()) -> "Recipe":
         """The stage of the recipe that a trainer calls with its own `value`: "advantage" gives the loss
@@ -328,10 +325,11 @@ class Recipe:
         text = self._compiled.synthetic_rows(groups, responses, tokens, seed, ragged, singleton)
         return [json.loads(line) for line in text.splitlines() if line]
 
-    def torch(self):
+    def torch(self, *, accumulate: str = "f64"):
         """The recipe as a torch callable: `loss, metrics = f(**tensors)` runs the fused kernel on the
         tensors (CPU tensors in place where already in its layout) and attaches the kernel's own
-        gradient to the loss through a `torch.autograd.Function` (docs/python.md)."""
+        gradient to the loss through a `torch.autograd.Function` (docs/python.md). `accumulate`:
+        the kernel's arithmetic and reductions, "f64" (default) or "f32" (faster, less exact)."""
         from ._torch import TorchRecipe
 
-        return TorchRecipe(self)
+        return TorchRecipe(self, accumulate)

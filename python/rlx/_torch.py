@@ -59,7 +59,10 @@ class TorchRecipe:
     or `group_sizes`, and `response_mask` [B, T] or `lengths` [B] for padded token inputs (`lengths`
     for packed [N] ones); `step` and `progress` as numbers."""
 
-    def __init__(self, recipe):
+    def __init__(self, recipe, accumulate="f64"):
+        if accumulate not in ("f64", "f32"):
+            raise ValueError(f"accumulate `{accumulate}`: \"f64\" or \"f32\"")
+        self.accumulate = accumulate
         self.recipe = recipe
         self._compiled = recipe._compiled
         self._differentiable = set(recipe.policy_inputs)
@@ -94,19 +97,19 @@ class TorchRecipe:
         holder = {}
 
         def run(tensors_now):
-            arrays, ids = {}, None
+            arrays = {}
             for key, value in items.items():
                 if value is None:
                     continue
                 if key == "index":
                     if isinstance(value, torch.Tensor):
                         value = value.detach().cpu().numpy()
-                    value, ids = _group_codes(value)
+                    value, _ = _group_codes(value)
                 arrays[key] = _array(key, value)
             storage = "f64" if dtype == torch.float64 else "f32"
-            out = self._compiled.run(arrays, storage, step, progress, None if device.type == "cpu" else (device.index or 0))
+            ordinal = None if device.type == "cpu" else (device.index or 0)
+            out = self._compiled.run(arrays, storage, step, progress, ordinal, self.accumulate)
             holder["out"] = out
-            holder["ids"] = ids
             if out["loss"] is None:
                 raise ValueError(f"recipe `{self.recipe.name}` has no loss section: use Recipe.score for its rewards")
             loss = torch.tensor(out["loss"], dtype=dtype, device=device)

@@ -142,7 +142,7 @@ struct Compiled {
     overrides: Vec<(String, f64)>,
     graph: Graph,
     /// The kernel for each storage precision of `f32` inputs, compiled on first use.
-    kernels: Mutex<HashMap<&'static str, Arc<Kernel>>>,
+    kernels: Mutex<HashMap<(&'static str, &'static str), Arc<Kernel>>>,
     warnings: Vec<(String, String)>,
     /// For a graph cut at a given value (`Compiled::cut`): its name, and the metrics it lacks.
     stage: Option<&'static str>,
@@ -298,13 +298,14 @@ impl Compiled {
         }
     }
 
-    fn kernel(&self, precision: Precision) -> PyResult<Arc<Kernel>> {
+    fn kernel(&self, precision: Precision, accumulate: Precision) -> PyResult<Arc<Kernel>> {
         let mut kernels = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(kernel) = kernels.get(precision_name(precision)) {
+        let key = (precision_name(precision), precision_name(accumulate));
+        if let Some(kernel) = kernels.get(&key) {
             return Ok(kernel.clone());
         }
         let options = Options {
-            accumulate: Precision::F64,
+            accumulate,
             storage: precision,
         };
         let kernel = Kernel::compile(&self.graph, &options).map_err(|e| {
@@ -314,7 +315,7 @@ impl Compiled {
             ))
         })?;
         let kernel = Arc::new(kernel);
-        kernels.insert(precision_name(precision), kernel.clone());
+        kernels.insert(key, kernel.clone());
         Ok(kernel)
     }
 
@@ -668,11 +669,13 @@ impl Compiled {
         self.document(py, scored)
     }
 
-    /// Run the kernel on arrays (the torch path): `f32` inputs stored in `storage` ("f32"/"f64"); an
-    /// array already in the kernel's layout and storage is read in place. Returns a dict: `loss`,
+    /// Run the kernel on arrays (the torch path): `f32` inputs stored in `storage` ("f32"/"f64"),
+    /// arithmetic and reductions in `accumulate` ("f64", the default, or "f32": faster, less exact,
+    /// docs/kernels.md); an array already in the kernel's layout and storage is read in place. Returns a dict: `loss`,
     /// `metrics` (name → value), `reward`, `advantage` (per response, or None), `kept` (bool per
     /// response), `grad` (input name → gradient laid out like the input's array, in `storage`).
-    #[pyo3(signature = (arrays, storage_name="f32", step=0.0, progress=0.0, device=None))]
+    #[pyo3(signature = (arrays, storage_name="f32", step=0.0, progress=0.0, device=None, accumulate_name="f64"))]
+    #[allow(clippy::too_many_arguments)]
     fn run<'py>(
         &self,
         py: Python<'py>,
@@ -681,21 +684,29 @@ impl Compiled {
         step: f64,
         progress: f64,
         device: Option<usize>,
+        accumulate_name: &str,
     ) -> PyResult<Bound<'py, PyDict>> {
         let precision = storage(storage_name)?;
+        let accumulate = storage(accumulate_name)?;
         let held = hold(arrays)?;
         let arrays = arrays_of(&held)?;
         let batch = arrays::from_arrays(&self.graph, &arrays, precision).map_err(array_error)?;
         let context = Context { step, progress };
         let outcome = match device {
             None => {
-                let kernel = self.kernel(precision)?;
+                let kernel = self.kernel(precision, accumulate)?;
                 let columns = batch.columns();
                 let layout = &batch.layout;
                 py.detach(|| kernel.run_view(layout, &columns, &context))
                     .map_err(|e| score_error(e.0))?
             }
-            Some(ordinal) => run_on_gpu(py, &self.graph, &batch, &context, ordinal, precision)?,
+            Some(ordinal) => {
+                let options = Options {
+                    accumulate,
+                    storage: precision,
+                };
+                run_on_gpu(py, &self.graph, &batch, &context, ordinal, &options)?
+            }
         };
         self.outcome_dict(py, &batch, outcome)
     }
@@ -754,16 +765,13 @@ fn run_on_gpu(
     batch: &ArrayBatch<'_>,
     context: &Context,
     ordinal: usize,
-    precision: Precision,
+    options: &Options,
 ) -> PyResult<PackedOutcome> {
-    let options = Options {
-        accumulate: Precision::F64,
-        storage: precision,
-    };
     let host = batch.to_batch();
     let outcome = py
-        .detach(|| rlx_runtime::cuda::evaluate_on_gpu(graph, &host, context, ordinal, &options))
+        .detach(|| rlx_runtime::cuda::evaluate_on_gpu(graph, &host, context, ordinal, options))
         .map_err(score_error)?;
+    let precision = options.storage;
     let gradients = outcome
         .gradients
         .into_iter()
@@ -792,7 +800,7 @@ fn run_on_gpu(
     _batch: &ArrayBatch<'_>,
     _context: &Context,
     _ordinal: usize,
-    _precision: Precision,
+    _options: &Options,
 ) -> PyResult<PackedOutcome> {
     Err(PyRuntimeError::new_err(NO_CUDA))
 }

@@ -9,6 +9,13 @@ import rlx
 from conftest import ROOT, need
 
 
+def verl_adapter():
+    need("verl.trainer.ppo.core_algos")
+    import rlx.verl
+
+    return rlx.verl
+
+
 class Config(dict):
     """What verl's vanilla loss reads from its ActorConfig."""
 
@@ -16,7 +23,8 @@ class Config(dict):
         return self[name]
 
 
-def verl_batch(torch, dtype=torch.float64):
+def verl_batch(torch, dtype=None):
+    dtype = dtype or torch.float64
     torch.manual_seed(0)
     B, T = 6, 9
     mask = torch.zeros(B, T)
@@ -33,7 +41,7 @@ def verl_batch(torch, dtype=torch.float64):
 def test_verl_policy_loss_equals_verls_vanilla_loss():
     torch = need("torch")
     core_algos = need("verl.trainer.ppo.core_algos")
-    registered = rlx.verl.register(ROOT / "recipes/dapo.rlx", "rlx_py_dapo")
+    registered = verl_adapter().register(ROOT / "recipes/dapo.rlx", "rlx_py_dapo")
     loss_fn = core_algos.get_policy_loss_fn("rlx_py_dapo")
     assert loss_fn is registered["policy_loss"]
     assert core_algos.get_adv_estimator_fn("rlx_py_dapo") is registered["advantage_estimator"]
@@ -54,7 +62,7 @@ def test_verl_policy_loss_equals_verls_vanilla_loss():
 def test_verl_policy_loss_in_float32():
     torch = need("torch")
     core_algos = need("verl.trainer.ppo.core_algos")
-    rlx.verl.register(ROOT / "recipes/dapo.rlx", "rlx_py_dapo32")
+    verl_adapter().register(ROOT / "recipes/dapo.rlx", "rlx_py_dapo32")
     old, log_prob, advantages, mask, config = verl_batch(torch, torch.float32)
     ours, _ = core_algos.get_policy_loss_fn("rlx_py_dapo32")(old, log_prob, advantages, mask, "token-mean", config, None)
     (ours_grad,) = torch.autograd.grad(ours, log_prob)
@@ -68,7 +76,7 @@ def test_verl_policy_loss_in_float32():
 def test_verl_advantage_estimator_equals_verls_grpo():
     torch = need("torch")
     core_algos = need("verl.trainer.ppo.core_algos")
-    registered = rlx.verl.register(ROOT / "recipes/grpo.rlx", "rlx_py_grpo")
+    registered = verl_adapter().register(ROOT / "recipes/grpo.rlx", "rlx_py_grpo")
     # grpo.rlx's loss reads ref_logp (its KL term), which verl's PolicyLossFn does not receive.
     assert isinstance(registered["policy_loss"], str) and "ref_logp" in registered["policy_loss"]
     estimator = core_algos.get_adv_estimator_fn("rlx_py_grpo")
@@ -139,6 +147,9 @@ def test_trl_trainer_loss_is_the_recipe_loss():
             return x
 
         gather_for_metrics = gather
+
+        def reduce(self, x, reduction="mean"):
+            return x
 
     stub = SimpleNamespace(
         aux_loss_enabled=False, top_entropy_quantile=1.0, off_policy_mask_threshold=None,

@@ -97,7 +97,7 @@ def test_float32_packed_tensors_and_a_scaled_backward():
     lengths = [row["length"] for row in rows]
     packed = {
         name: torch.tensor([t for row in rows for t in row[name]], dtype=torch.float32)
-        for name in ("logp", "old_logp")
+        for name in ("logp", "old_logp", "mask")
     }
     packed["logp"].requires_grad_(True)
     batch = dict(packed, score=torch.tensor([row["score"] for row in rows]), index=torch.tensor([row["group"] for row in rows]), lengths=torch.tensor(lengths))
