@@ -410,24 +410,22 @@ pub fn from_arrays<'a>(
             let mut length = 0;
             for t in 0..width {
                 let flat = r * width + t;
-                match mask.elements.get(flat) {
-                    x if x == 1.0 && length == t => length += 1,
-                    x if x == 1.0 => {
-                        return Err(error(
-                            "response_mask",
-                            format!(
-                                "element {} is 1 after a 0 in its row: the mask marks the response's tokens (1s) and then padding (0s); a weight of the response's own tokens belongs in an input such as `mask`",
-                                at(&mask.shape, flat)
-                            ),
-                        ))
-                    }
-                    x if x == 0.0 => {}
-                    x => {
-                        return Err(error(
-                            "response_mask",
-                            format!("element {} is {x}, not 0 or 1", at(&mask.shape, flat)),
-                        ))
-                    }
+                let x = mask.elements.get(flat);
+                if x == 1.0 && length == t {
+                    length += 1;
+                } else if x == 1.0 {
+                    return Err(error(
+                        "response_mask",
+                        format!(
+                            "element {} is 1 after a 0 in its row: the mask marks the response's tokens (1s) and then padding (0s); a weight of the response's own tokens belongs in an input such as `mask`",
+                            at(&mask.shape, flat)
+                        ),
+                    ));
+                } else if x != 0.0 {
+                    return Err(error(
+                        "response_mask",
+                        format!("element {} is {x}, not 0 or 1", at(&mask.shape, flat)),
+                    ));
                 }
             }
             values.push(length);
@@ -882,4 +880,112 @@ fn shape_text_of(info: &InputInfo) -> String {
 /// Whether `graph` needs each response's token count (`length`, `token_index` or a token-level value).
 fn reads_token_counts(graph: &Graph) -> bool {
     crate::score::reads_token_counts(graph)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::interp::Context;
+    use crate::kernel::{Kernel, Options};
+
+    fn dapo() -> Graph {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../recipes/dapo.rlx");
+        let checked = rlx_compiler::check_path(std::path::Path::new(path)).expect("readable");
+        let recipe = checked.recipe.expect("dapo checks");
+        rlx_compiler::compile_graph(&recipe, &[]).expect("it lowers")
+    }
+
+    fn array<'a>(elements: Elements<'a>, shape: &[usize]) -> Array<'a> {
+        Array {
+            elements,
+            shape: shape.to_vec(),
+        }
+    }
+
+    #[test]
+    fn arrays_in_the_kernels_layout_are_borrowed_and_run_as_the_packed_batch() {
+        let graph = dapo();
+        // 2 groups of 2 responses, 3 tokens each: padded rows that are all full are packed.
+        let logp: Vec<f32> = (0..12).map(|i| -0.5 - 0.01 * i as f32).collect();
+        let old: Vec<f32> = (0..12).map(|i| -0.52 - 0.01 * i as f32).collect();
+        let score = [1.0f32, 0.0, 0.0, 1.0];
+        let index = [7i64, 7, 9, 9];
+        let arrays = Arrays {
+            inputs: vec![
+                ("logp".into(), array(Elements::F32(&logp), &[4, 3])),
+                ("old_logp".into(), array(Elements::F32(&old), &[4, 3])),
+                ("score".into(), array(Elements::F32(&score), &[4])),
+            ],
+            index: Some(array(Elements::I64(&index), &[4])),
+            ..Arrays::default()
+        };
+        let batch = from_arrays(&graph, &arrays, Precision::F32).expect("a batch");
+        assert!(
+            matches!(batch.inputs[0], Input::Borrowed(ColumnRef::F32(v)) if v.as_ptr() == logp.as_ptr())
+        );
+        assert!(matches!(batch.inputs[2], Input::Borrowed(_)));
+        assert!(
+            matches!(batch.inputs[3], Input::Owned(_)),
+            "the defaulted mask"
+        );
+        assert_eq!(batch.groups, vec![Value::from(7), Value::from(9)]);
+        let kernel = Kernel::compile(&graph, &Options::default()).expect("compiles");
+        let viewed = kernel
+            .run_view(&batch.layout, &batch.columns(), &Context::default())
+            .expect("runs");
+        let packed = kernel.pack(&batch.to_batch()).expect("packs");
+        let run = kernel
+            .run_packed(&packed, &Context::default())
+            .expect("runs");
+        assert_eq!(viewed, run);
+    }
+
+    #[test]
+    fn padded_arrays_are_gathered_and_gradients_spread_back() {
+        let graph = dapo();
+        let logp = [-0.5f64, -0.6, f64::NAN, -0.7, -0.8, -0.9];
+        let old = [-0.55f64, -0.6, 0.0, -0.75, -0.8, -0.85];
+        let score = [1.0f64, 0.0];
+        let lengths = [2i64, 3];
+        let arrays = Arrays {
+            inputs: vec![
+                ("logp".into(), array(Elements::F64(&logp), &[2, 3])),
+                ("old_logp".into(), array(Elements::F64(&old), &[2, 3])),
+                ("score".into(), array(Elements::F64(&score), &[2])),
+            ],
+            group_sizes: Some(array(Elements::I64(&[2]), &[1])),
+            lengths: Some(array(Elements::I64(&lengths), &[2])),
+            ..Arrays::default()
+        };
+        let batch = from_arrays(&graph, &arrays, Precision::F64).expect("the NaN is padding");
+        assert_eq!(batch.layout.token_offsets, vec![0, 2, 5]);
+        let gradient = [1.0, 2.0, 3.0, 4.0, 5.0];
+        let spread = batch.spread(0, ColumnRef::F64(&gradient)).expect("padded");
+        assert_eq!(spread, Column::F64(vec![1.0, 2.0, 0.0, 3.0, 4.0, 5.0]));
+    }
+
+    #[test]
+    fn errors_name_the_input_and_element() {
+        let graph = dapo();
+        let logp = [-0.5f64, f64::INFINITY, -0.6, -0.7];
+        let score = [1.0f64, 0.0];
+        let arrays = Arrays {
+            inputs: vec![
+                ("logp".into(), array(Elements::F64(&logp), &[2, 2])),
+                ("old_logp".into(), array(Elements::F64(&logp), &[2, 2])),
+                ("score".into(), array(Elements::F64(&score), &[2])),
+            ],
+            index: Some(array(Elements::I64(&[0, 0]), &[2])),
+            ..Arrays::default()
+        };
+        let error = from_arrays(&graph, &arrays, Precision::F32).expect_err("infinite");
+        assert_eq!(error.key.as_deref(), Some("logp"));
+        assert!(error.message.contains("element [0, 1] is inf"), "{error}");
+        let arrays = Arrays {
+            index: Some(array(Elements::I64(&[0, 1, 0]), &[3])),
+            ..arrays
+        };
+        let error = from_arrays(&graph, &arrays, Precision::F32).expect_err("not adjacent");
+        assert_eq!(error.key.as_deref(), Some("index"));
+    }
 }

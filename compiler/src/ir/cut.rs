@@ -190,3 +190,48 @@ fn prune_inputs(graph: &mut Graph) {
         *i = renumber[*i as usize];
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dapo() -> Graph {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../recipes/dapo.rlx");
+        let checked = crate::check_path(std::path::Path::new(path)).expect("readable");
+        crate::compile_graph(&checked.recipe.expect("dapo checks"), &[]).expect("it lowers")
+    }
+
+    #[test]
+    fn the_loss_given_the_advantage_reads_the_log_probs_and_the_advantage() {
+        let cut = cut(&dapo(), Given::Advantage, &["logp", "old_logp"]).expect("cuts");
+        let names: Vec<&str> = cut.graph.inputs.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(names, ["logp", "old_logp", "mask", "advantage"]);
+        assert!(cut.graph.outputs.keeps.is_empty() && cut.graph.outputs.reward.is_none());
+        assert_eq!(cut.graph.outputs.gradients.len(), 1);
+        assert_eq!(cut.graph.outputs.gradients[0].0, 0, "∂loss/∂logp");
+        assert_eq!(
+            cut.missing_metrics,
+            vec![("reward_mean".to_string(), vec!["score".to_string()])]
+        );
+        assert!(!cut.reads_groups);
+    }
+
+    #[test]
+    fn the_advantage_given_the_reward_keeps_the_filters_and_reads_the_groups() {
+        let cut = cut(&dapo(), Given::Reward, &[]).expect("cuts");
+        let names: Vec<&str> = cut.graph.inputs.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(names, ["reward"]);
+        assert_eq!(cut.graph.outputs.keeps.len(), 1);
+        assert!(cut.graph.outputs.loss.is_none() && cut.graph.outputs.gradients.is_empty());
+        assert!(cut.reads_groups);
+    }
+
+    #[test]
+    fn a_loss_that_reads_an_unavailable_input_is_an_error() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../recipes/grpo.rlx");
+        let checked = crate::check_path(std::path::Path::new(path)).expect("readable");
+        let graph = crate::compile_graph(&checked.recipe.expect("checks"), &[]).expect("lowers");
+        let error = cut(&graph, Given::Advantage, &["logp", "old_logp"]).expect_err("ref_logp");
+        assert!(error.contains("`ref_logp`"), "{error}");
+    }
+}
