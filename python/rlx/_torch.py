@@ -13,12 +13,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
 import torch
 
-from . import InputError, LAYOUT_KEYS, _array, _group_codes, _input_error
-
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
+from . import LAYOUT_KEYS, _array, _group_codes, _input_error
 
 
 class _Fused(torch.autograd.Function):

@@ -84,6 +84,8 @@ def test_rows_errors_name_the_row_and_key():
         (dict(lengths=np.array([4, 4, 4, 4, 4, 5])), "lengths", "more than the 4 columns"),
         (dict(lengths=np.array([4, 4, 4, 4, 4, -1])), "lengths", "not a whole number"),
         (dict(nonsense=np.zeros(6)), "nonsense", "no input of that name"),
+        (dict(index=None, group_sizes=np.array([2**40, 2**40])), "group_sizes", "not a whole number from 0 to"),
+        (dict(index=None, group_sizes=np.array([2**25, 2**25, 2**25])), "group_sizes", "more than the 67108864"),
     ],
 )
 def test_malformed_arrays_raise(change, key, message):

@@ -77,6 +77,12 @@ pub struct Arrays<'a> {
     pub crit_counts: Option<Array<'a>>,
 }
 
+/// The most responses a batch from arrays may have (a typo in `group_sizes` cannot exhaust memory).
+pub const MAX_RESPONSES: usize = 1 << 26;
+
+/// The most tokens that `lengths` may give responses whose token arrays are all defaulted.
+pub const MAX_UNLISTED_TOKENS: usize = 1 << 26;
+
 /// The keys of [`Arrays`] that are not recipe inputs.
 pub const LAYOUT_KEYS: [&str; 5] = [
     "index",
@@ -220,6 +226,17 @@ fn shape_text(shape: &[usize]) -> String {
     format!("[{}]", parts.join(", "))
 }
 
+/// The length of one row of a response mask (its leading 1s), or the position of the first element
+/// that breaks "1s, then 0s".
+fn mask_row_length<T: Copy + PartialEq + From<u8>>(row: &[T]) -> Result<usize, usize> {
+    let (one, zero) = (T::from(1), T::from(0));
+    let length = row.iter().position(|&x| x != one).unwrap_or(row.len());
+    match row[length..].iter().position(|&x| x != zero) {
+        None => Ok(length),
+        Some(at) => Err(length + at),
+    }
+}
+
 /// A non-negative whole number (a count), or an error naming the element.
 fn count(key: &str, array: &Array, flat: usize, limit: usize) -> Result<usize, ArrayError> {
     let value = array.elements.get(flat);
@@ -348,7 +365,7 @@ pub fn from_arrays<'a>(
                 let sizes_array = one_dimensional("group_sizes", sizes_array)?;
                 let mut sizes = Vec::new();
                 for g in 0..sizes_array.elements.len() {
-                    let size = count("group_sizes", sizes_array, g, usize::MAX >> 12)?;
+                    let size = count("group_sizes", sizes_array, g, MAX_RESPONSES)?;
                     if size == 0 {
                         return Err(error(
                             "group_sizes",
@@ -362,6 +379,12 @@ pub fn from_arrays<'a>(
             }
         };
     let responses: usize = group_sizes.iter().sum();
+    if responses > MAX_RESPONSES {
+        return Err(error(
+            "group_sizes",
+            format!("the groups add up to {responses} responses, more than the {MAX_RESPONSES} a batch may have"),
+        ));
+    }
     if responses == 0 {
         return Err(error("index", "the batch has no responses"));
     }
@@ -405,29 +428,38 @@ pub fn from_arrays<'a>(
             ));
         }
         let width = mask.shape[1];
+        if mask.elements.len() != responses * width {
+            return Err(error(
+                "response_mask",
+                "internal error: the elements do not fill the shape",
+            ));
+        }
         let mut values = Vec::with_capacity(responses);
         for r in 0..responses {
-            let mut length = 0;
-            for t in 0..width {
-                let flat = r * width + t;
-                let x = mask.elements.get(flat);
-                if x == 1.0 && length == t {
-                    length += 1;
-                } else if x == 1.0 {
+            let row = r * width..(r + 1) * width;
+            let found = match mask.elements {
+                Elements::F32(v) => mask_row_length(&v[row]),
+                Elements::F64(v) => mask_row_length(&v[row]),
+                Elements::I64(v) => mask_row_length(&v[row]),
+            };
+            let length = match found {
+                Ok(length) => length,
+                Err(t) => {
+                    let flat = r * width + t;
+                    let x = mask.elements.get(flat);
                     return Err(error(
                         "response_mask",
-                        format!(
-                            "element {} is 1 after a 0 in its row: the mask marks the response's tokens (1s) and then padding (0s); a weight of the response's own tokens belongs in an input such as `mask`",
-                            at(&mask.shape, flat)
-                        ),
-                    ));
-                } else if x != 0.0 {
-                    return Err(error(
-                        "response_mask",
-                        format!("element {} is {x}, not 0 or 1", at(&mask.shape, flat)),
+                        if x == 1.0 {
+                            format!(
+                                "element {} is 1 after a 0 in its row: the mask marks the response's tokens (1s) and then padding (0s); a weight of the response's own tokens belongs in an input such as `mask`",
+                                at(&mask.shape, flat)
+                            )
+                        } else {
+                            format!("element {} is {x}, not 0 or 1", at(&mask.shape, flat))
+                        },
                     ));
                 }
-            }
+            };
             values.push(length);
         }
         if let Some((given, _)) = &lengths {
@@ -502,7 +534,17 @@ pub fn from_arrays<'a>(
             }
             lengths
         }
-        (Some((lengths, _)), None, _) => lengths,
+        (Some((lengths, key)), None, _) => {
+            // No array lists these tokens: their token-level inputs are defaults, allocated here.
+            let total: usize = lengths.iter().sum();
+            if total > MAX_UNLISTED_TOKENS {
+                return Err(error(
+                    key,
+                    format!("the responses add up to {total} tokens that no array lists, more than {MAX_UNLISTED_TOKENS}"),
+                ));
+            }
+            lengths
+        }
         (None, Some((w, first)), _) => {
             // Every column is a token: refuse a mask that ends with 0, as `rlx score` does.
             for (name, array) in &arrays.inputs {
