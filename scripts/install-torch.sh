@@ -25,6 +25,11 @@ TRANSFORMERS=5.24.0
 PEFT=0.18.1
 TENSORBOARD=2.21.0
 PYARROW=26.0.1
+# The Python binding's build and tests (scripts/build-python.sh, python/tests, docs/python.md): maturin
+# builds the wheel, pytest runs the suite, TRL is the reference of its TRL adapter.
+MATURIN=1.16.0
+PYTEST=9.2.0
+TRL=1.16.0
 WITH_VERL=0
 for argument in "$@"; do
     case "$argument" in
@@ -79,11 +84,11 @@ else
     fi
 fi
 
-# tensorboard and pyarrow, pinned: each installed only where it does not already import.
-for pinned in "tensorboard==$TENSORBOARD" "pyarrow==$PYARROW"; do
+# tensorboard, pyarrow, maturin, pytest and TRL, pinned: each installed only where it does not already import.
+for pinned in "tensorboard==$TENSORBOARD" "pyarrow==$PYARROW" "maturin==$MATURIN" "pytest==$PYTEST" "trl==$TRL"; do
     module="${pinned%%==*}"
     if imports "$module"; then
-        echo "install-torch: $module $("$PYTHON" -c "import $module; print($module.__version__)") is already installed"
+        echo "install-torch: $module $("$PYTHON" -c "import importlib.metadata as m; print(m.version('$module'))") is already installed"
     else
         extra_start=$(date +%s)
         if pip_install "$pinned"; then

@@ -19,7 +19,7 @@ use rlx_compiler::ir::NodeId;
 use crate::batch::{Batch, Layout};
 use crate::interp::{Context, EvalError, Outcome};
 use crate::kernel::{
-    distinct_ngrams, Column, Kernel, PackedBatch, PackedOutcome, PhaseRunner, Tables,
+    distinct_ngrams, Column, ColumnRef, Kernel, PackedBatch, PackedOutcome, PhaseRunner, Tables,
 };
 
 #[cfg(feature = "cuda")]
@@ -150,7 +150,7 @@ impl<D: Device> DeviceKernel<D> {
         let buffers = batch
             .inputs
             .iter()
-            .map(|column| self.device.upload(&column_bytes(column)))
+            .map(|column| self.device.upload(&column_bytes(column.as_column_ref())))
             .collect::<Result<Vec<_>, _>>()
             .map_err(device_error)?;
         Ok(DeviceBatch { batch, buffers })
@@ -177,10 +177,10 @@ fn device_error(message: String) -> EvalError {
 }
 
 /// A column's bytes in the device's (little-endian, IEEE) layout.
-fn column_bytes(column: &Column) -> Vec<u8> {
+fn column_bytes(column: ColumnRef<'_>) -> Vec<u8> {
     match column {
-        Column::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Column::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        ColumnRef::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        ColumnRef::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
     }
 }
 
@@ -217,10 +217,10 @@ struct Runner<'a, D: Device> {
 
 impl<D: Device> Runner<'_, D> {
     /// The resident device copy of input `i` when `column` is that batch's own column.
-    fn resident_input(&self, i: usize, column: &Column) -> Option<&D::Buffer> {
+    fn resident_input(&self, i: usize, column: ColumnRef<'_>) -> Option<&D::Buffer> {
         let resident = self.resident?;
-        let own = resident.batch.inputs.get(i)?;
-        std::ptr::eq(own, column)
+        let own = resident.batch.inputs.get(i)?.as_column_ref();
+        (own.const_pointer() == column.const_pointer() && own.len() == column.len())
             .then(|| resident.buffers.get(i))
             .flatten()
     }
@@ -233,7 +233,7 @@ impl<D: Device> PhaseRunner for Runner<'_, D> {
         phase_index: usize,
         layout: &Layout,
         tables: &Tables,
-        inputs: &[&Column],
+        inputs: &[ColumnRef<'_>],
         carried: HashMap<NodeId, Column>,
         context: &Context,
     ) -> Result<Vec<Option<Column>>, EvalError> {
@@ -276,17 +276,19 @@ impl<D: Device> PhaseRunner for Runner<'_, D> {
                     let column = inputs
                         .get(i)
                         .ok_or_else(|| EvalError("internal: an input is missing".into()))?;
-                    match self.resident_input(i, column) {
+                    match self.resident_input(i, *column) {
                         Some(resident) => (None, device.address(resident)),
                         None => {
-                            let b = device.upload(&column_bytes(column)).map_err(fail)?;
+                            let b = device.upload(&column_bytes(*column)).map_err(fail)?;
                             let address = device.address(&b);
                             (Some(b), address)
                         }
                     }
                 }
                 (_, Some(column)) => {
-                    let b = device.upload(&column_bytes(column)).map_err(fail)?;
+                    let b = device
+                        .upload(&column_bytes(column.as_column_ref()))
+                        .map_err(fail)?;
                     let address = device.address(&b);
                     (Some(b), address)
                 }
@@ -357,7 +359,7 @@ impl<D: Device> PhaseRunner for Runner<'_, D> {
                         Column::F32(_) => Column::F32(values.iter().map(|v| *v as f32).collect()),
                         Column::F64(_) => Column::F64(values),
                     };
-                    let bytes = column_bytes(column);
+                    let bytes = column_bytes(column.as_column_ref());
                     let device_buffer = uploaded[target_index]
                         .as_mut()
                         .ok_or_else(|| EvalError("internal: buffer missing".into()))?;

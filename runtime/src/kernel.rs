@@ -85,24 +85,6 @@ impl Column {
         }
     }
 
-    /// The elements at `indices` (an index past the end reads as 0, as the interpreter's slicing).
-    fn gather(&self, indices: &[usize]) -> Column {
-        match self {
-            Column::F32(v) => Column::F32(
-                indices
-                    .iter()
-                    .map(|&i| v.get(i).copied().unwrap_or(0.0))
-                    .collect(),
-            ),
-            Column::F64(v) => Column::F64(
-                indices
-                    .iter()
-                    .map(|&i| v.get(i).copied().unwrap_or(0.0))
-                    .collect(),
-            ),
-        }
-    }
-
     fn pointer(&mut self) -> *mut u8 {
         match self {
             Column::F32(v) => v.as_mut_ptr().cast(),
@@ -110,17 +92,81 @@ impl Column {
         }
     }
 
-    fn const_pointer(&self) -> *mut u8 {
-        match self {
-            Column::F32(v) => v.as_ptr().cast_mut().cast(),
-            Column::F64(v) => v.as_ptr().cast_mut().cast(),
-        }
-    }
-
     fn all_finite(&self) -> bool {
         match self {
             Column::F32(v) => v.iter().all(|x| x.is_finite()),
             Column::F64(v) => v.iter().all(|x| x.is_finite()),
+        }
+    }
+}
+
+/// Borrowed values of one input, in a kernel's storage precision: a [`Column`]'s, or memory the caller
+/// owns (the Python binding passes NumPy arrays and torch tensors this way, without copying them).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ColumnRef<'a> {
+    F32(&'a [f32]),
+    F64(&'a [f64]),
+}
+
+impl<'a> ColumnRef<'a> {
+    pub fn len(&self) -> usize {
+        match self {
+            ColumnRef::F32(v) => v.len(),
+            ColumnRef::F64(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn precision(&self) -> Precision {
+        match self {
+            ColumnRef::F32(_) => Precision::F32,
+            ColumnRef::F64(_) => Precision::F64,
+        }
+    }
+
+    pub fn to_f64(&self) -> Vec<f64> {
+        match self {
+            ColumnRef::F32(v) => v.iter().map(|x| f64::from(*x)).collect(),
+            ColumnRef::F64(v) => v.to_vec(),
+        }
+    }
+
+    /// The elements at `indices` (an index past the end reads as 0, as the interpreter's slicing).
+    fn gather(&self, indices: &[usize]) -> Column {
+        match self {
+            ColumnRef::F32(v) => Column::F32(
+                indices
+                    .iter()
+                    .map(|&i| v.get(i).copied().unwrap_or(0.0))
+                    .collect(),
+            ),
+            ColumnRef::F64(v) => Column::F64(
+                indices
+                    .iter()
+                    .map(|&i| v.get(i).copied().unwrap_or(0.0))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// The address of the first element (the generated code only reads inputs).
+    pub(crate) fn const_pointer(&self) -> *mut u8 {
+        match self {
+            ColumnRef::F32(v) => v.as_ptr().cast_mut().cast(),
+            ColumnRef::F64(v) => v.as_ptr().cast_mut().cast(),
+        }
+    }
+}
+
+impl Column {
+    /// The column's values, borrowed.
+    pub fn as_column_ref(&self) -> ColumnRef<'_> {
+        match self {
+            Column::F32(v) => ColumnRef::F32(v),
+            Column::F64(v) => ColumnRef::F64(v),
         }
     }
 }
@@ -284,7 +330,7 @@ pub(crate) trait PhaseRunner {
         phase_index: usize,
         layout: &Layout,
         tables: &Tables,
-        inputs: &[&Column],
+        inputs: &[ColumnRef<'_>],
         carried: HashMap<NodeId, Column>,
         context: &Context,
     ) -> Result<Vec<Option<Column>>, EvalError>;
@@ -300,7 +346,7 @@ impl PhaseRunner for Native {
         phase_index: usize,
         layout: &Layout,
         tables: &Tables,
-        inputs: &[&Column],
+        inputs: &[ColumnRef<'_>],
         carried: HashMap<NodeId, Column>,
         context: &Context,
     ) -> Result<Vec<Option<Column>>, EvalError> {
@@ -506,8 +552,18 @@ impl Kernel {
     /// Check a packed batch against the plan: valid layout, one column per input, each of the right
     /// length and precision. Nothing runs on a batch that fails.
     pub fn validate(&self, batch: &PackedBatch) -> Result<(), EvalError> {
-        self.check_lengths(&batch.layout, batch.inputs.iter().map(Column::len))?;
-        for (info, column) in self.graph.inputs.iter().zip(&batch.inputs) {
+        let inputs: Vec<ColumnRef<'_>> = batch.inputs.iter().map(Column::as_column_ref).collect();
+        self.validate_view(&batch.layout, &inputs)
+    }
+
+    /// [`Kernel::validate`] on borrowed input columns.
+    pub fn validate_view(
+        &self,
+        layout: &Layout,
+        inputs: &[ColumnRef<'_>],
+    ) -> Result<(), EvalError> {
+        self.check_lengths(layout, inputs.iter().map(ColumnRef::len))?;
+        for (info, column) in self.graph.inputs.iter().zip(inputs) {
             let wanted = self.input_precision(info.elem);
             if column.precision() != wanted {
                 return Err(EvalError(format!(
@@ -519,6 +575,13 @@ impl Kernel {
             }
         }
         Ok(())
+    }
+
+    /// The storage precision this kernel reads input `index` in (`f32` inputs: the plan's storage;
+    /// `i32`/`bool` inputs: f64); `None` past the last input.
+    pub fn input_storage(&self, index: usize) -> Option<Precision> {
+        let info = self.graph.inputs.get(index)?;
+        Some(self.input_precision(info.elem))
     }
 
     /// Evaluate every output on `batch`, like `interp::evaluate`.
@@ -536,6 +599,17 @@ impl Kernel {
         self.run_packed_with(batch, context, &Native)
     }
 
+    /// Evaluate every output on borrowed input columns (validated first, as `run_packed`): memory the
+    /// caller owns is read in place, without a copy.
+    pub fn run_view(
+        &self,
+        layout: &Layout,
+        inputs: &[ColumnRef<'_>],
+        context: &Context,
+    ) -> Result<PackedOutcome, EvalError> {
+        self.run_view_with(layout, inputs, context, &Native)
+    }
+
     /// `run_packed` with another backend's phase runner: the batch is validated before anything runs.
     pub(crate) fn run_packed_with(
         &self,
@@ -543,30 +617,39 @@ impl Kernel {
         context: &Context,
         runner: &dyn PhaseRunner,
     ) -> Result<PackedOutcome, EvalError> {
-        self.validate(batch)?;
-        let layout = &batch.layout;
+        let inputs: Vec<ColumnRef<'_>> = batch.inputs.iter().map(Column::as_column_ref).collect();
+        self.run_view_with(&batch.layout, &inputs, context, runner)
+    }
+
+    /// `run_view` with another backend's phase runner.
+    pub(crate) fn run_view_with(
+        &self,
+        layout: &Layout,
+        inputs: &[ColumnRef<'_>],
+        context: &Context,
+        runner: &dyn PhaseRunner,
+    ) -> Result<PackedOutcome, EvalError> {
+        self.validate_view(layout, inputs)?;
         let tables = self.tables(layout)?;
         let responses = layout.responses();
-        let inputs: Vec<&Column> = batch.inputs.iter().collect();
         let outcome = if self.plan.phases.len() == 1 {
             let mut buffers =
-                runner.run_phase(self, 0, layout, &tables, &inputs, HashMap::new(), context)?;
+                runner.run_phase(self, 0, layout, &tables, inputs, HashMap::new(), context)?;
             self.collect(0, &mut buffers, vec![true; responses], None)?
         } else {
-            self.run_filtered(batch, &tables, &inputs, context, runner)?
+            self.run_filtered(layout, &tables, inputs, context, runner)?
         };
         check_finite(outcome)
     }
 
     fn run_filtered(
         &self,
-        batch: &PackedBatch,
+        layout: &Layout,
         tables: &Tables,
-        inputs: &[&Column],
+        inputs: &[ColumnRef<'_>],
         context: &Context,
         runner: &dyn PhaseRunner,
     ) -> Result<PackedOutcome, EvalError> {
-        let layout = &batch.layout;
         let responses = layout.responses();
         let mut first =
             runner.run_phase(self, 0, layout, tables, inputs, HashMap::new(), context)?;
@@ -611,9 +694,9 @@ impl Kernel {
         let graph = &self.graph;
         let mut full = Geometry::new(layout.clone(), rubric_lens(graph));
         let mut sub = Geometry::new(selection.layout.clone(), rubric_lens(graph));
-        let mut slice = |shape: &Shape, column: &Column| -> Column {
+        let mut slice = |shape: &Shape, column: ColumnRef<'_>| -> Column {
             if shape.level == Level::Batch && shape.feature.is_none() && column.len() == 1 {
-                return column.clone();
+                return column.gather(&[0]);
             }
             let map = selection.element_map(&mut full, &mut sub, shape);
             column.gather(&map)
@@ -622,18 +705,18 @@ impl Kernel {
             .inputs
             .iter()
             .zip(inputs)
-            .map(|(info, column)| slice(&info.shape, column))
+            .map(|(info, column)| slice(&info.shape, *column))
             .collect();
         let carried: HashMap<NodeId, Column> = exports
             .into_iter()
             .map(|(node, column)| {
                 let shape = graph.node(node).shape.clone();
-                (node, slice(&shape, &column))
+                (node, slice(&shape, column.as_column_ref()))
             })
             .collect();
         let sub_layout = selection.layout.clone();
         let sub_tables = self.tables(&sub_layout)?;
-        let sub_refs: Vec<&Column> = sub_inputs.iter().collect();
+        let sub_refs: Vec<ColumnRef<'_>> = sub_inputs.iter().map(Column::as_column_ref).collect();
         let mut second = runner.run_phase(
             self,
             1,
@@ -778,7 +861,7 @@ impl Kernel {
         phase_index: usize,
         layout: &Layout,
         tables: &Tables,
-        inputs: &[&Column],
+        inputs: &[ColumnRef<'_>],
         carried: HashMap<NodeId, Column>,
         context: &Context,
     ) -> Result<Vec<Option<Column>>, EvalError> {

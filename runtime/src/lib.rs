@@ -1,5 +1,6 @@
 //! rlx runtime: the packed batch layout, reading rollout files, kernel execution.
 
+pub mod arrays;
 pub mod batch;
 pub mod bench;
 pub mod cuda;

@@ -96,25 +96,8 @@ pub fn score_at(
     context: &Context,
 ) -> Result<Scored, String> {
     let graph = rlx_compiler::compile_graph(recipe, overrides)?;
-    let lets = top_level_lets(recipe);
-    let names: Vec<&str> = lets.iter().map(|(_, name)| *name).collect();
-    let shown: Vec<GlobalId> = resolve_show(recipe, &names, show)?
-        .into_iter()
-        .filter_map(|name| match name {
-            Showable::Let(index) => Some(lets[index].0),
-            Showable::Input(_) => None,
-        })
-        .collect();
     let rollout = rlx_compiler::ir::rollout_settings(recipe, &graph);
-    let rollout_expressions = rollout
-        .iter()
-        .any(|s| matches!(s.value, RolloutValueInfo::Expression));
-    let shown_graph = match shown.is_empty() && !rollout_expressions {
-        true => None,
-        false => Some(rlx_compiler::compile_graph_showing_rollout(
-            recipe, overrides, &shown, true,
-        )?),
-    };
+    let shown_graph = shown_graph(recipe, &graph, overrides, show)?;
     score_graphs(
         &graph,
         shown_graph.as_ref(),
@@ -126,6 +109,35 @@ pub fn score_at(
         context,
         &rollout,
     )
+}
+
+/// The graph (of `graph`'s recipe) that keeps alive, by name, the top-level `let`s named in `show` and the recipe's
+/// `rollout { … }` settings given by expressions (`compile_graph_showing_rollout`), for `score_read`;
+/// `None` when there are neither. An unknown name in `show` is an error.
+pub fn shown_graph(
+    recipe: &Recipe,
+    graph: &Graph,
+    overrides: &[(String, f64)],
+    show: &[String],
+) -> Result<Option<Graph>, String> {
+    let lets = top_level_lets(recipe);
+    let names: Vec<&str> = lets.iter().map(|(_, name)| *name).collect();
+    let shown: Vec<GlobalId> = resolve_show(recipe, &names, show)?
+        .into_iter()
+        .filter_map(|name| match name {
+            Showable::Let(index) => Some(lets[index].0),
+            Showable::Input(_) => None,
+        })
+        .collect();
+    let rollout_expressions = rlx_compiler::ir::rollout_settings(recipe, graph)
+        .iter()
+        .any(|s| matches!(s.value, RolloutValueInfo::Expression));
+    Ok(match shown.is_empty() && !rollout_expressions {
+        true => None,
+        false => Some(rlx_compiler::compile_graph_showing_rollout(
+            recipe, overrides, &shown, true,
+        )?),
+    })
 }
 
 /// `score_at` on a `.rlxc` artifact (`rlx score FILE.rlxc`): its graph, with `overrides` that must
@@ -221,7 +233,7 @@ fn resolve_show(recipe: &Recipe, lets: &[&str], show: &[String]) -> Result<Vec<S
 }
 
 /// Whether evaluating `graph` needs each response's token count.
-fn reads_token_counts(graph: &Graph) -> bool {
+pub(crate) fn reads_token_counts(graph: &Graph) -> bool {
     graph.nodes.iter().any(|node| {
         node.shape.level == Level::Tok
             || matches!(node.op, Op::Value(Builtin::Length | Builtin::TokenIndex))
@@ -242,10 +254,40 @@ fn score_graphs(
     context: &Context,
     rollout: &[RolloutInfo],
 ) -> Result<Scored, String> {
+    let read = read_rollouts(rollouts, declarations).map_err(|e| e.to_string())?;
+    score_read(
+        graph,
+        shown,
+        declarations,
+        read,
+        with_gradients,
+        backend,
+        show,
+        context,
+        rollout,
+    )
+}
+
+/// The document of `score_graph` for a batch already read: from a rollout file, or from arrays
+/// (`crate::arrays::ArrayBatch::to_rollouts`, the Python binding's `Recipe.score(**arrays)`);
+/// `shown` is [`shown_graph`]'s graph (or an artifact's `shown`) when `show` names a `let` or a rollout
+/// setting is an expression; `context` the step and progress; `rollout` the recipe's settings
+/// (`rlx_compiler::ir::rollout_settings`, or an artifact's `rollout`).
+#[allow(clippy::too_many_arguments)]
+pub fn score_read(
+    graph: &Graph,
+    shown: Option<&Graph>,
+    declarations: &Recipe,
+    read: crate::rollouts::Rollouts,
+    with_gradients: bool,
+    backend: Backend,
+    show: &[String],
+    context: &Context,
+    rollout: &[RolloutInfo],
+) -> Result<Scored, String> {
     let recipe = declarations;
     let lets: Vec<&str> = shown.map(shown_lets).unwrap_or_default();
     let names = resolve_show(recipe, &lets, show)?;
-    let read = read_rollouts(rollouts, recipe).map_err(|e| e.to_string())?;
     crate::batch::check_group_sizes_named(graph, &read.batch.layout, |g| {
         format!("group {}", read.groups[g])
     })?;

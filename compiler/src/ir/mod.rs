@@ -26,6 +26,7 @@
 //! elements the same way; `Other` reads response j of a pair and `SumByOther` is its adjoint.
 
 pub mod autodiff;
+pub mod cut;
 pub mod lower;
 pub mod print;
 

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""The Python binding's benchmark (docs/python.md): DAPO's loss and gradient on one CPU thread, from
+Python, as rlx's fused kernel (`rlx.Recipe("recipes/dapo.rlx").torch()`) and as verl computes it
+(verl's own `compute_grpo_outcome_advantage` and `compute_policy_loss_vanilla` with token-mean, on the
+groups dynamic sampling keeps, then torch autograd), on the same float32 batch: G groups × N responses
+× T tokens (every response T tokens long, padded layout with a full `response_mask`, as verl holds it).
+
+Each measurement is one training step's objective: forward and backward (∂loss/∂log_prob), median
+(and minimum) of `--runs`, the three variants interleaved, after one warm-up: rlx with f64
+accumulation (the default), rlx with f32 accumulation (`Recipe.torch(accumulate="f32")`), verl. Both sides run on one thread (`torch.set_num_threads(1)`,
+RAYON_NUM_THREADS=1 for rlx's kernel). The losses and gradients are checked to agree.
+
+Usage: python scripts/python_bench.py [--groups 64] [--n 8] [--tokens 1024] [--runs 7]
+(the Python of scripts/install-torch.sh --with-verl, with the wheel of scripts/build-python.sh)
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+os.environ["RAYON_NUM_THREADS"] = "1"  # before rlx's thread pool starts
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import rlx  # noqa: E402
+from verl.trainer.ppo import core_algos  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Config(dict):
+    """What verl's vanilla loss reads from its ActorConfig (dapo.rlx's clip settings)."""
+
+    def __getattr__(self, name):
+        return self[name]
+
+
+CONFIG = Config(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=10.0, global_batch_info={})
+
+
+def make_batch(groups, n, tokens, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    B = groups * n
+    base = torch.empty(B, tokens).uniform_(-2.5, -0.2, generator=g)
+    logp = base + torch.empty(B, tokens).uniform_(-0.15, 0.15, generator=g)
+    old_logp = base + torch.empty(B, tokens).uniform_(-0.15, 0.15, generator=g)
+    score = torch.randint(0, 2, (B,), generator=g).float() * 2 - 1
+    index = np.repeat(np.arange(groups), n)
+    mask = torch.ones(B, tokens)
+    return logp, old_logp, score, index, mask
+
+
+def verl_step(logp, old_logp, score, index, mask, n):
+    """DAPO as verl computes it: reward (score + the overlong penalty of verl's dapo reward manager),
+    dynamic sampling (groups whose rewards all agree are dropped), GRPO advantages, the clipped loss."""
+    B, T = logp.shape
+    logp = logp.detach().requires_grad_(True)
+    length = mask.sum(-1)
+    reward = score + torch.clamp(-(length - (20480 - 4096)) / 4096 * 1.0, max=0.0)
+    kept = (reward.view(-1, n).std(dim=1) > 0).repeat_interleave(n)
+    rows = kept.nonzero().squeeze(-1)
+    token_level_rewards = torch.zeros(B, T)
+    token_level_rewards[:, -1] = reward
+    advantages, _ = core_algos.compute_grpo_outcome_advantage(token_level_rewards[rows], mask[rows], index[rows.numpy()])
+    loss, _metrics = core_algos.compute_policy_loss_vanilla(
+        old_logp[rows], logp[rows], advantages, mask[rows], "token-mean", CONFIG, None
+    )
+    loss.backward()
+    return loss.detach(), logp.grad
+
+
+def rlx_step(fn, logp, old_logp, score, index, mask):
+    logp = logp.detach().requires_grad_(True)
+    loss, _metrics = fn(logp=logp, old_logp=old_logp, score=score, index=index, response_mask=mask)
+    loss.backward()
+    return loss.detach(), logp.grad
+
+
+def timed(works, runs):
+    """Median and minimum milliseconds of each of `works`, run interleaved (one of each per round, so a
+    shared machine's load falls on all alike), after one warm-up round."""
+    for work in works:
+        work()
+    times = [[] for _ in works]
+    for _ in range(runs):
+        for work, out in zip(works, times):
+            start = time.perf_counter()
+            work()
+            out.append(time.perf_counter() - start)
+    return [(statistics.median(t) * 1e3, min(t) * 1e3) for t in times]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--groups", type=int, default=64)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=1024)
+    parser.add_argument("--runs", type=int, default=7)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    batch = make_batch(args.groups, args.n, args.tokens)
+    fn = rlx.Recipe(os.path.join(ROOT, "recipes", "dapo.rlx")).torch()
+
+    ours = rlx_step(fn, *batch)
+    theirs = verl_step(*batch, args.n)
+    assert torch.allclose(ours[0], theirs[0], rtol=1e-4, atol=1e-6), (float(ours[0]), float(theirs[0]))
+    assert torch.allclose(ours[1], theirs[1], rtol=1e-3, atol=1e-9), "the gradients differ"
+
+    fast = rlx.Recipe(os.path.join(ROOT, "recipes", "dapo.rlx")).torch(accumulate="f32")
+    (rlx_ms, rlx_min), (fast_ms, fast_min), (verl_ms, verl_min) = timed(
+        [lambda: rlx_step(fn, *batch), lambda: rlx_step(fast, *batch), lambda: verl_step(*batch, args.n)], args.runs
+    )
+    tokens = args.groups * args.n * args.tokens
+    result = {
+        "groups": args.groups,
+        "n": args.n,
+        "tokens": args.tokens,
+        "threads": 1,
+        "rlx_ms": round(rlx_ms, 2),
+        "rlx_min_ms": round(rlx_min, 2),
+        "rlx_f32_accumulate_ms": round(fast_ms, 2),
+        "rlx_f32_accumulate_min_ms": round(fast_min, 2),
+        "verl_ms": round(verl_ms, 2),
+        "verl_min_ms": round(verl_min, 2),
+        "speedup": round(verl_ms / rlx_ms, 2),
+        "speedup_min": round(verl_min / rlx_min, 2),
+        "speedup_f32_accumulate": round(verl_ms / fast_ms, 2),
+        "rlx_tokens_per_s": round(tokens / rlx_ms * 1e3),
+        "loss": float(ours[0]),
+        "torch": torch.__version__,
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
