@@ -275,30 +275,41 @@ impl Loader<'_> {
                 stdlib::module(name).unwrap_or_default(),
                 origin.clone(),
             ),
-            Origin::Path(path) => match files::read_text(path, MAX_SOURCE_BYTES as u64) {
-                Ok(text) => self
-                    .sources
-                    .add(path.display().to_string(), text, origin.clone()),
-                Err(error) => {
-                    let code = if error.kind() == std::io::ErrorKind::FileTooLarge {
-                        "rlx::too_large"
-                    } else {
-                        "rlx::import_not_found"
-                    };
-                    self.diagnostics.push(
-                        Diagnostic::error(
-                            code,
-                            from,
-                            format!("cannot read `{}`: {error}", path.display()),
-                        )
-                        .label(span, "imported here"),
-                    );
-                    return None;
-                }
-            },
+            Origin::Path(path) => {
+                self.read_file(path, MAX_SOURCE_BYTES as u64, (from, span, "imported here"))?
+            }
             Origin::Memory => return None,
         };
         self.load_module(file, depth + 1)
+    }
+
+    /// Read `path` (at most `limit` bytes, through `files::read_text`) into the source map; a file that
+    /// cannot be read is a diagnostic at `at` (the file, span and label of what named it).
+    fn read_file(&mut self, path: &Path, limit: u64, at: (FileId, Span, &str)) -> Option<FileId> {
+        let (from, span, label) = at;
+        match files::read_text(path, limit) {
+            Ok(text) => Some(self.sources.add(
+                path.display().to_string(),
+                text,
+                Origin::Path(path.to_path_buf()),
+            )),
+            Err(error) => {
+                let code = if error.kind() == std::io::ErrorKind::FileTooLarge {
+                    "rlx::too_large"
+                } else {
+                    "rlx::import_not_found"
+                };
+                self.diagnostics.push(
+                    Diagnostic::error(
+                        code,
+                        from,
+                        format!("cannot read `{}`: {error}", path.display()),
+                    )
+                    .label(span, label),
+                );
+                None
+            }
+        }
     }
 
     fn module_name(&self, index: usize) -> String {
@@ -610,25 +621,7 @@ impl Loader<'_> {
         let origin = Origin::Path(path.clone());
         let file = match self.sources.find(&origin) {
             Some(file) => file,
-            None => match files::read_text(&path, MAX_RUBRIC_FILE_BYTES) {
-                Ok(text) => self.sources.add(path.display().to_string(), text, origin),
-                Err(error) => {
-                    let code = if error.kind() == std::io::ErrorKind::FileTooLarge {
-                        "rlx::too_large"
-                    } else {
-                        "rlx::import_not_found"
-                    };
-                    self.diagnostics.push(
-                        Diagnostic::error(
-                            code,
-                            from,
-                            format!("cannot read `{}`: {error}", path.display()),
-                        )
-                        .label(span, "named here"),
-                    );
-                    return None;
-                }
-            },
+            None => self.read_file(&path, MAX_RUBRIC_FILE_BYTES, (from, span, "named here"))?,
         };
         let text = self.sources.get(file).text.clone();
         let json = path.extension().is_some_and(|e| e == "json");

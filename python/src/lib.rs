@@ -337,6 +337,38 @@ impl Compiled {
         }
     }
 
+    /// `rlx score`'s document on rows already read (`score::score_read`, without the GIL), with the
+    /// graph of `shown` values ([`Compiled::shown`]).
+    fn score_document(
+        &self,
+        py: Python<'_>,
+        read: rlx_runtime::rollouts::Rollouts,
+        grad: bool,
+        backend: Backend,
+        show: &[String],
+        shown: Option<Graph>,
+    ) -> PyResult<Py<PyAny>> {
+        let graph = &self.graph;
+        let declarations = &self.declarations;
+        let rollout = &self.rollout;
+        let scored = py
+            .detach(|| {
+                score::score_read(
+                    graph,
+                    shown.as_ref(),
+                    declarations,
+                    read,
+                    grad,
+                    backend,
+                    show,
+                    &Context::default(),
+                    rollout,
+                )
+            })
+            .map_err(score_error)?;
+        self.document(py, scored)
+    }
+
     fn document(&self, py: Python<'_>, scored: score::Scored) -> PyResult<Py<PyAny>> {
         let document = json_to_py(py, &scored.document)?;
         let warnings: Vec<String> = scored.fallback.into_iter().chain(scored.warnings).collect();
@@ -626,25 +658,7 @@ impl Compiled {
                 };
                 input_error(e.key.as_deref(), row, format!("{place}{}", e.message))
             })?;
-        let graph = &self.graph;
-        let declarations = &self.declarations;
-        let rollout = &self.rollout;
-        let scored = py
-            .detach(|| {
-                score::score_read(
-                    graph,
-                    shown.as_ref(),
-                    declarations,
-                    read,
-                    grad,
-                    backend,
-                    &show,
-                    &Context::default(),
-                    rollout,
-                )
-            })
-            .map_err(score_error)?;
-        self.document(py, scored)
+        self.score_document(py, read, grad, backend, &show, shown)
     }
 
     /// `rlx score` on arrays (`rlx_runtime::arrays`): [document, warnings].
@@ -668,25 +682,7 @@ impl Compiled {
             arrays::from_arrays(&self.graph, &arrays, Precision::F64).map_err(array_error)?;
         let read = batch.to_rollouts();
         drop(batch);
-        let graph = &self.graph;
-        let declarations = &self.declarations;
-        let rollout = &self.rollout;
-        let scored = py
-            .detach(|| {
-                score::score_read(
-                    graph,
-                    shown.as_ref(),
-                    declarations,
-                    read,
-                    grad,
-                    backend,
-                    &show,
-                    &Context::default(),
-                    rollout,
-                )
-            })
-            .map_err(score_error)?;
-        self.document(py, scored)
+        self.score_document(py, read, grad, backend, &show, shown)
     }
 
     /// Run the kernel on arrays (the torch path): `f32` inputs stored in `storage` ("f32"/"f64"),
