@@ -55,8 +55,15 @@ module.exports = grammar({
     // Declarations
 
     import_declaration: ($) =>
-      seq('import', field('source', choice($.std_path, $.string)), optional($.import_list)),
-    std_path: (_) => token(seq('std', repeat1(seq('/', /[A-Za-z_][A-Za-z0-9_]*/)))),
+      seq(
+        'import',
+        field('source', choice($.std_path, $.package_path, $.string)),
+        optional($.import_list),
+      ),
+    std_path: (_) => token(prec(1, seq('std', repeat1(seq('/', /[A-Za-z_][A-Za-z0-9_]*/))))),
+    // `name/module`: a module of a declared package (docs/sharing.md).
+    package_path: (_) =>
+      token(seq(/[A-Za-z_][A-Za-z0-9_]*/, repeat1(seq('/', /[A-Za-z_][A-Za-z0-9_]*/)))),
     import_list: ($) => seq('.', '{', commaSep1($.identifier), optional(','), '}'),
 
     input_declaration: ($) =>
@@ -113,9 +120,15 @@ module.exports = grammar({
         'rubric',
         field('name', $.identifier),
         '{',
-        repeat(choice($.criterion, $.interaction, $.aggregate, $.on_veto, $.shape)),
+        repeat(
+          choice($.criteria_file, $.criterion, $.interaction, $.aggregate, $.on_veto, $.shape),
+        ),
         '}',
       ),
+    // `criteria "./style.toml"` or `criteria name/dir/style.json`: criteria from a rubric file.
+    criteria_file: ($) => seq('criteria', field('source', choice($.data_path, $.string))),
+    data_path: (_) =>
+      token(seq(/[A-Za-z_][A-Za-z0-9_]*/, repeat1(seq('/', /[A-Za-z0-9_.\-]+/)))),
     criterion: ($) =>
       seq(
         'criterion',

@@ -9,6 +9,8 @@
 (signed_number) @number
 (boolean) @boolean
 (std_path) @module
+(package_path) @module
+(data_path) @string.special.path
 
 [
   "import"
@@ -21,6 +23,7 @@
   "when"
   "rollout"
   "criterion"
+  "criteria"
   "interact"
   "aggregate"
   "on_veto"

@@ -48,11 +48,15 @@ fn first_error(node: Node) -> Option<(String, usize, usize)> {
 }
 
 #[test]
-fn every_recipe_and_stdlib_module_parses_without_error() {
+fn every_recipe_stdlib_module_and_example_package_parses_without_error() {
     let mut parser = parser();
     let mut files = rlx_files(&root().join("recipes"));
     files.extend(rlx_files(&root().join("stdlib")));
     files.extend(rlx_files(&root().join("tests/gradients")));
+    // The example packages: package imports and rubric files (docs/sharing.md).
+    for package in ["examples/packages/house_style", "examples/packages/style_grpo"] {
+        files.extend(rlx_files(&root().join(package)));
+    }
     assert!(files.len() >= 35, "found only {} files", files.len());
     let mut failures = Vec::new();
     for file in &files {

@@ -35,7 +35,8 @@ async function grammar() {
 
 function files() {
   const found = [];
-  for (const folder of ["recipes", "stdlib"]) {
+  // The example packages too: package imports and rubric files (docs/sharing.md).
+  for (const folder of ["recipes", "stdlib", "examples/packages/house_style", "examples/packages/style_grpo"]) {
     for (const name of fs.readdirSync(path.join(root, folder)).sort()) {
       if (name.endsWith(".rlx")) found.push(path.join(root, folder, name));
     }
