@@ -54,7 +54,10 @@ fn every_recipe_stdlib_module_and_example_package_parses_without_error() {
     files.extend(rlx_files(&root().join("stdlib")));
     files.extend(rlx_files(&root().join("tests/gradients")));
     // The example packages: package imports and rubric files (docs/sharing.md).
-    for package in ["examples/packages/house_style", "examples/packages/style_grpo"] {
+    for package in [
+        "examples/packages/house_style",
+        "examples/packages/style_grpo",
+    ] {
         files.extend(rlx_files(&root().join(package)));
     }
     assert!(files.len() >= 35, "found only {} files", files.len());
