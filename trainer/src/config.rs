@@ -313,26 +313,28 @@ impl Config {
             sizes.push(("sft.batch", self.sft.batch, 1..=65_536));
         }
         if let ModelSection::Tiny(model) = &self.model {
-            sizes.extend([
-                ("model.vocab", model.vocab, 0..=1_048_576),
-                ("model.hidden", model.hidden, 1..=65_536),
-                ("model.layers", model.layers, 1..=1_024),
-                ("model.heads", model.heads, 1..=1_024),
-                ("model.kv_heads", model.kv_heads, 1..=1_024),
-                ("model.intermediate", model.intermediate, 1..=1_048_576),
-                ("model.max_positions", model.max_positions, 1..=1_048_576),
-            ]);
+            let names = [
+                "model.vocab",
+                "model.hidden",
+                "model.layers",
+                "model.heads",
+                "model.kv_heads",
+                "model.intermediate",
+                "model.max_positions",
+            ];
+            sizes.extend(tiny_sizes(names, model));
         }
         if let Some(ModelSection::Tiny(model)) = &self.teacher {
-            sizes.extend([
-                ("teacher.vocab", model.vocab, 0..=1_048_576),
-                ("teacher.hidden", model.hidden, 1..=65_536),
-                ("teacher.layers", model.layers, 1..=1_024),
-                ("teacher.heads", model.heads, 1..=1_024),
-                ("teacher.kv_heads", model.kv_heads, 1..=1_024),
-                ("teacher.intermediate", model.intermediate, 1..=1_048_576),
-                ("teacher.max_positions", model.max_positions, 1..=1_048_576),
-            ]);
+            let names = [
+                "teacher.vocab",
+                "teacher.hidden",
+                "teacher.layers",
+                "teacher.heads",
+                "teacher.kv_heads",
+                "teacher.intermediate",
+                "teacher.max_positions",
+            ];
+            sizes.extend(tiny_sizes(names, model));
         }
         if let TaskSection::Arithmetic(task) = &self.task {
             sizes.push(("task.eval_questions", task.eval_questions, 1..=1_000_000));
@@ -681,4 +683,22 @@ fn set_key(table: &mut toml::Table, key: &str, raw: &str) -> Result<(), String> 
     }
     here.insert(last.to_string(), parsed);
     Ok(())
+}
+
+/// A tiny model's sizes with their allowed ranges (the one table of them, for `[model]` and
+/// `[teacher]`), named `names`: vocab, hidden, layers, heads, kv_heads, intermediate, max_positions.
+fn tiny_sizes(
+    names: [&'static str; 7],
+    model: &crate::model::ModelConfig,
+) -> [(&'static str, usize, RangeInclusive<usize>); 7] {
+    let [vocab, hidden, layers, heads, kv_heads, intermediate, max_positions] = names;
+    [
+        (vocab, model.vocab, 0..=1_048_576),
+        (hidden, model.hidden, 1..=65_536),
+        (layers, model.layers, 1..=1_024),
+        (heads, model.heads, 1..=1_024),
+        (kv_heads, model.kv_heads, 1..=1_024),
+        (intermediate, model.intermediate, 1..=1_048_576),
+        (max_positions, model.max_positions, 1..=1_048_576),
+    ]
 }
