@@ -40,6 +40,19 @@ fn run(binary: &str, args: &[&str]) -> std::process::Output {
         .expect("binary runs")
 }
 
+/// `rlxc compile RECIPE -o OUT`, which must succeed.
+fn compile(recipe: &str, out: &Path) {
+    let compiled = run(
+        env!("CARGO_BIN_EXE_rlxc"),
+        &["compile", recipe, "-o", out.to_str().unwrap()],
+    );
+    assert!(
+        compiled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&compiled.stderr)
+    );
+}
+
 /// The file's header line and body.
 fn split(bytes: &[u8]) -> (String, Vec<u8>) {
     let newline = bytes.iter().position(|&b| b == b'\n').unwrap();
@@ -141,15 +154,7 @@ fn score_on_the_artifact_equals_score_on_the_recipe() {
     ] {
         let stem = Path::new(recipe).file_stem().unwrap().to_string_lossy();
         let out = directory.join(format!("{stem}.rlxc"));
-        let compiled = run(
-            env!("CARGO_BIN_EXE_rlxc"),
-            &["compile", recipe, "-o", out.to_str().unwrap()],
-        );
-        assert!(
-            compiled.status.success(),
-            "{}",
-            String::from_utf8_lossy(&compiled.stderr)
-        );
+        compile(recipe, &out);
         for backend in ["jit", "interp"] {
             let score = |file: &str| {
                 let output = run(
@@ -189,15 +194,7 @@ fn show_on_the_artifact_equals_show_on_the_recipe() {
     let recipe = "tests/scores/rollouts/show_keep.rlx";
     let rollouts = "tests/scores/rollouts/show_keep.jsonl";
     let out = directory.join("show_keep.rlxc");
-    let compiled = run(
-        env!("CARGO_BIN_EXE_rlxc"),
-        &["compile", recipe, "-o", out.to_str().unwrap()],
-    );
-    assert!(
-        compiled.status.success(),
-        "{}",
-        String::from_utf8_lossy(&compiled.stderr)
-    );
+    compile(recipe, &out);
     let score = |file: &str, backend: &str, show: &str| {
         run(
             env!("CARGO_BIN_EXE_rlx"),

@@ -661,8 +661,16 @@ fn thousands_of_metrics_compile_in_passes_of_bounded_size() {
     assert!(loops >= metrics / limit, "{loops} loop passes");
     let rollouts = "{\"group\": \"a\", \"logp\": [-1, -2], \"score\": 1}\n{\"group\": \"a\", \"logp\": [-1], \"score\": 0}\n";
     let score = |backend| {
-        rlx_runtime::score::score_with_backend(&recipe, rollouts, &[], true, backend, &[])
-            .expect("scored")
+        rlx_runtime::score::score_at(
+            &recipe,
+            rollouts,
+            &[],
+            true,
+            backend,
+            &[],
+            &Context::default(),
+        )
+        .expect("scored")
     };
     let jit = score(rlx_runtime::score::Backend::Jit);
     assert!(jit.fallback.is_none(), "{:?}", jit.fallback);

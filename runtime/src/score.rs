@@ -38,7 +38,7 @@ pub struct Scored {
 }
 
 /// Score `rollouts` (JSONL text) with `recipe`, params overridden by `overrides`, on the reference
-/// interpreter (`score_with_backend` chooses the engine).
+/// interpreter at step 0 (`score_at` chooses the engine, the step and the progress).
 ///
 /// The document is `{"loss", "metrics": {NAME: x}, "responses": [{"group", "reward", "advantage",
 /// "kept"}] (input order), "grad": {INPUT: …}}` (`grad` only when `with_gradients`); see
@@ -49,39 +49,20 @@ pub fn score(
     overrides: &[(String, f64)],
     with_gradients: bool,
 ) -> Result<Scored, String> {
-    score_with_backend(
+    score_at(
         recipe,
         rollouts,
         overrides,
         with_gradients,
         Backend::Interp,
         &[],
-    )
-}
-
-/// `score` on the chosen engine (`rlx score --backend`), with the values of the inputs and top-level
-/// `let`s named in `show` under the document's `"show"` key (`rlx score --show`), at step 0 and
-/// progress 0 (`score_at` sets them).
-pub fn score_with_backend(
-    recipe: &Recipe,
-    rollouts: &str,
-    overrides: &[(String, f64)],
-    with_gradients: bool,
-    backend: Backend,
-    show: &[String],
-) -> Result<Scored, String> {
-    score_at(
-        recipe,
-        rollouts,
-        overrides,
-        with_gradients,
-        backend,
-        show,
         &Context::default(),
     )
 }
 
-/// `score_with_backend` as a trainer would score at a point of its run: `context` gives the recipe's
+/// `score` on the chosen engine (`rlx score --backend`), with the values of the inputs and top-level
+/// `let`s named in `show` under the document's `"show"` key (`rlx score --show`), as a trainer would
+/// score at a point of its run: `context` gives the recipe's
 /// `step` and `progress` (`rlx score --step --progress`). The document's `"rollout"` key has the
 /// recipe's `rollout { … }` settings: constants and params as numbers, string lists as lists, and every
 /// other expression evaluated on these rollouts at this step (one value per response for a
