@@ -19,6 +19,7 @@
 //! (packed, or padded with every row full, in f32 or f64 as the kernel stores) is borrowed, not copied.
 
 use std::fmt;
+use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
@@ -117,11 +118,13 @@ fn error(key: &str, message: impl Into<String>) -> ArrayError {
     }
 }
 
-/// One input's values for the kernel: borrowed from the caller's array, or converted.
+/// One input's values for the kernel: borrowed from the caller's array, converted, or a defaulted
+/// input's filled column kept in a [`Defaults`] between calls.
 #[derive(Clone, Debug)]
 pub enum Input<'a> {
     Borrowed(ColumnRef<'a>),
     Owned(Column),
+    Shared(Arc<Column>),
 }
 
 impl Input<'_> {
@@ -129,8 +132,60 @@ impl Input<'_> {
         match self {
             Input::Borrowed(column) => *column,
             Input::Owned(column) => column.as_column_ref(),
+            Input::Shared(column) => column.as_column_ref(),
         }
     }
+}
+
+/// The filled columns of defaulted inputs, kept from one call to the next (the binding keeps one per
+/// compiled recipe): a trainer calls with batches of one size, and a token-level default such as
+/// DAPO's `mask = 1` is as large as the batch, so filling it anew would cost a pass over the batch on
+/// every call. One column per input (the last batch's size, value and precision), never written
+/// (the kernels only read their inputs).
+#[derive(Debug, Default)]
+pub struct Defaults(Mutex<Vec<Option<Arc<Column>>>>);
+
+impl Defaults {
+    /// Input `input`'s column of `size` copies of `value` in `precision`: the kept one when it
+    /// matches, else filled (and kept in place of the last).
+    fn column(&self, input: usize, precision: Precision, size: usize, value: f64) -> Arc<Column> {
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.len() <= input {
+            kept.resize(input + 1, None);
+        }
+        if let Some(column) = &kept[input] {
+            let same = column.len() == size
+                && column.precision() == precision
+                && (size == 0 || column.get(0).to_bits() == filled_value(precision, value));
+            if same {
+                return column.clone();
+            }
+        }
+        let column = Arc::new(filled(precision, size, value));
+        kept[input] = Some(column.clone());
+        column
+    }
+}
+
+/// The bits of `value` as a column of `precision` holds it, widened to f64 (what `Column::get` reads).
+fn filled_value(precision: Precision, value: f64) -> u64 {
+    match precision {
+        Precision::F32 => f64::from(value as f32).to_bits(),
+        Precision::F64 => value.to_bits(),
+    }
+}
+
+/// The position of the first of `values` for which `bad` holds. Blocks of 64 are tested without a
+/// branch per element (a loop the compiler vectorizes), and only the block that has one is searched
+/// element by element: `position` alone is a scalar loop, several times slower on a batch-sized array.
+fn first_where<T: Copy>(values: &[T], bad: impl Fn(T) -> bool) -> Option<usize> {
+    const BLOCK: usize = 64;
+    for (b, block) in values.chunks(BLOCK).enumerate() {
+        if block.iter().fold(false, |any, &x| any | bad(x)) {
+            return block.iter().position(|&x| bad(x)).map(|i| b * BLOCK + i);
+        }
+    }
+    None
 }
 
 /// Arrays laid out as a packed batch.
@@ -230,8 +285,8 @@ fn shape_text(shape: &[usize]) -> String {
 /// that breaks "1s, then 0s".
 fn mask_row_length<T: Copy + PartialEq + From<u8>>(row: &[T]) -> Result<usize, usize> {
     let (one, zero) = (T::from(1), T::from(0));
-    let length = row.iter().position(|&x| x != one).unwrap_or(row.len());
-    match row[length..].iter().position(|&x| x != zero) {
+    let length = first_where(row, |x| x != one).unwrap_or(row.len());
+    match first_where(&row[length..], |x| x != zero) {
         None => Ok(length),
         Some(at) => Err(length + at),
     }
@@ -293,6 +348,17 @@ pub fn from_arrays<'a>(
     graph: &Graph,
     arrays: &'a Arrays<'a>,
     storage: Precision,
+) -> Result<ArrayBatch<'a>, ArrayError> {
+    from_arrays_with(graph, arrays, storage, &Defaults::default())
+}
+
+/// [`from_arrays`], taking defaulted inputs' columns from `defaults` (filled there when it has none
+/// of this batch's size).
+pub fn from_arrays_with<'a>(
+    graph: &Graph,
+    arrays: &'a Arrays<'a>,
+    storage: Precision,
+    defaults: &Defaults,
 ) -> Result<ArrayBatch<'a>, ArrayError> {
     for (name, _) in &arrays.inputs {
         if !graph.inputs.iter().any(|i| &i.name == name) {
@@ -658,7 +724,7 @@ pub fn from_arrays<'a>(
     let mut inputs = Vec::with_capacity(graph.inputs.len());
     let mut placements = Vec::with_capacity(graph.inputs.len());
     let mut shapes = Vec::with_capacity(graph.inputs.len());
-    for info in &graph.inputs {
+    for (input, info) in graph.inputs.iter().enumerate() {
         let precision = match info.elem {
             Elem::F32 => storage,
             _ => Precision::F64,
@@ -676,7 +742,9 @@ pub fn from_arrays<'a>(
                 ));
             };
             let size = input_size(&layout, info);
-            inputs.push(Input::Owned(filled(precision, size, default)));
+            inputs.push(Input::Shared(
+                defaults.column(input, precision, size, default),
+            ));
             placements.push(None);
             shapes.push(None);
             continue;
@@ -831,13 +899,13 @@ pub fn from_arrays<'a>(
         let borrow = placement.is_none() && info.elem == Elem::F32;
         match (borrow, precision, array.elements) {
             (true, Precision::F32, Elements::F32(values)) => {
-                if let Some(bad) = values.iter().position(|x| !x.is_finite()) {
+                if let Some(bad) = first_where(values, |x: f32| !x.is_finite()) {
                     check_value(info, array, bad)?;
                 }
                 inputs.push(Input::Borrowed(ColumnRef::F32(values)));
             }
             (true, Precision::F64, Elements::F64(values)) => {
-                if let Some(bad) = values.iter().position(|x| !x.is_finite()) {
+                if let Some(bad) = first_where(values, |x: f64| !x.is_finite()) {
                     check_value(info, array, bad)?;
                 }
                 inputs.push(Input::Borrowed(ColumnRef::F64(values)));
@@ -967,7 +1035,7 @@ mod tests {
         );
         assert!(matches!(batch.inputs[2], Input::Borrowed(_)));
         assert!(
-            matches!(batch.inputs[3], Input::Owned(_)),
+            matches!(batch.inputs[3], Input::Shared(_)),
             "the defaulted mask"
         );
         assert_eq!(batch.groups, vec![Value::from(7), Value::from(9)]);
@@ -980,6 +1048,70 @@ mod tests {
             .run_packed(&packed, &Context::default())
             .expect("runs");
         assert_eq!(viewed, run);
+    }
+
+    #[test]
+    fn first_where_finds_the_first_in_any_block() {
+        let mut values = vec![1.0f32; 300];
+        assert_eq!(first_where(&values, |x: f32| x != 1.0), None);
+        assert_eq!(first_where(&[] as &[f32], |x: f32| x != 1.0), None);
+        for at in [0, 1, 63, 64, 65, 200, 299] {
+            values.fill(1.0);
+            values[at] = f32::NAN;
+            values[299] = 0.0;
+            assert_eq!(first_where(&values, |x: f32| x != 1.0), Some(at));
+            assert_eq!(first_where(&values, |x: f32| !x.is_finite()), Some(at).filter(|&a| a != 299));
+        }
+        assert_eq!(mask_row_length(&[1i64, 1, 1, 0, 0]), Ok(3));
+        let mut row = vec![1.0f64; 150];
+        row[100..].fill(0.0);
+        assert_eq!(mask_row_length(&row), Ok(100));
+        row[140] = 1.0;
+        assert_eq!(mask_row_length(&row), Err(140));
+    }
+
+    #[test]
+    fn defaulted_columns_are_kept_between_calls_of_one_size() {
+        let graph = dapo();
+        let defaults = Defaults::default();
+        let batch = |logp: &[f32]| {
+            let rows = logp.len() / 2;
+            (
+                logp.to_vec(),
+                vec![0.5f32; rows],
+                (0..rows as i64).map(|r| r / 2).collect::<Vec<i64>>(),
+                rows,
+            )
+        };
+        let mask_of = |logp: &[f32]| {
+            let (logp, score, index, rows) = batch(logp);
+            let arrays = Arrays {
+                inputs: vec![
+                    ("logp".into(), array(Elements::F32(&logp), &[rows, 2])),
+                    ("old_logp".into(), array(Elements::F32(&logp), &[rows, 2])),
+                    ("score".into(), array(Elements::F32(&score), &[rows])),
+                ],
+                index: Some(array(Elements::I64(&index), &[rows])),
+                ..Arrays::default()
+            };
+            let batch = from_arrays_with(&graph, &arrays, Precision::F32, &defaults).expect("a batch");
+            match &batch.inputs[3] {
+                Input::Shared(column) => column.clone(),
+                other => panic!("the defaulted mask is {other:?}"),
+            }
+        };
+        let first = mask_of(&[-0.5; 8]);
+        assert_eq!(*first, Column::F32(vec![1.0; 8]));
+        let again = mask_of(&[-0.7; 8]);
+        assert!(Arc::ptr_eq(&first, &again), "the same size reuses the column");
+        let larger = mask_of(&[-0.5; 12]);
+        assert_eq!(*larger, Column::F32(vec![1.0; 12]));
+        assert!(!Arc::ptr_eq(&first, &larger));
+        // Another precision or value is filled anew.
+        let f64_column = defaults.column(3, Precision::F64, 12, 1.0);
+        assert_eq!(*f64_column, Column::F64(vec![1.0; 12]));
+        let twos = defaults.column(3, Precision::F64, 12, 2.0);
+        assert_eq!(*twos, Column::F64(vec![2.0; 12]));
     }
 
     #[test]

@@ -140,8 +140,42 @@ impl<D: Device> DeviceKernel<D> {
         let runner = Runner {
             kernel: self,
             resident: None,
+            external: None,
         };
         self.kernel.run_packed_with(batch, context, &runner)
+    }
+
+    /// Evaluate every output on borrowed input columns (`Kernel::run_view` on the device: validated
+    /// first, then copied to the device), except those with an address in `device_inputs`: their
+    /// values are read where they are (the Python binding passes a CUDA tensor's memory this way).
+    ///
+    /// # Safety
+    ///
+    /// Each `device_inputs[i]` that is `Some` is the address, on this kernel's GPU (in its primary
+    /// context), of `inputs[i].len()` values in `inputs[i]`'s precision that equal `inputs[i]` (the
+    /// host columns are what is validated and what a filtered `keep` phase gathers), and no other
+    /// work writes them until this call returns.
+    pub unsafe fn run_view_on_device(
+        &self,
+        layout: &Layout,
+        inputs: &[ColumnRef<'_>],
+        device_inputs: &[Option<u64>],
+        context: &Context,
+    ) -> Result<PackedOutcome, EvalError> {
+        if device_inputs.len() != inputs.len() {
+            return Err(EvalError(format!(
+                "internal: {} device addresses for {} inputs",
+                device_inputs.len(),
+                inputs.len()
+            )));
+        }
+        *self.kernel_time.lock().unwrap_or_else(|e| e.into_inner()) = Duration::ZERO;
+        let runner = Runner {
+            kernel: self,
+            resident: None,
+            external: Some((inputs, device_inputs)),
+        };
+        self.kernel.run_view_with(layout, inputs, context, &runner)
     }
 
     /// Validate a packed batch and copy its inputs to the device once.
@@ -167,6 +201,7 @@ impl<D: Device> DeviceKernel<D> {
         let runner = Runner {
             kernel: self,
             resident: Some(batch),
+            external: None,
         };
         self.kernel.run_packed_with(&batch.batch, context, &runner)
     }
@@ -213,6 +248,9 @@ fn byte_len(column: &Column) -> usize {
 struct Runner<'a, D: Device> {
     kernel: &'a DeviceKernel<D>,
     resident: Option<&'a DeviceBatch<D>>,
+    /// The host columns of a view and, for some, the address of the same values on the device
+    /// (`DeviceKernel::run_view_on_device`).
+    external: Option<(&'a [ColumnRef<'a>], &'a [Option<u64>])>,
 }
 
 impl<D: Device> Runner<'_, D> {
@@ -222,6 +260,16 @@ impl<D: Device> Runner<'_, D> {
         let own = resident.batch.inputs.get(i)?.as_column_ref();
         (own.const_pointer() == column.const_pointer() && own.len() == column.len())
             .then(|| resident.buffers.get(i))
+            .flatten()
+    }
+
+    /// The caller's device address of input `i` when `column` is the view's own column (a filtered
+    /// phase's gathered inputs are not, and are uploaded).
+    fn external_input(&self, i: usize, column: ColumnRef<'_>) -> Option<u64> {
+        let (columns, addresses) = self.external?;
+        let own = columns.get(i)?;
+        (own.const_pointer() == column.const_pointer() && own.len() == column.len())
+            .then(|| addresses.get(i).copied().flatten())
             .flatten()
     }
 }
@@ -276,9 +324,13 @@ impl<D: Device> PhaseRunner for Runner<'_, D> {
                     let column = inputs
                         .get(i)
                         .ok_or_else(|| EvalError("internal: an input is missing".into()))?;
-                    match self.resident_input(i, *column) {
-                        Some(resident) => (None, device.address(resident)),
-                        None => {
+                    match (
+                        self.resident_input(i, *column),
+                        self.external_input(i, *column),
+                    ) {
+                        (Some(resident), _) => (None, device.address(resident)),
+                        (None, Some(address)) => (None, address),
+                        (None, None) => {
                             let b = device.upload(&column_bytes(*column)).map_err(fail)?;
                             let address = device.address(&b);
                             (Some(b), address)
@@ -495,6 +547,32 @@ impl GpuKernel {
         #[cfg(not(feature = "cuda"))]
         {
             let _ = (batch, context);
+            match self.never {}
+        }
+    }
+
+    /// [`DeviceKernel::run_view_on_device`] on this GPU.
+    ///
+    /// # Safety
+    ///
+    /// As [`DeviceKernel::run_view_on_device`]: each address in `device_inputs` holds the same values
+    /// as its host column, on this GPU, unwritten until the call returns.
+    pub unsafe fn run_view_on_device(
+        &self,
+        layout: &Layout,
+        inputs: &[ColumnRef<'_>],
+        device_inputs: &[Option<u64>],
+        context: &Context,
+    ) -> Result<PackedOutcome, EvalError> {
+        #[cfg(feature = "cuda")]
+        // SAFETY: the caller's contract, passed on.
+        return unsafe {
+            self.inner
+                .run_view_on_device(layout, inputs, device_inputs, context)
+        };
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (layout, inputs, device_inputs, context);
             match self.never {}
         }
     }
