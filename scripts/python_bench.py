@@ -8,7 +8,10 @@ groups dynamic sampling keeps, then torch autograd), on the same float32 batch: 
 Each measurement is one training step's objective: forward and backward (∂loss/∂log_prob), median
 (and minimum) of `--runs`, the three variants interleaved, after one warm-up: rlx with f64
 accumulation (the default), rlx with f32 accumulation (`Recipe.torch(accumulate="f32")`), verl. Both sides run on one thread (`torch.set_num_threads(1)`,
-RAYON_NUM_THREADS=1 for rlx's kernel). The losses and gradients are checked to agree.
+RAYON_NUM_THREADS=1 for rlx's kernel). The losses and gradients are checked to agree. Each run is
+timed twice: wall-clock (`*_ms`) and the process's CPU time (`*_cpu_ms`, `time.process_time`: what
+the step itself computed, which other work on a shared machine inflates less); `load` is the load
+average (1 minute) before and after.
 
 Usage: python scripts/python_bench.py [--groups 64] [--n 8] [--tokens 1024] [--runs 7]
 (the Python of scripts/install-torch.sh --with-verl, with the wheel of scripts/build-python.sh)
@@ -81,17 +84,20 @@ def rlx_step(fn, logp, old_logp, score, index, mask):
 
 
 def timed(works, runs):
-    """Median and minimum milliseconds of each of `works`, run interleaved (one of each per round, so a
-    shared machine's load falls on all alike), after one warm-up round."""
+    """Median and minimum wall-clock milliseconds and median CPU milliseconds of each of `works`, run
+    interleaved (one of each per round, so a shared machine's load falls on all alike), after one
+    warm-up round."""
     for work in works:
         work()
     times = [[] for _ in works]
+    cpu = [[] for _ in works]
     for _ in range(runs):
-        for work, out in zip(works, times):
-            start = time.perf_counter()
+        for work, out, out_cpu in zip(works, times, cpu):
+            start, start_cpu = time.perf_counter(), time.process_time()
             work()
+            out_cpu.append(time.process_time() - start_cpu)
             out.append(time.perf_counter() - start)
-    return [(statistics.median(t) * 1e3, min(t) * 1e3) for t in times]
+    return [(statistics.median(t) * 1e3, min(t) * 1e3, statistics.median(c) * 1e3) for t, c in zip(times, cpu)]
 
 
 def main():
@@ -111,7 +117,8 @@ def main():
     assert torch.allclose(ours[1], theirs[1], rtol=1e-3, atol=1e-9), "the gradients differ"
 
     fast = rlx.Recipe(os.path.join(ROOT, "recipes", "dapo.rlx")).torch(accumulate="f32")
-    (rlx_ms, rlx_min), (fast_ms, fast_min), (verl_ms, verl_min) = timed(
+    load_before = os.getloadavg()[0]
+    (rlx_ms, rlx_min, rlx_cpu), (fast_ms, fast_min, fast_cpu), (verl_ms, verl_min, verl_cpu) = timed(
         [lambda: rlx_step(fn, *batch), lambda: rlx_step(fast, *batch), lambda: verl_step(*batch, args.n)], args.runs
     )
     tokens = args.groups * args.n * args.tokens
@@ -129,6 +136,12 @@ def main():
         "speedup": round(verl_ms / rlx_ms, 2),
         "speedup_min": round(verl_min / rlx_min, 2),
         "speedup_f32_accumulate": round(verl_ms / fast_ms, 2),
+        "rlx_cpu_ms": round(rlx_cpu, 2),
+        "rlx_f32_accumulate_cpu_ms": round(fast_cpu, 2),
+        "verl_cpu_ms": round(verl_cpu, 2),
+        "speedup_cpu": round(verl_cpu / rlx_cpu, 2),
+        "speedup_f32_accumulate_cpu": round(verl_cpu / fast_cpu, 2),
+        "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "rlx_tokens_per_s": round(tokens / rlx_ms * 1e3),
         "loss": float(ours[0]),
         "torch": torch.__version__,

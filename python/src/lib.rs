@@ -132,6 +132,9 @@ fn checked(
     }
 }
 
+/// A GPU kernel's storage and accumulation precisions and its GPU.
+type GpuKey = (&'static str, &'static str, usize);
+
 /// A recipe compiled with its params: what `rlx score` runs, and its kernels.
 #[pyclass(module = "rlx._rlx", frozen)]
 struct Compiled {
@@ -149,7 +152,7 @@ struct Compiled {
     /// The kernel for each storage precision of `f32` inputs, compiled on first use.
     kernels: Mutex<HashMap<(&'static str, &'static str), Arc<Kernel>>>,
     /// The same on each GPU (`cuda` feature), its CUDA C compiled and loaded on first use.
-    gpu_kernels: Mutex<HashMap<(&'static str, &'static str, usize), Arc<GpuKernel>>>,
+    gpu_kernels: Mutex<HashMap<GpuKey, Arc<GpuKernel>>>,
     /// Defaulted inputs' filled columns, kept between calls of one batch size (`arrays::Defaults`).
     defaults: Defaults,
     warnings: Vec<(String, String)>,
@@ -314,7 +317,11 @@ impl Compiled {
         accumulate: Precision,
         ordinal: usize,
     ) -> PyResult<Arc<GpuKernel>> {
-        let key = (precision_name(precision), precision_name(accumulate), ordinal);
+        let key = (
+            precision_name(precision),
+            precision_name(accumulate),
+            ordinal,
+        );
         let mut kernels = self.gpu_kernels.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(kernel) = kernels.get(&key) {
             return Ok(kernel.clone());

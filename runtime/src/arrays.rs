@@ -198,7 +198,8 @@ pub struct ArrayBatch<'a> {
     pub groups: Vec<Value>,
     /// For each input given as an array, where each of its packed elements sits in that array (flat,
     /// row-major); `None` where the array is in the packed order itself, or the input was defaulted.
-    placements: Vec<Option<Vec<usize>>>,
+    /// (Shared: the padded token arrays of a batch have one width, so one map.)
+    placements: Vec<Option<Arc<[usize]>>>,
     /// Each input's array shape as given (`None`: defaulted).
     shapes: Vec<Option<Vec<usize>>>,
 }
@@ -723,6 +724,8 @@ pub fn from_arrays_with<'a>(
     // Inputs.
     let mut inputs = Vec::with_capacity(graph.inputs.len());
     let mut placements = Vec::with_capacity(graph.inputs.len());
+    // The placement of the padded token arrays, built for the first (they have one width).
+    let mut token_map: Option<Arc<[usize]>> = None;
     let mut shapes = Vec::with_capacity(graph.inputs.len());
     for (input, info) in graph.inputs.iter().enumerate() {
         let precision = match info.elem {
@@ -797,7 +800,7 @@ pub fn from_arrays_with<'a>(
                 _ => Err(bad_shape(wanted.to_string())),
             }
         };
-        let placement: Option<Vec<usize>> = match shape.level {
+        let placement: Option<Arc<[usize]>> = match shape.level {
             Level::Tok if shape.feature.is_some() => return Err(bad_shape(
                 "a token-level value with a feature axis, which only rows (`score(rows)`) can give"
                     .into(),
@@ -809,11 +812,14 @@ pub fn from_arrays_with<'a>(
                     if lengths.iter().all(|&l| l == w) {
                         None
                     } else {
-                        let mut map = Vec::with_capacity(tokens);
-                        for (r, &length) in lengths.iter().enumerate() {
-                            map.extend((0..length).map(|t| r * w + t));
-                        }
-                        Some(map)
+                        let map = token_map.get_or_insert_with(|| {
+                            let mut map = Vec::with_capacity(tokens);
+                            for (r, &length) in lengths.iter().enumerate() {
+                                map.extend(r * w..r * w + length);
+                            }
+                            map.into()
+                        });
+                        Some(map.clone())
                     }
                 }
             },
@@ -827,7 +833,7 @@ pub fn from_arrays_with<'a>(
                     for (r, &g) in response_group.iter().enumerate() {
                         map.extend((0..crits[g]).map(|f| r * c + f));
                     }
-                    Some(map)
+                    Some(map.into())
                 } else {
                     None
                 }
@@ -872,7 +878,7 @@ pub fn from_arrays_with<'a>(
                     for g in 0..group_count {
                         map.extend((0..feature_width(g)).map(|f| row_of(g) * c + f));
                     }
-                    Some(map)
+                    Some(map.into())
                 }
             }
             Level::Batch => {
@@ -891,7 +897,9 @@ pub fn from_arrays_with<'a>(
             Level::Pair => return Err(bad_shape("a pair-level value (not an input)".into())),
         };
         let size = input_size(&layout, info);
-        let count_placed = placement.as_ref().map_or(array.elements.len(), Vec::len);
+        let count_placed = placement
+            .as_ref()
+            .map_or(array.elements.len(), |map| map.len());
         if count_placed != size {
             return Err(bad_shape(format!("{size} values for this batch")));
         }
@@ -909,6 +917,28 @@ pub fn from_arrays_with<'a>(
                     check_value(info, array, bad)?;
                 }
                 inputs.push(Input::Borrowed(ColumnRef::F64(values)));
+            }
+            (_, _, Elements::F32(_) | Elements::F64(_)) if info.elem == Elem::F32 => {
+                // Gathered (a padded array) or converted, then checked in one vectorized pass: the
+                // first value that is not finite after the conversion is the first bad element.
+                let column = gather(array.elements, placement.as_deref(), precision);
+                let bad = match &column {
+                    Column::F32(v) => first_where(v, |x: f32| !x.is_finite()),
+                    Column::F64(v) => first_where(v, |x: f64| !x.is_finite()),
+                };
+                if let Some(k) = bad {
+                    let flat = placement.as_ref().map_or(k, |map| map[k]);
+                    check_value(info, array, flat)?;
+                    return Err(error(
+                        &info.name,
+                        format!(
+                            "element {} is {}: beyond the range of f32",
+                            at(&array.shape, flat),
+                            array.elements.get(flat)
+                        ),
+                    ));
+                }
+                inputs.push(Input::Owned(column));
             }
             _ => {
                 let positions: Box<dyn Iterator<Item = usize>> = match &placement {
@@ -951,6 +981,24 @@ pub fn from_arrays_with<'a>(
         placements,
         shapes,
     })
+}
+
+/// Floating `elements` in `precision`, at the flat positions of `map` (in its order) or all of them.
+fn gather(elements: Elements<'_>, map: Option<&[usize]>, precision: Precision) -> Column {
+    fn pick<T: Copy, U>(values: &[T], map: Option<&[usize]>, convert: impl Fn(T) -> U) -> Vec<U> {
+        match map {
+            Some(map) => map.iter().map(|&at| convert(values[at])).collect(),
+            None => values.iter().map(|&x| convert(x)).collect(),
+        }
+    }
+    match (elements, precision) {
+        (Elements::F32(v), Precision::F32) => Column::F32(pick(v, map, |x| x)),
+        (Elements::F32(v), Precision::F64) => Column::F64(pick(v, map, f64::from)),
+        (Elements::F64(v), Precision::F32) => Column::F32(pick(v, map, |x| x as f32)),
+        (Elements::F64(v), Precision::F64) => Column::F64(pick(v, map, |x| x)),
+        (Elements::I64(v), Precision::F32) => Column::F32(pick(v, map, |x| x as f32)),
+        (Elements::I64(v), Precision::F64) => Column::F64(pick(v, map, |x| x as f64)),
+    }
 }
 
 fn filled(precision: Precision, size: usize, value: f64) -> Column {
@@ -1060,7 +1108,10 @@ mod tests {
             values[at] = f32::NAN;
             values[299] = 0.0;
             assert_eq!(first_where(&values, |x: f32| x != 1.0), Some(at));
-            assert_eq!(first_where(&values, |x: f32| !x.is_finite()), Some(at).filter(|&a| a != 299));
+            assert_eq!(
+                first_where(&values, |x: f32| !x.is_finite()),
+                Some(at).filter(|&a| a != 299)
+            );
         }
         assert_eq!(mask_row_length(&[1i64, 1, 1, 0, 0]), Ok(3));
         let mut row = vec![1.0f64; 150];
@@ -1094,7 +1145,8 @@ mod tests {
                 index: Some(array(Elements::I64(&index), &[rows])),
                 ..Arrays::default()
             };
-            let batch = from_arrays_with(&graph, &arrays, Precision::F32, &defaults).expect("a batch");
+            let batch =
+                from_arrays_with(&graph, &arrays, Precision::F32, &defaults).expect("a batch");
             match &batch.inputs[3] {
                 Input::Shared(column) => column.clone(),
                 other => panic!("the defaulted mask is {other:?}"),
@@ -1103,7 +1155,10 @@ mod tests {
         let first = mask_of(&[-0.5; 8]);
         assert_eq!(*first, Column::F32(vec![1.0; 8]));
         let again = mask_of(&[-0.7; 8]);
-        assert!(Arc::ptr_eq(&first, &again), "the same size reuses the column");
+        assert!(
+            Arc::ptr_eq(&first, &again),
+            "the same size reuses the column"
+        );
         let larger = mask_of(&[-0.5; 12]);
         assert_eq!(*larger, Column::F32(vec![1.0; 12]));
         assert!(!Arc::ptr_eq(&first, &larger));
@@ -1161,5 +1216,45 @@ mod tests {
         };
         let error = from_arrays(&graph, &arrays, Precision::F32).expect_err("not adjacent");
         assert_eq!(error.key.as_deref(), Some("index"));
+        // Padded arrays that are gathered: the element is named in the array as given, padding is
+        // never read, and a finite f64 too large for f32 storage is refused.
+        let padded = |logp: &[f64], storage: Precision| {
+            let score = [1.0f64, 0.0];
+            let arrays = Arrays {
+                inputs: vec![
+                    ("logp".into(), array(Elements::F64(logp), &[2, 3])),
+                    ("old_logp".into(), array(Elements::F64(&[-0.5; 6]), &[2, 3])),
+                    ("score".into(), array(Elements::F64(&score), &[2])),
+                ],
+                group_sizes: Some(array(Elements::I64(&[2]), &[1])),
+                lengths: Some(array(Elements::I64(&[2, 3]), &[2])),
+                ..Arrays::default()
+            };
+            from_arrays(&graph, &arrays, storage).map(|batch| batch.inputs[0].column().to_f64())
+        };
+        let nan_in_padding = [-0.5, -0.6, f64::NAN, -0.7, -0.8, -0.9];
+        assert_eq!(
+            padded(&nan_in_padding, Precision::F32).expect("padding is not read"),
+            vec![
+                -0.5,
+                f64::from(-0.6f32),
+                f64::from(-0.7f32),
+                f64::from(-0.8f32),
+                f64::from(-0.9f32)
+            ]
+        );
+        let error =
+            padded(&[-0.5, -0.6, 0.0, -0.7, f64::NAN, 1e39], Precision::F32).expect_err("NaN");
+        assert!(
+            error.message.contains("element [1, 1] is NaN: not finite"),
+            "{error}"
+        );
+        let error =
+            padded(&[-0.5, -0.6, 0.0, -0.7, -0.8, 1e39], Precision::F32).expect_err("too large");
+        assert!(
+            error.message.starts_with("element [1, 2] is 1000000000000000000000000000000000000000: beyond the range of f32"),
+            "{error}"
+        );
+        assert!(padded(&[-0.5, -0.6, 0.0, -0.7, -0.8, 1e39], Precision::F64).is_ok());
     }
 }
