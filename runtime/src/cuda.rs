@@ -613,3 +613,104 @@ pub fn evaluate_on_gpu(
         .run(batch, context)
         .map_err(|e| e.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::kernel::Options;
+    use crate::synthetic::{self, Spec};
+
+    /// Host memory whose launches compute nothing and record the buffer table they were given (the
+    /// addresses the kernels would read); tests/cuda.rs runs the kernels themselves on the host-C build.
+    #[derive(Default)]
+    struct Recording {
+        tables: Mutex<Vec<Vec<u64>>>,
+    }
+
+    impl Device for Recording {
+        type Buffer = Vec<u8>;
+        fn load(&mut self, _source: &CudaSource) -> Result<(), String> {
+            Ok(())
+        }
+        fn upload(&self, bytes: &[u8]) -> Result<Vec<u8>, String> {
+            let mut buffer = bytes.to_vec();
+            buffer.resize(bytes.len().max(8), 0);
+            Ok(buffer)
+        }
+        fn write(&self, buffer: &mut Vec<u8>, bytes: &[u8]) -> Result<(), String> {
+            buffer[..bytes.len()].copy_from_slice(bytes);
+            Ok(())
+        }
+        fn download(&self, buffer: &Vec<u8>, out: &mut [u8]) -> Result<(), String> {
+            out.copy_from_slice(&buffer[..out.len()]);
+            Ok(())
+        }
+        fn address(&self, buffer: &Vec<u8>) -> u64 {
+            buffer.as_ptr() as u64
+        }
+        fn launch(
+            &self,
+            _name: &str,
+            _grid: u32,
+            _block: u32,
+            table: &Vec<u8>,
+            _g_begin: u64,
+            _g_end: u64,
+        ) -> Result<(), String> {
+            let addresses = table
+                .chunks_exact(8)
+                .map(|word| u64::from_le_bytes(word.try_into().expect("8 bytes")))
+                .collect();
+            self.tables.lock().unwrap().push(addresses);
+            Ok(())
+        }
+        fn synchronize(&self) -> Result<(), String> {
+            Ok(())
+        }
+        fn block_size(&self) -> u32 {
+            32
+        }
+    }
+
+    #[test]
+    fn inputs_with_a_device_address_are_read_there_instead_of_uploaded() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../recipes/grpo.rlx");
+        let checked = rlx_compiler::check_path(std::path::Path::new(path)).expect("readable");
+        let graph = rlx_compiler::compile_graph(&checked.recipe.expect("grpo checks"), &[])
+            .expect("it lowers");
+        let logp = graph.inputs.iter().position(|i| i.name == "logp").unwrap();
+        let kernel = Kernel::compile(&graph, &Options::default()).expect("compiles");
+        let device = DeviceKernel::new(kernel, Recording::default()).expect("loads");
+        let batch = synthetic::batch(&graph, &Spec::default());
+        let packed = device.kernel().pack(&batch).expect("packs");
+        let columns: Vec<ColumnRef<'_>> = packed.inputs.iter().map(Column::as_column_ref).collect();
+        // Never dereferenced: the recording device runs nothing.
+        let address = 0x7e57_0000_0000u64;
+        let run = |addresses: &[Option<u64>]| {
+            device.device().tables.lock().unwrap().clear();
+            // SAFETY: the recording device reads no address.
+            let result = unsafe {
+                device.run_view_on_device(&packed.layout, &columns, addresses, &Context::default())
+            };
+            (result, device.device().tables.lock().unwrap().clone())
+        };
+        let mut addresses = vec![None; columns.len()];
+        addresses[logp] = Some(address);
+        let (_, tables) = run(&addresses);
+        assert!(!tables.is_empty(), "nothing was launched");
+        assert!(
+            tables.iter().any(|table| table.contains(&address)),
+            "no launch reads logp at its device address"
+        );
+        let (_, tables) = run(&vec![None; columns.len()]);
+        assert!(!tables.is_empty() && tables.iter().all(|table| !table.contains(&address)));
+        let (result, tables) = run(&addresses[1..]);
+        assert!(result.unwrap_err().0.contains("device addresses for"));
+        assert!(
+            tables.is_empty(),
+            "a run with a wrong address count launched"
+        );
+    }
+}
