@@ -11,7 +11,9 @@ accumulation (the default), rlx with f32 accumulation (`Recipe.torch(accumulate=
 RAYON_NUM_THREADS=1 for rlx's kernel). The losses and gradients are checked to agree. Each run is
 timed twice: wall-clock (`*_ms`) and the process's CPU time (`*_cpu_ms`, `time.process_time`: what
 the step itself computed, which other work on a shared machine inflates less); `load` is the load
-average (1 minute) before and after.
+average (1 minute) before and after. A fourth variant, `rlx_packed_run_*`, is the kernel without torch:
+`Recipe.run` on the same values as packed float32 NumPy arrays with `lengths` (the binding's checks,
+the kernel and its outputs; no autograd), so that the rest of `rlx_*` is the torch side's cost.
 
 Usage: python scripts/python_bench.py [--groups 64] [--n 8] [--tokens 1024] [--runs 7]
 (the Python of scripts/install-torch.sh --with-verl, with the wheel of scripts/build-python.sh)
@@ -117,9 +119,23 @@ def main():
     assert torch.allclose(ours[1], theirs[1], rtol=1e-3, atol=1e-9), "the gradients differ"
 
     fast = rlx.Recipe(os.path.join(ROOT, "recipes", "dapo.rlx")).torch(accumulate="f32")
+    logp, old_logp, score, index, _mask = batch
+    packed = dict(
+        logp=logp.numpy().reshape(-1),
+        old_logp=old_logp.numpy().reshape(-1),
+        score=score.numpy(),
+        index=index.astype(np.int64),
+        lengths=np.full(args.groups * args.n, args.tokens, dtype=np.int64),
+    )
     load_before = os.getloadavg()[0]
-    (rlx_ms, rlx_min, rlx_cpu), (fast_ms, fast_min, fast_cpu), (verl_ms, verl_min, verl_cpu) = timed(
-        [lambda: rlx_step(fn, *batch), lambda: rlx_step(fast, *batch), lambda: verl_step(*batch, args.n)], args.runs
+    (rlx_ms, rlx_min, rlx_cpu), (fast_ms, fast_min, fast_cpu), (verl_ms, verl_min, verl_cpu), (run_ms, _, run_cpu) = timed(
+        [
+            lambda: rlx_step(fn, *batch),
+            lambda: rlx_step(fast, *batch),
+            lambda: verl_step(*batch, args.n),
+            lambda: fn.recipe.run(**packed),
+        ],
+        args.runs,
     )
     tokens = args.groups * args.n * args.tokens
     result = {
@@ -141,6 +157,8 @@ def main():
         "verl_cpu_ms": round(verl_cpu, 2),
         "speedup_cpu": round(verl_cpu / rlx_cpu, 2),
         "speedup_f32_accumulate_cpu": round(verl_cpu / fast_cpu, 2),
+        "rlx_packed_run_ms": round(run_ms, 2),
+        "rlx_packed_run_cpu_ms": round(run_cpu, 2),
         "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "rlx_tokens_per_s": round(tokens / rlx_ms * 1e3),
         "loss": float(ours[0]),
