@@ -188,6 +188,87 @@ fn first_where<T: Copy>(values: &[T], bad: impl Fn(T) -> bool) -> Option<usize> 
     None
 }
 
+/// Where the packed elements of an input sit in its array (flat, row-major).
+#[derive(Clone, Debug)]
+enum Placement {
+    /// Padded token rows `width` wide: each response's tokens (the layout's token counts) first in
+    /// its row, then padding. Copied row by row, without a map.
+    Rows { width: usize },
+    /// The flat position of each packed element.
+    Map(Vec<usize>),
+}
+
+impl Placement {
+    fn len(&self, layout: &Layout) -> usize {
+        match self {
+            Placement::Rows { .. } => layout.tokens(),
+            Placement::Map(map) => map.len(),
+        }
+    }
+
+    /// The flat position of packed element `k`.
+    fn flat(&self, layout: &Layout, k: usize) -> usize {
+        match self {
+            Placement::Rows { width } => {
+                let offsets = &layout.token_offsets;
+                let r = offsets.partition_point(|&o| o <= k) - 1;
+                r * width + (k - offsets[r])
+            }
+            Placement::Map(map) => map[k],
+        }
+    }
+
+    /// The flat positions of the packed elements, in order.
+    fn positions<'p>(&'p self, layout: &'p Layout) -> Box<dyn Iterator<Item = usize> + 'p> {
+        match self {
+            Placement::Rows { width } => Box::new(
+                layout
+                    .token_offsets
+                    .windows(2)
+                    .enumerate()
+                    .flat_map(move |(r, o)| r * width..r * width + (o[1] - o[0])),
+            ),
+            Placement::Map(map) => Box::new(map.iter().copied()),
+        }
+    }
+
+    /// `values` (in packed order) at their places in `out`.
+    fn scatter<T: Copy>(&self, layout: &Layout, values: &[T], out: &mut [T]) {
+        match self {
+            Placement::Rows { width } => {
+                for (r, o) in layout.token_offsets.windows(2).enumerate() {
+                    out[r * width..r * width + (o[1] - o[0])].copy_from_slice(&values[o[0]..o[1]]);
+                }
+            }
+            Placement::Map(map) => {
+                for (&at, value) in map.iter().zip(values) {
+                    out[at] = *value;
+                }
+            }
+        }
+    }
+
+    /// `values` at the packed elements' places, converted.
+    fn gather<T: Copy, U>(
+        &self,
+        layout: &Layout,
+        values: &[T],
+        convert: impl Fn(T) -> U,
+    ) -> Vec<U> {
+        match self {
+            Placement::Rows { width } => {
+                let mut out = Vec::with_capacity(layout.tokens());
+                for (r, o) in layout.token_offsets.windows(2).enumerate() {
+                    let row = &values[r * width..r * width + (o[1] - o[0])];
+                    out.extend(row.iter().map(|&x| convert(x)));
+                }
+                out
+            }
+            Placement::Map(map) => map.iter().map(|&at| convert(values[at])).collect(),
+        }
+    }
+}
+
 /// Arrays laid out as a packed batch.
 #[derive(Clone, Debug)]
 pub struct ArrayBatch<'a> {
@@ -196,10 +277,9 @@ pub struct ArrayBatch<'a> {
     pub inputs: Vec<Input<'a>>,
     /// The `index` value of each group (or its position, with `group_sizes`).
     pub groups: Vec<Value>,
-    /// For each input given as an array, where each of its packed elements sits in that array (flat,
-    /// row-major); `None` where the array is in the packed order itself, or the input was defaulted.
-    /// (Shared: the padded token arrays of a batch have one width, so one map.)
-    placements: Vec<Option<Arc<[usize]>>>,
+    /// For each input given as an array, where each of its packed elements sits in that array; `None`
+    /// where the array is in the packed order itself, or the input was defaulted.
+    placements: Vec<Option<Placement>>,
     /// Each input's array shape as given (`None`: defaulted).
     shapes: Vec<Option<Vec<usize>>>,
 }
@@ -248,14 +328,10 @@ impl ArrayBatch<'_> {
         };
         match (&mut out, values) {
             (Column::F32(out), ColumnRef::F32(values)) => {
-                for (&at, value) in placement.iter().zip(values) {
-                    out[at] = *value;
-                }
+                placement.scatter(&self.layout, values, out)
             }
             (Column::F64(out), ColumnRef::F64(values)) => {
-                for (&at, value) in placement.iter().zip(values) {
-                    out[at] = *value;
-                }
+                placement.scatter(&self.layout, values, out)
             }
             _ => {}
         }
@@ -724,8 +800,6 @@ pub fn from_arrays_with<'a>(
     // Inputs.
     let mut inputs = Vec::with_capacity(graph.inputs.len());
     let mut placements = Vec::with_capacity(graph.inputs.len());
-    // The placement of the padded token arrays, built for the first (they have one width).
-    let mut token_map: Option<Arc<[usize]>> = None;
     let mut shapes = Vec::with_capacity(graph.inputs.len());
     for (input, info) in graph.inputs.iter().enumerate() {
         let precision = match info.elem {
@@ -800,7 +874,7 @@ pub fn from_arrays_with<'a>(
                 _ => Err(bad_shape(wanted.to_string())),
             }
         };
-        let placement: Option<Arc<[usize]>> = match shape.level {
+        let placement: Option<Placement> = match shape.level {
             Level::Tok if shape.feature.is_some() => return Err(bad_shape(
                 "a token-level value with a feature axis, which only rows (`score(rows)`) can give"
                     .into(),
@@ -812,14 +886,7 @@ pub fn from_arrays_with<'a>(
                     if lengths.iter().all(|&l| l == w) {
                         None
                     } else {
-                        let map = token_map.get_or_insert_with(|| {
-                            let mut map = Vec::with_capacity(tokens);
-                            for (r, &length) in lengths.iter().enumerate() {
-                                map.extend(r * w..r * w + length);
-                            }
-                            map.into()
-                        });
-                        Some(map.clone())
+                        Some(Placement::Rows { width: w })
                     }
                 }
             },
@@ -833,7 +900,7 @@ pub fn from_arrays_with<'a>(
                     for (r, &g) in response_group.iter().enumerate() {
                         map.extend((0..crits[g]).map(|f| r * c + f));
                     }
-                    Some(map.into())
+                    Some(Placement::Map(map))
                 } else {
                     None
                 }
@@ -878,7 +945,7 @@ pub fn from_arrays_with<'a>(
                     for g in 0..group_count {
                         map.extend((0..feature_width(g)).map(|f| row_of(g) * c + f));
                     }
-                    Some(map.into())
+                    Some(Placement::Map(map))
                 }
             }
             Level::Batch => {
@@ -899,7 +966,7 @@ pub fn from_arrays_with<'a>(
         let size = input_size(&layout, info);
         let count_placed = placement
             .as_ref()
-            .map_or(array.elements.len(), |map| map.len());
+            .map_or(array.elements.len(), |p| p.len(&layout));
         if count_placed != size {
             return Err(bad_shape(format!("{size} values for this batch")));
         }
@@ -921,13 +988,13 @@ pub fn from_arrays_with<'a>(
             (_, _, Elements::F32(_) | Elements::F64(_)) if info.elem == Elem::F32 => {
                 // Gathered (a padded array) or converted, then checked in one vectorized pass: the
                 // first value that is not finite after the conversion is the first bad element.
-                let column = gather(array.elements, placement.as_deref(), precision);
+                let column = gather(array.elements, placement.as_ref(), &layout, precision);
                 let bad = match &column {
                     Column::F32(v) => first_where(v, |x: f32| !x.is_finite()),
                     Column::F64(v) => first_where(v, |x: f64| !x.is_finite()),
                 };
                 if let Some(k) = bad {
-                    let flat = placement.as_ref().map_or(k, |map| map[k]);
+                    let flat = placement.as_ref().map_or(k, |p| p.flat(&layout, k));
                     check_value(info, array, flat)?;
                     return Err(error(
                         &info.name,
@@ -942,7 +1009,7 @@ pub fn from_arrays_with<'a>(
             }
             _ => {
                 let positions: Box<dyn Iterator<Item = usize>> = match &placement {
-                    Some(map) => Box::new(map.iter().copied()),
+                    Some(p) => p.positions(&layout),
                     None => Box::new(0..size),
                 };
                 let mut column = match precision {
@@ -983,21 +1050,31 @@ pub fn from_arrays_with<'a>(
     })
 }
 
-/// Floating `elements` in `precision`, at the flat positions of `map` (in its order) or all of them.
-fn gather(elements: Elements<'_>, map: Option<&[usize]>, precision: Precision) -> Column {
-    fn pick<T: Copy, U>(values: &[T], map: Option<&[usize]>, convert: impl Fn(T) -> U) -> Vec<U> {
-        match map {
-            Some(map) => map.iter().map(|&at| convert(values[at])).collect(),
+/// `elements` in `precision`, at their `placement` (in packed order) or all of them.
+fn gather(
+    elements: Elements<'_>,
+    placement: Option<&Placement>,
+    layout: &Layout,
+    precision: Precision,
+) -> Column {
+    fn take<T: Copy, U>(
+        values: &[T],
+        placement: Option<&Placement>,
+        layout: &Layout,
+        convert: impl Fn(T) -> U,
+    ) -> Vec<U> {
+        match placement {
+            Some(placement) => placement.gather(layout, values, convert),
             None => values.iter().map(|&x| convert(x)).collect(),
         }
     }
     match (elements, precision) {
-        (Elements::F32(v), Precision::F32) => Column::F32(pick(v, map, |x| x)),
-        (Elements::F32(v), Precision::F64) => Column::F64(pick(v, map, f64::from)),
-        (Elements::F64(v), Precision::F32) => Column::F32(pick(v, map, |x| x as f32)),
-        (Elements::F64(v), Precision::F64) => Column::F64(pick(v, map, |x| x)),
-        (Elements::I64(v), Precision::F32) => Column::F32(pick(v, map, |x| x as f32)),
-        (Elements::I64(v), Precision::F64) => Column::F64(pick(v, map, |x| x as f64)),
+        (Elements::F32(v), Precision::F32) => Column::F32(take(v, placement, layout, |x| x)),
+        (Elements::F32(v), Precision::F64) => Column::F64(take(v, placement, layout, f64::from)),
+        (Elements::F64(v), Precision::F32) => Column::F32(take(v, placement, layout, |x| x as f32)),
+        (Elements::F64(v), Precision::F64) => Column::F64(take(v, placement, layout, |x| x)),
+        (Elements::I64(v), Precision::F32) => Column::F32(take(v, placement, layout, |x| x as f32)),
+        (Elements::I64(v), Precision::F64) => Column::F64(take(v, placement, layout, |x| x as f64)),
     }
 }
 
