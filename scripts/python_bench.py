@@ -15,7 +15,11 @@ average (1 minute) before and after. A fourth variant, `rlx_packed_run_*`, is th
 `Recipe.run` on the same values as packed float32 NumPy arrays with `lengths` (the binding's checks,
 the kernel and its outputs; no autograd), so that the rest of `rlx_*` is the torch side's cost.
 
-Usage: python scripts/python_bench.py [--groups 64] [--n 8] [--tokens 1024] [--runs 7]
+With `--ragged` each response has between T/2 and T real tokens (uniform), the rest of its row
+padding (`response_mask` 0), as a trainer's batch holds them: rlx then gathers the rows into its packed
+layout (and the packed variant gets only the real tokens).
+
+Usage: python scripts/python_bench.py [--groups 64] [--n 8] [--tokens 1024] [--runs 7] [--ragged]
 (the Python of scripts/install-torch.sh --with-verl, with the wheel of scripts/build-python.sh)
 """
 
@@ -47,7 +51,7 @@ class Config(dict):
 CONFIG = Config(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=10.0, global_batch_info={})
 
 
-def make_batch(groups, n, tokens, seed=0):
+def make_batch(groups, n, tokens, seed=0, ragged=False):
     g = torch.Generator().manual_seed(seed)
     B = groups * n
     base = torch.empty(B, tokens).uniform_(-2.5, -0.2, generator=g)
@@ -55,7 +59,11 @@ def make_batch(groups, n, tokens, seed=0):
     old_logp = base + torch.empty(B, tokens).uniform_(-0.15, 0.15, generator=g)
     score = torch.randint(0, 2, (B,), generator=g).float() * 2 - 1
     index = np.repeat(np.arange(groups), n)
-    mask = torch.ones(B, tokens)
+    if ragged:
+        lengths = torch.randint(tokens // 2, tokens + 1, (B,), generator=g)
+        mask = (torch.arange(tokens)[None, :] < lengths[:, None]).float()
+    else:
+        mask = torch.ones(B, tokens)
     return logp, old_logp, score, index, mask
 
 
@@ -108,9 +116,10 @@ def main():
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--ragged", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    batch = make_batch(args.groups, args.n, args.tokens)
+    batch = make_batch(args.groups, args.n, args.tokens, ragged=args.ragged)
     fn = rlx.Recipe(os.path.join(ROOT, "recipes", "dapo.rlx")).torch()
 
     ours = rlx_step(fn, *batch)
@@ -119,13 +128,14 @@ def main():
     assert torch.allclose(ours[1], theirs[1], rtol=1e-3, atol=1e-9), "the gradients differ"
 
     fast = rlx.Recipe(os.path.join(ROOT, "recipes", "dapo.rlx")).torch(accumulate="f32")
-    logp, old_logp, score, index, _mask = batch
+    logp, old_logp, score, index, mask = batch
+    real = mask.numpy() > 0
     packed = dict(
-        logp=logp.numpy().reshape(-1),
-        old_logp=old_logp.numpy().reshape(-1),
+        logp=logp.numpy()[real],
+        old_logp=old_logp.numpy()[real],
         score=score.numpy(),
         index=index.astype(np.int64),
-        lengths=np.full(args.groups * args.n, args.tokens, dtype=np.int64),
+        lengths=real.sum(axis=1).astype(np.int64),
     )
     load_before = os.getloadavg()[0]
     (rlx_ms, rlx_min, rlx_cpu), (fast_ms, fast_min, fast_cpu), (verl_ms, verl_min, verl_cpu), (run_ms, _, run_cpu) = timed(
@@ -137,12 +147,14 @@ def main():
         ],
         args.runs,
     )
-    tokens = args.groups * args.n * args.tokens
+    tokens = int(real.sum())
     result = {
         "groups": args.groups,
         "n": args.n,
         "tokens": args.tokens,
         "threads": 1,
+        "ragged": args.ragged,
+        "real_tokens": tokens,
         "rlx_ms": round(rlx_ms, 2),
         "rlx_min_ms": round(rlx_min, 2),
         "rlx_f32_accumulate_ms": round(fast_ms, 2),
