@@ -8,9 +8,18 @@ groups dynamic sampling keeps, then torch autograd), on the same float32 batch: 
 Each measurement is one training step's objective: forward and backward (∂loss/∂log_prob), median
 (and minimum) of `--runs`, the three variants interleaved, after one warm-up: rlx with f64
 accumulation (the default), rlx with f32 accumulation (`Recipe.torch(accumulate="f32")`), verl. Both sides run on one thread (`torch.set_num_threads(1)`,
-RAYON_NUM_THREADS=1 for rlx's kernel). The losses and gradients are checked to agree.
+RAYON_NUM_THREADS=1 for rlx's kernel). The losses and gradients are checked to agree. Each run is
+timed twice: wall-clock (`*_ms`) and the process's CPU time (`*_cpu_ms`, `time.process_time`: what
+the step itself computed, which other work on a shared machine inflates less); `load` is the load
+average (1 minute) before and after. A fourth variant, `rlx_packed_run_*`, is the kernel without torch:
+`Recipe.run` on the same values as packed float32 NumPy arrays with `lengths` (the binding's checks,
+the kernel and its outputs; no autograd), so that the rest of `rlx_*` is the torch side's cost.
 
-Usage: python scripts/python_bench.py [--groups 64] [--n 8] [--tokens 1024] [--runs 7]
+With `--ragged` each response has between T/2 and T real tokens (uniform), the rest of its row
+padding (`response_mask` 0), as a trainer's batch holds them: rlx then gathers the rows into its packed
+layout (and the packed variant gets only the real tokens).
+
+Usage: python scripts/python_bench.py [--groups 64] [--n 8] [--tokens 1024] [--runs 7] [--ragged]
 (the Python of scripts/install-torch.sh --with-verl, with the wheel of scripts/build-python.sh)
 """
 
@@ -42,7 +51,7 @@ class Config(dict):
 CONFIG = Config(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=10.0, global_batch_info={})
 
 
-def make_batch(groups, n, tokens, seed=0):
+def make_batch(groups, n, tokens, seed=0, ragged=False):
     g = torch.Generator().manual_seed(seed)
     B = groups * n
     base = torch.empty(B, tokens).uniform_(-2.5, -0.2, generator=g)
@@ -50,7 +59,11 @@ def make_batch(groups, n, tokens, seed=0):
     old_logp = base + torch.empty(B, tokens).uniform_(-0.15, 0.15, generator=g)
     score = torch.randint(0, 2, (B,), generator=g).float() * 2 - 1
     index = np.repeat(np.arange(groups), n)
-    mask = torch.ones(B, tokens)
+    if ragged:
+        lengths = torch.randint(tokens // 2, tokens + 1, (B,), generator=g)
+        mask = (torch.arange(tokens)[None, :] < lengths[:, None]).float()
+    else:
+        mask = torch.ones(B, tokens)
     return logp, old_logp, score, index, mask
 
 
@@ -81,17 +94,20 @@ def rlx_step(fn, logp, old_logp, score, index, mask):
 
 
 def timed(works, runs):
-    """Median and minimum milliseconds of each of `works`, run interleaved (one of each per round, so a
-    shared machine's load falls on all alike), after one warm-up round."""
+    """Median and minimum wall-clock milliseconds and median CPU milliseconds of each of `works`, run
+    interleaved (one of each per round, so a shared machine's load falls on all alike), after one
+    warm-up round."""
     for work in works:
         work()
     times = [[] for _ in works]
+    cpu = [[] for _ in works]
     for _ in range(runs):
-        for work, out in zip(works, times):
-            start = time.perf_counter()
+        for work, out, out_cpu in zip(works, times, cpu):
+            start, start_cpu = time.perf_counter(), time.process_time()
             work()
+            out_cpu.append(time.process_time() - start_cpu)
             out.append(time.perf_counter() - start)
-    return [(statistics.median(t) * 1e3, min(t) * 1e3) for t in times]
+    return [(statistics.median(t) * 1e3, min(t) * 1e3, statistics.median(c) * 1e3) for t, c in zip(times, cpu)]
 
 
 def main():
@@ -100,9 +116,10 @@ def main():
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--ragged", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    batch = make_batch(args.groups, args.n, args.tokens)
+    batch = make_batch(args.groups, args.n, args.tokens, ragged=args.ragged)
     fn = rlx.Recipe(os.path.join(ROOT, "recipes", "dapo.rlx")).torch()
 
     ours = rlx_step(fn, *batch)
@@ -111,15 +128,33 @@ def main():
     assert torch.allclose(ours[1], theirs[1], rtol=1e-3, atol=1e-9), "the gradients differ"
 
     fast = rlx.Recipe(os.path.join(ROOT, "recipes", "dapo.rlx")).torch(accumulate="f32")
-    (rlx_ms, rlx_min), (fast_ms, fast_min), (verl_ms, verl_min) = timed(
-        [lambda: rlx_step(fn, *batch), lambda: rlx_step(fast, *batch), lambda: verl_step(*batch, args.n)], args.runs
+    logp, old_logp, score, index, mask = batch
+    real = mask.numpy() > 0
+    packed = dict(
+        logp=logp.numpy()[real],
+        old_logp=old_logp.numpy()[real],
+        score=score.numpy(),
+        index=index.astype(np.int64),
+        lengths=real.sum(axis=1).astype(np.int64),
     )
-    tokens = args.groups * args.n * args.tokens
+    load_before = os.getloadavg()[0]
+    (rlx_ms, rlx_min, rlx_cpu), (fast_ms, fast_min, fast_cpu), (verl_ms, verl_min, verl_cpu), (run_ms, _, run_cpu) = timed(
+        [
+            lambda: rlx_step(fn, *batch),
+            lambda: rlx_step(fast, *batch),
+            lambda: verl_step(*batch, args.n),
+            lambda: fn.recipe.run(**packed),
+        ],
+        args.runs,
+    )
+    tokens = int(real.sum())
     result = {
         "groups": args.groups,
         "n": args.n,
         "tokens": args.tokens,
         "threads": 1,
+        "ragged": args.ragged,
+        "real_tokens": tokens,
         "rlx_ms": round(rlx_ms, 2),
         "rlx_min_ms": round(rlx_min, 2),
         "rlx_f32_accumulate_ms": round(fast_ms, 2),
@@ -129,6 +164,14 @@ def main():
         "speedup": round(verl_ms / rlx_ms, 2),
         "speedup_min": round(verl_min / rlx_min, 2),
         "speedup_f32_accumulate": round(verl_ms / fast_ms, 2),
+        "rlx_cpu_ms": round(rlx_cpu, 2),
+        "rlx_f32_accumulate_cpu_ms": round(fast_cpu, 2),
+        "verl_cpu_ms": round(verl_cpu, 2),
+        "speedup_cpu": round(verl_cpu / rlx_cpu, 2),
+        "speedup_f32_accumulate_cpu": round(verl_cpu / fast_cpu, 2),
+        "rlx_packed_run_ms": round(run_ms, 2),
+        "rlx_packed_run_cpu_ms": round(run_cpu, 2),
+        "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "rlx_tokens_per_s": round(tokens / rlx_ms * 1e3),
         "loss": float(ours[0]),
         "torch": torch.__version__,

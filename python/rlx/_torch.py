@@ -5,8 +5,10 @@ advantage, loss, metrics and the loss's gradient with respect to every different
 pass; the backward pass returns that gradient (times the incoming gradient). CPU tensors that are
 already in the kernel's layout (packed, or padded with every row full) and dtype (float32, or float64
 when a policy input is float64) are read in place (through NumPy, no copy). CUDA tensors run on rlx's
-CUDA kernels when the extension was built with the `cuda` feature (their values go through host
-memory), else raise.
+CUDA kernels when the extension was built with the `cuda` feature, else raise before anything is
+copied: each is copied to the host once (every value is checked there, and a `keep` filter gathers
+the kept responses there), and the kernels read a tensor already in their layout and dtype on the GPU
+itself (its `data_ptr()`); the gradient comes back through the host.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from . import LAYOUT_KEYS, _array, _group_codes, _input_error
+from . import LAYOUT_KEYS, _array, _group_codes, _input_error, _rlx
 
 
 class _Fused(torch.autograd.Function):
@@ -31,9 +33,12 @@ class _Fused(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss):
+        # Released here, so that autograd may take a gradient as the input's `.grad` as it is (it
+        # copies a tensor that something else still holds).
+        gradients, ctx.gradients = ctx.gradients, None
         scale = None if bool(grad_loss == 1) else grad_loss
         out = [None]
-        for gradient in ctx.gradients:
+        for gradient in gradients:
             if gradient is None or scale is None:
                 out.append(gradient)
             else:
@@ -89,6 +94,11 @@ class TorchRecipe:
                 )
         device = self._device(items)
         dtype = self._dtype(items)
+        ordinal = None
+        if device.type == "cuda":
+            if not _rlx.has_cuda():
+                raise RuntimeError(_rlx.NO_CUDA)
+            ordinal = device.index if device.index is not None else torch.cuda.current_device()
         names = [k for k, v in items.items() if isinstance(v, torch.Tensor)]
         tensors_in = [items[k] for k in names]
         holder = {}
@@ -104,8 +114,21 @@ class TorchRecipe:
                     value, _ = _group_codes(value)
                 arrays[key] = _array(key, value)
             storage = "f64" if dtype == torch.float64 else "f32"
-            ordinal = None if device.type == "cpu" else (device.index or 0)
-            out = self._compiled.run(arrays, storage, step, progress, ordinal, self.accumulate)
+            addresses = None
+            if ordinal is not None:
+                # The kernels read these tensors on the GPU itself where the host copy is read in
+                # place (the packed layout, or padded with every row full): the same dtype as the
+                # kernel's storage, contiguous, so that the copy holds the same values, element by
+                # element.
+                addresses = {
+                    key: value.data_ptr()
+                    for key, value in items.items()
+                    if isinstance(value, torch.Tensor)
+                    and key in self._inputs
+                    and value.dtype == dtype
+                    and value.is_contiguous()
+                }
+            out = self._compiled.run(arrays, storage, step, progress, ordinal, self.accumulate, addresses)
             holder["out"] = out
             if out["loss"] is None:
                 raise ValueError(f"recipe `{self.recipe.name}` has no loss section: use Recipe.score for its rewards")

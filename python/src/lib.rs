@@ -17,7 +17,8 @@ use rlx_compiler::artifact;
 use rlx_compiler::hir::Recipe as Declarations;
 use rlx_compiler::ir::cut::{self, Given};
 use rlx_compiler::ir::{Elem, Feature, Graph, Level, RolloutInfo, RolloutValueInfo};
-use rlx_runtime::arrays::{self, Array, ArrayBatch, ArrayError, Arrays, Elements};
+use rlx_runtime::arrays::{self, Array, ArrayBatch, ArrayError, Arrays, Defaults, Elements};
+use rlx_runtime::cuda::GpuKernel;
 use rlx_runtime::interp::Context;
 use rlx_runtime::kernel::{Column, Kernel, Options, PackedOutcome, Precision};
 use rlx_runtime::score::{self, Backend};
@@ -131,6 +132,9 @@ fn checked(
     }
 }
 
+/// A GPU kernel's storage and accumulation precisions and its GPU.
+type GpuKey = (&'static str, &'static str, usize);
+
 /// A recipe compiled with its params: what `rlx score` runs, and its kernels.
 #[pyclass(module = "rlx._rlx", frozen)]
 struct Compiled {
@@ -147,6 +151,10 @@ struct Compiled {
     graph: Graph,
     /// The kernel for each storage precision of `f32` inputs, compiled on first use.
     kernels: Mutex<HashMap<(&'static str, &'static str), Arc<Kernel>>>,
+    /// The same on each GPU (`cuda` feature), its CUDA C compiled and loaded on first use.
+    gpu_kernels: Mutex<HashMap<GpuKey, Arc<GpuKernel>>>,
+    /// Defaulted inputs' filled columns, kept between calls of one batch size (`arrays::Defaults`).
+    defaults: Defaults,
     warnings: Vec<(String, String)>,
     /// For a graph cut at a given value (`Compiled::cut`): its name, and the metrics it lacks.
     stage: Option<&'static str>,
@@ -302,6 +310,34 @@ impl Compiled {
         }
     }
 
+    /// The kernel on GPU `ordinal` (the `cuda` feature), compiled and loaded on its first call there.
+    fn gpu_kernel(
+        &self,
+        precision: Precision,
+        accumulate: Precision,
+        ordinal: usize,
+    ) -> PyResult<Arc<GpuKernel>> {
+        let key = (
+            precision_name(precision),
+            precision_name(accumulate),
+            ordinal,
+        );
+        let mut kernels = self.gpu_kernels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(kernel) = kernels.get(&key) {
+            return Ok(kernel.clone());
+        }
+        let options = Options {
+            accumulate,
+            storage: precision,
+        };
+        let kernel = GpuKernel::new(&self.graph, &options, ordinal).map_err(|e| {
+            PyRuntimeError::new_err(format!("recipe `{}` on cuda:{ordinal}: {e}", self.name))
+        })?;
+        let kernel = Arc::new(kernel);
+        kernels.insert(key, kernel.clone());
+        Ok(kernel)
+    }
+
     fn kernel(&self, precision: Precision, accumulate: Precision) -> PyResult<Arc<Kernel>> {
         let mut kernels = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
         let key = (precision_name(precision), precision_name(accumulate));
@@ -412,6 +448,8 @@ impl Compiled {
                     overrides: params,
                     graph,
                     kernels: Mutex::new(HashMap::new()),
+                    gpu_kernels: Mutex::new(HashMap::new()),
+                    defaults: Defaults::default(),
                     warnings: Vec::new(),
                     stage: None,
                     missing_metrics: Vec::new(),
@@ -446,6 +484,8 @@ impl Compiled {
             overrides: params,
             graph,
             kernels: Mutex::new(HashMap::new()),
+            gpu_kernels: Mutex::new(HashMap::new()),
+            defaults: Defaults::default(),
             warnings,
             stage: None,
             missing_metrics: Vec::new(),
@@ -478,6 +518,8 @@ impl Compiled {
             overrides: self.overrides.clone(),
             graph: cut.graph,
             kernels: Mutex::new(HashMap::new()),
+            gpu_kernels: Mutex::new(HashMap::new()),
+            defaults: Defaults::default(),
             warnings: Vec::new(),
             stage: Some(stage),
             missing_metrics: cut.missing_metrics,
@@ -690,7 +732,12 @@ impl Compiled {
     /// docs/kernels.md); an array already in the kernel's layout and storage is read in place. Returns a dict: `loss`,
     /// `metrics` (name → value), `reward`, `advantage` (per response, or None), `kept` (bool per
     /// response), `grad` (input name → gradient laid out like the input's array, in `storage`).
-    #[pyo3(signature = (arrays, storage_name="f32", step=0.0, progress=0.0, device=None, accumulate_name="f64"))]
+    ///
+    /// `device`: run on GPU `device` (the `cuda` feature) instead, the arrays being the host copies of
+    /// the caller's CUDA tensors; `device_addresses` maps an input's name to its tensor's address on
+    /// that GPU, read there in place of a copy when its array is in the kernel's layout and storage
+    /// (the same values as the array: the binding passes `tensor.data_ptr()` of the tensor it copied).
+    #[pyo3(signature = (arrays, storage_name="f32", step=0.0, progress=0.0, device=None, accumulate_name="f64", device_addresses=None))]
     #[allow(clippy::too_many_arguments)]
     fn run<'py>(
         &self,
@@ -701,29 +748,55 @@ impl Compiled {
         progress: f64,
         device: Option<usize>,
         accumulate_name: &str,
+        device_addresses: Option<HashMap<String, u64>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let precision = storage(storage_name)?;
         let accumulate = storage(accumulate_name)?;
+        if device.is_some() && !cfg!(feature = "cuda") {
+            return Err(PyRuntimeError::new_err(NO_CUDA));
+        }
         let held = hold(arrays)?;
         let arrays = arrays_of(&held)?;
-        let batch = arrays::from_arrays(&self.graph, &arrays, precision).map_err(array_error)?;
+        let (graph, defaults) = (&self.graph, &self.defaults);
+        // The layout and the checks (every value read) without the GIL, as the kernel.
+        let batch = py
+            .detach(|| arrays::from_arrays_with(graph, &arrays, precision, defaults))
+            .map_err(array_error)?;
         let context = Context { step, progress };
+        let columns = batch.columns();
+        let layout = &batch.layout;
         let outcome = match device {
             None => {
                 let kernel = self.kernel(precision, accumulate)?;
-                let columns = batch.columns();
-                let layout = &batch.layout;
                 py.detach(|| kernel.run_view(layout, &columns, &context))
                     .map_err(|e| score_error(e.0))?
             }
             Some(ordinal) => {
-                let options = Options {
-                    accumulate,
-                    storage: precision,
-                };
-                run_on_gpu(py, &self.graph, &batch, &context, ordinal, &options)?
+                let kernel = self.gpu_kernel(precision, accumulate, ordinal)?;
+                // A device address stands for an input only where the array is read in place (its
+                // values are the kernel's column as they are); others are copied from the host.
+                let addresses: Vec<Option<u64>> = self
+                    .graph
+                    .inputs
+                    .iter()
+                    .zip(&batch.inputs)
+                    .map(|(info, input)| match input {
+                        arrays::Input::Borrowed(_) => device_addresses
+                            .as_ref()
+                            .and_then(|a| a.get(&info.name).copied()),
+                        _ => None,
+                    })
+                    .collect();
+                // SAFETY: each address is the `data_ptr()` of the CUDA tensor whose host copy is
+                // the borrowed array (python/rlx/_torch.py passes them so), on GPU `ordinal`, and
+                // the caller holds the tensors for the call.
+                py.detach(|| unsafe {
+                    kernel.run_view_on_device(layout, &columns, &addresses, &context)
+                })
+                .map_err(|e| score_error(e.0))?
             }
         };
+        drop(columns);
         self.outcome_dict(py, &batch, outcome)
     }
 }
@@ -774,53 +847,6 @@ impl Compiled {
     }
 }
 
-#[cfg(feature = "cuda")]
-fn run_on_gpu(
-    py: Python<'_>,
-    graph: &Graph,
-    batch: &ArrayBatch<'_>,
-    context: &Context,
-    ordinal: usize,
-    options: &Options,
-) -> PyResult<PackedOutcome> {
-    let host = batch.to_batch();
-    let outcome = py
-        .detach(|| rlx_runtime::cuda::evaluate_on_gpu(graph, &host, context, ordinal, options))
-        .map_err(score_error)?;
-    let precision = options.storage;
-    let gradients = outcome
-        .gradients
-        .into_iter()
-        .map(|(name, values)| {
-            let column = match precision {
-                Precision::F32 => Column::F32(values.iter().map(|v| *v as f32).collect()),
-                Precision::F64 => Column::F64(values),
-            };
-            (name, column)
-        })
-        .collect();
-    Ok(PackedOutcome {
-        loss: outcome.loss,
-        metrics: outcome.metrics,
-        reward: outcome.reward,
-        advantage: outcome.advantage,
-        kept: outcome.kept,
-        gradients,
-    })
-}
-
-#[cfg(not(feature = "cuda"))]
-fn run_on_gpu(
-    _py: Python<'_>,
-    _graph: &Graph,
-    _batch: &ArrayBatch<'_>,
-    _context: &Context,
-    _ordinal: usize,
-    _options: &Options,
-) -> PyResult<PackedOutcome> {
-    Err(PyRuntimeError::new_err(NO_CUDA))
-}
-
 fn elem_name(elem: Elem) -> &'static str {
     elem.name()
 }
@@ -840,5 +866,6 @@ fn _rlx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("InputError", m.py().get_type::<InputError>())?;
     m.add("ScoreError", m.py().get_type::<ScoreError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("NO_CUDA", NO_CUDA)?;
     Ok(())
 }

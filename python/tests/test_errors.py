@@ -163,3 +163,29 @@ def test_cuda_without_the_feature_is_a_clear_error():
         pytest.fail("this test expects a build without the cuda feature")
     with pytest.raises(RuntimeError, match="built without CUDA"):
         recipe.score(rows, backend="cuda:0")
+
+
+def test_cuda_tensors_without_the_feature_raise_before_any_copy():
+    torch = need("torch")
+    if rlx.has_cuda():
+        pytest.fail("this test expects a build without the cuda feature")
+
+    class OnCuda(torch.Tensor):
+        """A tensor that says it is on cuda:0 (this torch may have no CUDA) and refuses to be read
+        or copied: the binding's path for a CUDA tensor, up to its first copy."""
+
+        @property
+        def device(self):
+            return torch.device("cuda", 0)
+
+        def cpu(self, *args, **kwargs):
+            raise AssertionError("a CUDA tensor was copied to the host")
+
+        def numpy(self, *args, **kwargs):
+            raise AssertionError("a CUDA tensor was read")
+
+    recipe, arrays = dapo_arrays()
+    batch = {k: torch.as_tensor(v).as_subclass(OnCuda) for k, v in arrays.items()}
+    assert batch["logp"].device.type == "cuda"
+    with pytest.raises(RuntimeError, match=r"built without CUDA.*scripts/build-python.sh --cuda"):
+        recipe.torch()(batch)

@@ -19,6 +19,7 @@
 //! (packed, or padded with every row full, in f32 or f64 as the kernel stores) is borrowed, not copied.
 
 use std::fmt;
+use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
@@ -117,11 +118,13 @@ fn error(key: &str, message: impl Into<String>) -> ArrayError {
     }
 }
 
-/// One input's values for the kernel: borrowed from the caller's array, or converted.
+/// One input's values for the kernel: borrowed from the caller's array, converted, or a defaulted
+/// input's filled column kept in a [`Defaults`] between calls.
 #[derive(Clone, Debug)]
 pub enum Input<'a> {
     Borrowed(ColumnRef<'a>),
     Owned(Column),
+    Shared(Arc<Column>),
 }
 
 impl Input<'_> {
@@ -129,6 +132,139 @@ impl Input<'_> {
         match self {
             Input::Borrowed(column) => *column,
             Input::Owned(column) => column.as_column_ref(),
+            Input::Shared(column) => column.as_column_ref(),
+        }
+    }
+}
+
+/// The filled columns of defaulted inputs, kept from one call to the next (the binding keeps one per
+/// compiled recipe): a trainer calls with batches of one size, and a token-level default such as
+/// DAPO's `mask = 1` is as large as the batch, so filling it anew would cost a pass over the batch on
+/// every call. One column per input (the last batch's size, value and precision), never written
+/// (the kernels only read their inputs).
+#[derive(Debug, Default)]
+pub struct Defaults(Mutex<Vec<Option<Arc<Column>>>>);
+
+impl Defaults {
+    /// Input `input`'s column of `size` copies of `value` in `precision`: the kept one when it
+    /// matches, else filled (and kept in place of the last).
+    fn column(&self, input: usize, precision: Precision, size: usize, value: f64) -> Arc<Column> {
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.len() <= input {
+            kept.resize(input + 1, None);
+        }
+        if let Some(column) = &kept[input] {
+            let same = column.len() == size
+                && column.precision() == precision
+                && (size == 0 || column.get(0).to_bits() == filled_value(precision, value));
+            if same {
+                return column.clone();
+            }
+        }
+        let column = Arc::new(filled(precision, size, value));
+        kept[input] = Some(column.clone());
+        column
+    }
+}
+
+/// The bits of `value` as a column of `precision` holds it, widened to f64 (what `Column::get` reads).
+fn filled_value(precision: Precision, value: f64) -> u64 {
+    match precision {
+        Precision::F32 => f64::from(value as f32).to_bits(),
+        Precision::F64 => value.to_bits(),
+    }
+}
+
+/// The position of the first of `values` for which `bad` holds. Blocks of 64 are tested without a
+/// branch per element (a loop the compiler vectorizes), and only the block that has one is searched
+/// element by element: `position` alone is a scalar loop, several times slower on a batch-sized array.
+fn first_where<T: Copy>(values: &[T], bad: impl Fn(T) -> bool) -> Option<usize> {
+    const BLOCK: usize = 64;
+    for (b, block) in values.chunks(BLOCK).enumerate() {
+        if block.iter().fold(false, |any, &x| any | bad(x)) {
+            return block.iter().position(|&x| bad(x)).map(|i| b * BLOCK + i);
+        }
+    }
+    None
+}
+
+/// Where the packed elements of an input sit in its array (flat, row-major).
+#[derive(Clone, Debug)]
+enum Placement {
+    /// Padded token rows `width` wide: each response's tokens (the layout's token counts) first in
+    /// its row, then padding. Copied row by row, without a map.
+    Rows { width: usize },
+    /// The flat position of each packed element.
+    Map(Vec<usize>),
+}
+
+impl Placement {
+    fn len(&self, layout: &Layout) -> usize {
+        match self {
+            Placement::Rows { .. } => layout.tokens(),
+            Placement::Map(map) => map.len(),
+        }
+    }
+
+    /// The flat position of packed element `k`.
+    fn flat(&self, layout: &Layout, k: usize) -> usize {
+        match self {
+            Placement::Rows { width } => {
+                let offsets = &layout.token_offsets;
+                let r = offsets.partition_point(|&o| o <= k) - 1;
+                r * width + (k - offsets[r])
+            }
+            Placement::Map(map) => map[k],
+        }
+    }
+
+    /// The flat positions of the packed elements, in order.
+    fn positions<'p>(&'p self, layout: &'p Layout) -> Box<dyn Iterator<Item = usize> + 'p> {
+        match self {
+            Placement::Rows { width } => Box::new(
+                layout
+                    .token_offsets
+                    .windows(2)
+                    .enumerate()
+                    .flat_map(move |(r, o)| r * width..r * width + (o[1] - o[0])),
+            ),
+            Placement::Map(map) => Box::new(map.iter().copied()),
+        }
+    }
+
+    /// `values` (in packed order) at their places in `out`.
+    fn scatter<T: Copy>(&self, layout: &Layout, values: &[T], out: &mut [T]) {
+        match self {
+            Placement::Rows { width } => {
+                for (r, o) in layout.token_offsets.windows(2).enumerate() {
+                    out[r * width..r * width + (o[1] - o[0])].copy_from_slice(&values[o[0]..o[1]]);
+                }
+            }
+            Placement::Map(map) => {
+                for (&at, value) in map.iter().zip(values) {
+                    out[at] = *value;
+                }
+            }
+        }
+    }
+
+    /// `values` at the packed elements' places, converted.
+    fn gather<T: Copy, U>(
+        &self,
+        layout: &Layout,
+        values: &[T],
+        convert: impl Fn(T) -> U,
+    ) -> Vec<U> {
+        match self {
+            Placement::Rows { width } => {
+                let mut out = Vec::with_capacity(layout.tokens());
+                for (r, o) in layout.token_offsets.windows(2).enumerate() {
+                    let row = &values[r * width..r * width + (o[1] - o[0])];
+                    out.extend(row.iter().map(|&x| convert(x)));
+                }
+                out
+            }
+            Placement::Map(map) => map.iter().map(|&at| convert(values[at])).collect(),
         }
     }
 }
@@ -141,9 +277,9 @@ pub struct ArrayBatch<'a> {
     pub inputs: Vec<Input<'a>>,
     /// The `index` value of each group (or its position, with `group_sizes`).
     pub groups: Vec<Value>,
-    /// For each input given as an array, where each of its packed elements sits in that array (flat,
-    /// row-major); `None` where the array is in the packed order itself, or the input was defaulted.
-    placements: Vec<Option<Vec<usize>>>,
+    /// For each input given as an array, where each of its packed elements sits in that array; `None`
+    /// where the array is in the packed order itself, or the input was defaulted.
+    placements: Vec<Option<Placement>>,
     /// Each input's array shape as given (`None`: defaulted).
     shapes: Vec<Option<Vec<usize>>>,
 }
@@ -192,14 +328,10 @@ impl ArrayBatch<'_> {
         };
         match (&mut out, values) {
             (Column::F32(out), ColumnRef::F32(values)) => {
-                for (&at, value) in placement.iter().zip(values) {
-                    out[at] = *value;
-                }
+                placement.scatter(&self.layout, values, out)
             }
             (Column::F64(out), ColumnRef::F64(values)) => {
-                for (&at, value) in placement.iter().zip(values) {
-                    out[at] = *value;
-                }
+                placement.scatter(&self.layout, values, out)
             }
             _ => {}
         }
@@ -230,8 +362,8 @@ fn shape_text(shape: &[usize]) -> String {
 /// that breaks "1s, then 0s".
 fn mask_row_length<T: Copy + PartialEq + From<u8>>(row: &[T]) -> Result<usize, usize> {
     let (one, zero) = (T::from(1), T::from(0));
-    let length = row.iter().position(|&x| x != one).unwrap_or(row.len());
-    match row[length..].iter().position(|&x| x != zero) {
+    let length = first_where(row, |x| x != one).unwrap_or(row.len());
+    match first_where(&row[length..], |x| x != zero) {
         None => Ok(length),
         Some(at) => Err(length + at),
     }
@@ -293,6 +425,17 @@ pub fn from_arrays<'a>(
     graph: &Graph,
     arrays: &'a Arrays<'a>,
     storage: Precision,
+) -> Result<ArrayBatch<'a>, ArrayError> {
+    from_arrays_with(graph, arrays, storage, &Defaults::default())
+}
+
+/// [`from_arrays`], taking defaulted inputs' columns from `defaults` (filled there when it has none
+/// of this batch's size).
+pub fn from_arrays_with<'a>(
+    graph: &Graph,
+    arrays: &'a Arrays<'a>,
+    storage: Precision,
+    defaults: &Defaults,
 ) -> Result<ArrayBatch<'a>, ArrayError> {
     for (name, _) in &arrays.inputs {
         if !graph.inputs.iter().any(|i| &i.name == name) {
@@ -658,7 +801,7 @@ pub fn from_arrays<'a>(
     let mut inputs = Vec::with_capacity(graph.inputs.len());
     let mut placements = Vec::with_capacity(graph.inputs.len());
     let mut shapes = Vec::with_capacity(graph.inputs.len());
-    for info in &graph.inputs {
+    for (input, info) in graph.inputs.iter().enumerate() {
         let precision = match info.elem {
             Elem::F32 => storage,
             _ => Precision::F64,
@@ -676,7 +819,9 @@ pub fn from_arrays<'a>(
                 ));
             };
             let size = input_size(&layout, info);
-            inputs.push(Input::Owned(filled(precision, size, default)));
+            inputs.push(Input::Shared(
+                defaults.column(input, precision, size, default),
+            ));
             placements.push(None);
             shapes.push(None);
             continue;
@@ -729,7 +874,7 @@ pub fn from_arrays<'a>(
                 _ => Err(bad_shape(wanted.to_string())),
             }
         };
-        let placement: Option<Vec<usize>> = match shape.level {
+        let placement: Option<Placement> = match shape.level {
             Level::Tok if shape.feature.is_some() => return Err(bad_shape(
                 "a token-level value with a feature axis, which only rows (`score(rows)`) can give"
                     .into(),
@@ -741,11 +886,7 @@ pub fn from_arrays<'a>(
                     if lengths.iter().all(|&l| l == w) {
                         None
                     } else {
-                        let mut map = Vec::with_capacity(tokens);
-                        for (r, &length) in lengths.iter().enumerate() {
-                            map.extend((0..length).map(|t| r * w + t));
-                        }
-                        Some(map)
+                        Some(Placement::Rows { width: w })
                     }
                 }
             },
@@ -759,7 +900,7 @@ pub fn from_arrays<'a>(
                     for (r, &g) in response_group.iter().enumerate() {
                         map.extend((0..crits[g]).map(|f| r * c + f));
                     }
-                    Some(map)
+                    Some(Placement::Map(map))
                 } else {
                     None
                 }
@@ -804,7 +945,7 @@ pub fn from_arrays<'a>(
                     for g in 0..group_count {
                         map.extend((0..feature_width(g)).map(|f| row_of(g) * c + f));
                     }
-                    Some(map)
+                    Some(Placement::Map(map))
                 }
             }
             Level::Batch => {
@@ -823,7 +964,9 @@ pub fn from_arrays<'a>(
             Level::Pair => return Err(bad_shape("a pair-level value (not an input)".into())),
         };
         let size = input_size(&layout, info);
-        let count_placed = placement.as_ref().map_or(array.elements.len(), Vec::len);
+        let count_placed = placement
+            .as_ref()
+            .map_or(array.elements.len(), |p| p.len(&layout));
         if count_placed != size {
             return Err(bad_shape(format!("{size} values for this batch")));
         }
@@ -831,20 +974,42 @@ pub fn from_arrays<'a>(
         let borrow = placement.is_none() && info.elem == Elem::F32;
         match (borrow, precision, array.elements) {
             (true, Precision::F32, Elements::F32(values)) => {
-                if let Some(bad) = values.iter().position(|x| !x.is_finite()) {
+                if let Some(bad) = first_where(values, |x: f32| !x.is_finite()) {
                     check_value(info, array, bad)?;
                 }
                 inputs.push(Input::Borrowed(ColumnRef::F32(values)));
             }
             (true, Precision::F64, Elements::F64(values)) => {
-                if let Some(bad) = values.iter().position(|x| !x.is_finite()) {
+                if let Some(bad) = first_where(values, |x: f64| !x.is_finite()) {
                     check_value(info, array, bad)?;
                 }
                 inputs.push(Input::Borrowed(ColumnRef::F64(values)));
             }
+            (_, _, Elements::F32(_) | Elements::F64(_)) if info.elem == Elem::F32 => {
+                // Gathered (a padded array) or converted, then checked in one vectorized pass: the
+                // first value that is not finite after the conversion is the first bad element.
+                let column = gather(array.elements, placement.as_ref(), &layout, precision);
+                let bad = match &column {
+                    Column::F32(v) => first_where(v, |x: f32| !x.is_finite()),
+                    Column::F64(v) => first_where(v, |x: f64| !x.is_finite()),
+                };
+                if let Some(k) = bad {
+                    let flat = placement.as_ref().map_or(k, |p| p.flat(&layout, k));
+                    check_value(info, array, flat)?;
+                    return Err(error(
+                        &info.name,
+                        format!(
+                            "element {} is {}: beyond the range of f32",
+                            at(&array.shape, flat),
+                            array.elements.get(flat)
+                        ),
+                    ));
+                }
+                inputs.push(Input::Owned(column));
+            }
             _ => {
                 let positions: Box<dyn Iterator<Item = usize>> = match &placement {
-                    Some(map) => Box::new(map.iter().copied()),
+                    Some(p) => p.positions(&layout),
                     None => Box::new(0..size),
                 };
                 let mut column = match precision {
@@ -883,6 +1048,34 @@ pub fn from_arrays<'a>(
         placements,
         shapes,
     })
+}
+
+/// `elements` in `precision`, at their `placement` (in packed order) or all of them.
+fn gather(
+    elements: Elements<'_>,
+    placement: Option<&Placement>,
+    layout: &Layout,
+    precision: Precision,
+) -> Column {
+    fn take<T: Copy, U>(
+        values: &[T],
+        placement: Option<&Placement>,
+        layout: &Layout,
+        convert: impl Fn(T) -> U,
+    ) -> Vec<U> {
+        match placement {
+            Some(placement) => placement.gather(layout, values, convert),
+            None => values.iter().map(|&x| convert(x)).collect(),
+        }
+    }
+    match (elements, precision) {
+        (Elements::F32(v), Precision::F32) => Column::F32(take(v, placement, layout, |x| x)),
+        (Elements::F32(v), Precision::F64) => Column::F64(take(v, placement, layout, f64::from)),
+        (Elements::F64(v), Precision::F32) => Column::F32(take(v, placement, layout, |x| x as f32)),
+        (Elements::F64(v), Precision::F64) => Column::F64(take(v, placement, layout, |x| x)),
+        (Elements::I64(v), Precision::F32) => Column::F32(take(v, placement, layout, |x| x as f32)),
+        (Elements::I64(v), Precision::F64) => Column::F64(take(v, placement, layout, |x| x as f64)),
+    }
 }
 
 fn filled(precision: Precision, size: usize, value: f64) -> Column {
@@ -967,7 +1160,7 @@ mod tests {
         );
         assert!(matches!(batch.inputs[2], Input::Borrowed(_)));
         assert!(
-            matches!(batch.inputs[3], Input::Owned(_)),
+            matches!(batch.inputs[3], Input::Shared(_)),
             "the defaulted mask"
         );
         assert_eq!(batch.groups, vec![Value::from(7), Value::from(9)]);
@@ -980,6 +1173,77 @@ mod tests {
             .run_packed(&packed, &Context::default())
             .expect("runs");
         assert_eq!(viewed, run);
+    }
+
+    #[test]
+    fn first_where_finds_the_first_in_any_block() {
+        let mut values = vec![1.0f32; 300];
+        assert_eq!(first_where(&values, |x: f32| x != 1.0), None);
+        assert_eq!(first_where(&[] as &[f32], |x: f32| x != 1.0), None);
+        for at in [0, 1, 63, 64, 65, 200, 299] {
+            values.fill(1.0);
+            values[at] = f32::NAN;
+            values[299] = 0.0;
+            assert_eq!(first_where(&values, |x: f32| x != 1.0), Some(at));
+            assert_eq!(
+                first_where(&values, |x: f32| !x.is_finite()),
+                Some(at).filter(|&a| a != 299)
+            );
+        }
+        assert_eq!(mask_row_length(&[1i64, 1, 1, 0, 0]), Ok(3));
+        let mut row = vec![1.0f64; 150];
+        row[100..].fill(0.0);
+        assert_eq!(mask_row_length(&row), Ok(100));
+        row[140] = 1.0;
+        assert_eq!(mask_row_length(&row), Err(140));
+    }
+
+    #[test]
+    fn defaulted_columns_are_kept_between_calls_of_one_size() {
+        let graph = dapo();
+        let defaults = Defaults::default();
+        let batch = |logp: &[f32]| {
+            let rows = logp.len() / 2;
+            (
+                logp.to_vec(),
+                vec![0.5f32; rows],
+                (0..rows as i64).map(|r| r / 2).collect::<Vec<i64>>(),
+                rows,
+            )
+        };
+        let mask_of = |logp: &[f32]| {
+            let (logp, score, index, rows) = batch(logp);
+            let arrays = Arrays {
+                inputs: vec![
+                    ("logp".into(), array(Elements::F32(&logp), &[rows, 2])),
+                    ("old_logp".into(), array(Elements::F32(&logp), &[rows, 2])),
+                    ("score".into(), array(Elements::F32(&score), &[rows])),
+                ],
+                index: Some(array(Elements::I64(&index), &[rows])),
+                ..Arrays::default()
+            };
+            let batch =
+                from_arrays_with(&graph, &arrays, Precision::F32, &defaults).expect("a batch");
+            match &batch.inputs[3] {
+                Input::Shared(column) => column.clone(),
+                other => panic!("the defaulted mask is {other:?}"),
+            }
+        };
+        let first = mask_of(&[-0.5; 8]);
+        assert_eq!(*first, Column::F32(vec![1.0; 8]));
+        let again = mask_of(&[-0.7; 8]);
+        assert!(
+            Arc::ptr_eq(&first, &again),
+            "the same size reuses the column"
+        );
+        let larger = mask_of(&[-0.5; 12]);
+        assert_eq!(*larger, Column::F32(vec![1.0; 12]));
+        assert!(!Arc::ptr_eq(&first, &larger));
+        // Another precision or value is filled anew.
+        let f64_column = defaults.column(3, Precision::F64, 12, 1.0);
+        assert_eq!(*f64_column, Column::F64(vec![1.0; 12]));
+        let twos = defaults.column(3, Precision::F64, 12, 2.0);
+        assert_eq!(*twos, Column::F64(vec![2.0; 12]));
     }
 
     #[test]
@@ -1029,5 +1293,45 @@ mod tests {
         };
         let error = from_arrays(&graph, &arrays, Precision::F32).expect_err("not adjacent");
         assert_eq!(error.key.as_deref(), Some("index"));
+        // Padded arrays that are gathered: the element is named in the array as given, padding is
+        // never read, and a finite f64 too large for f32 storage is refused.
+        let padded = |logp: &[f64], storage: Precision| {
+            let score = [1.0f64, 0.0];
+            let arrays = Arrays {
+                inputs: vec![
+                    ("logp".into(), array(Elements::F64(logp), &[2, 3])),
+                    ("old_logp".into(), array(Elements::F64(&[-0.5; 6]), &[2, 3])),
+                    ("score".into(), array(Elements::F64(&score), &[2])),
+                ],
+                group_sizes: Some(array(Elements::I64(&[2]), &[1])),
+                lengths: Some(array(Elements::I64(&[2, 3]), &[2])),
+                ..Arrays::default()
+            };
+            from_arrays(&graph, &arrays, storage).map(|batch| batch.inputs[0].column().to_f64())
+        };
+        let nan_in_padding = [-0.5, -0.6, f64::NAN, -0.7, -0.8, -0.9];
+        assert_eq!(
+            padded(&nan_in_padding, Precision::F32).expect("padding is not read"),
+            vec![
+                -0.5,
+                f64::from(-0.6f32),
+                f64::from(-0.7f32),
+                f64::from(-0.8f32),
+                f64::from(-0.9f32)
+            ]
+        );
+        let error =
+            padded(&[-0.5, -0.6, 0.0, -0.7, f64::NAN, 1e39], Precision::F32).expect_err("NaN");
+        assert!(
+            error.message.contains("element [1, 1] is NaN: not finite"),
+            "{error}"
+        );
+        let error =
+            padded(&[-0.5, -0.6, 0.0, -0.7, -0.8, 1e39], Precision::F32).expect_err("too large");
+        assert!(
+            error.message.starts_with("element [1, 2] is 1000000000000000000000000000000000000000: beyond the range of f32"),
+            "{error}"
+        );
+        assert!(padded(&[-0.5, -0.6, 0.0, -0.7, -0.8, 1e39], Precision::F64).is_ok());
     }
 }

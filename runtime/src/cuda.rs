@@ -140,8 +140,42 @@ impl<D: Device> DeviceKernel<D> {
         let runner = Runner {
             kernel: self,
             resident: None,
+            external: None,
         };
         self.kernel.run_packed_with(batch, context, &runner)
+    }
+
+    /// Evaluate every output on borrowed input columns (`Kernel::run_view` on the device: validated
+    /// first, then copied to the device), except those with an address in `device_inputs`: their
+    /// values are read where they are (the Python binding passes a CUDA tensor's memory this way).
+    ///
+    /// # Safety
+    ///
+    /// Each `device_inputs[i]` that is `Some` is the address, on this kernel's GPU (in its primary
+    /// context), of `inputs[i].len()` values in `inputs[i]`'s precision that equal `inputs[i]` (the
+    /// host columns are what is validated and what a filtered `keep` phase gathers), and no other
+    /// work writes them until this call returns.
+    pub unsafe fn run_view_on_device(
+        &self,
+        layout: &Layout,
+        inputs: &[ColumnRef<'_>],
+        device_inputs: &[Option<u64>],
+        context: &Context,
+    ) -> Result<PackedOutcome, EvalError> {
+        if device_inputs.len() != inputs.len() {
+            return Err(EvalError(format!(
+                "internal: {} device addresses for {} inputs",
+                device_inputs.len(),
+                inputs.len()
+            )));
+        }
+        *self.kernel_time.lock().unwrap_or_else(|e| e.into_inner()) = Duration::ZERO;
+        let runner = Runner {
+            kernel: self,
+            resident: None,
+            external: Some((inputs, device_inputs)),
+        };
+        self.kernel.run_view_with(layout, inputs, context, &runner)
     }
 
     /// Validate a packed batch and copy its inputs to the device once.
@@ -167,6 +201,7 @@ impl<D: Device> DeviceKernel<D> {
         let runner = Runner {
             kernel: self,
             resident: Some(batch),
+            external: None,
         };
         self.kernel.run_packed_with(&batch.batch, context, &runner)
     }
@@ -213,6 +248,9 @@ fn byte_len(column: &Column) -> usize {
 struct Runner<'a, D: Device> {
     kernel: &'a DeviceKernel<D>,
     resident: Option<&'a DeviceBatch<D>>,
+    /// The host columns of a view and, for some, the address of the same values on the device
+    /// (`DeviceKernel::run_view_on_device`).
+    external: Option<(&'a [ColumnRef<'a>], &'a [Option<u64>])>,
 }
 
 impl<D: Device> Runner<'_, D> {
@@ -222,6 +260,16 @@ impl<D: Device> Runner<'_, D> {
         let own = resident.batch.inputs.get(i)?.as_column_ref();
         (own.const_pointer() == column.const_pointer() && own.len() == column.len())
             .then(|| resident.buffers.get(i))
+            .flatten()
+    }
+
+    /// The caller's device address of input `i` when `column` is the view's own column (a filtered
+    /// phase's gathered inputs are not, and are uploaded).
+    fn external_input(&self, i: usize, column: ColumnRef<'_>) -> Option<u64> {
+        let (columns, addresses) = self.external?;
+        let own = columns.get(i)?;
+        (own.const_pointer() == column.const_pointer() && own.len() == column.len())
+            .then(|| addresses.get(i).copied().flatten())
             .flatten()
     }
 }
@@ -276,9 +324,13 @@ impl<D: Device> PhaseRunner for Runner<'_, D> {
                     let column = inputs
                         .get(i)
                         .ok_or_else(|| EvalError("internal: an input is missing".into()))?;
-                    match self.resident_input(i, *column) {
-                        Some(resident) => (None, device.address(resident)),
-                        None => {
+                    match (
+                        self.resident_input(i, *column),
+                        self.external_input(i, *column),
+                    ) {
+                        (Some(resident), _) => (None, device.address(resident)),
+                        (None, Some(address)) => (None, address),
+                        (None, None) => {
                             let b = device.upload(&column_bytes(*column)).map_err(fail)?;
                             let address = device.address(&b);
                             (Some(b), address)
@@ -498,6 +550,32 @@ impl GpuKernel {
             match self.never {}
         }
     }
+
+    /// [`DeviceKernel::run_view_on_device`] on this GPU.
+    ///
+    /// # Safety
+    ///
+    /// As [`DeviceKernel::run_view_on_device`]: each address in `device_inputs` holds the same values
+    /// as its host column, on this GPU, unwritten until the call returns.
+    pub unsafe fn run_view_on_device(
+        &self,
+        layout: &Layout,
+        inputs: &[ColumnRef<'_>],
+        device_inputs: &[Option<u64>],
+        context: &Context,
+    ) -> Result<PackedOutcome, EvalError> {
+        #[cfg(feature = "cuda")]
+        // SAFETY: the caller's contract, passed on.
+        return unsafe {
+            self.inner
+                .run_view_on_device(layout, inputs, device_inputs, context)
+        };
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (layout, inputs, device_inputs, context);
+            match self.never {}
+        }
+    }
 }
 
 /// GPU `ordinal`, an error naming the `--device` it was asked for.
@@ -534,4 +612,105 @@ pub fn evaluate_on_gpu(
     GpuKernel::new(graph, options, ordinal)?
         .run(batch, context)
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::kernel::Options;
+    use crate::synthetic::{self, Spec};
+
+    /// Host memory whose launches compute nothing and record the buffer table they were given (the
+    /// addresses the kernels would read); tests/cuda.rs runs the kernels themselves on the host-C build.
+    #[derive(Default)]
+    struct Recording {
+        tables: Mutex<Vec<Vec<u64>>>,
+    }
+
+    impl Device for Recording {
+        type Buffer = Vec<u8>;
+        fn load(&mut self, _source: &CudaSource) -> Result<(), String> {
+            Ok(())
+        }
+        fn upload(&self, bytes: &[u8]) -> Result<Vec<u8>, String> {
+            let mut buffer = bytes.to_vec();
+            buffer.resize(bytes.len().max(8), 0);
+            Ok(buffer)
+        }
+        fn write(&self, buffer: &mut Vec<u8>, bytes: &[u8]) -> Result<(), String> {
+            buffer[..bytes.len()].copy_from_slice(bytes);
+            Ok(())
+        }
+        fn download(&self, buffer: &Vec<u8>, out: &mut [u8]) -> Result<(), String> {
+            out.copy_from_slice(&buffer[..out.len()]);
+            Ok(())
+        }
+        fn address(&self, buffer: &Vec<u8>) -> u64 {
+            buffer.as_ptr() as u64
+        }
+        fn launch(
+            &self,
+            _name: &str,
+            _grid: u32,
+            _block: u32,
+            table: &Vec<u8>,
+            _g_begin: u64,
+            _g_end: u64,
+        ) -> Result<(), String> {
+            let addresses = table
+                .chunks_exact(8)
+                .map(|word| u64::from_le_bytes(word.try_into().expect("8 bytes")))
+                .collect();
+            self.tables.lock().unwrap().push(addresses);
+            Ok(())
+        }
+        fn synchronize(&self) -> Result<(), String> {
+            Ok(())
+        }
+        fn block_size(&self) -> u32 {
+            32
+        }
+    }
+
+    #[test]
+    fn inputs_with_a_device_address_are_read_there_instead_of_uploaded() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../recipes/grpo.rlx");
+        let checked = rlx_compiler::check_path(std::path::Path::new(path)).expect("readable");
+        let graph = rlx_compiler::compile_graph(&checked.recipe.expect("grpo checks"), &[])
+            .expect("it lowers");
+        let logp = graph.inputs.iter().position(|i| i.name == "logp").unwrap();
+        let kernel = Kernel::compile(&graph, &Options::default()).expect("compiles");
+        let device = DeviceKernel::new(kernel, Recording::default()).expect("loads");
+        let batch = synthetic::batch(&graph, &Spec::default());
+        let packed = device.kernel().pack(&batch).expect("packs");
+        let columns: Vec<ColumnRef<'_>> = packed.inputs.iter().map(Column::as_column_ref).collect();
+        // Never dereferenced: the recording device runs nothing.
+        let address = 0x7e57_0000_0000u64;
+        let run = |addresses: &[Option<u64>]| {
+            device.device().tables.lock().unwrap().clear();
+            // SAFETY: the recording device reads no address.
+            let result = unsafe {
+                device.run_view_on_device(&packed.layout, &columns, addresses, &Context::default())
+            };
+            (result, device.device().tables.lock().unwrap().clone())
+        };
+        let mut addresses = vec![None; columns.len()];
+        addresses[logp] = Some(address);
+        let (_, tables) = run(&addresses);
+        assert!(!tables.is_empty(), "nothing was launched");
+        assert!(
+            tables.iter().any(|table| table.contains(&address)),
+            "no launch reads logp at its device address"
+        );
+        let (_, tables) = run(&vec![None; columns.len()]);
+        assert!(!tables.is_empty() && tables.iter().all(|table| !table.contains(&address)));
+        let (result, tables) = run(&addresses[1..]);
+        assert!(result.unwrap_err().0.contains("device addresses for"));
+        assert!(
+            tables.is_empty(),
+            "a run with a wrong address count launched"
+        );
+    }
 }
