@@ -672,6 +672,7 @@ impl Artifact {
             metrics: Vec::new(),
             keeps: Vec::new(),
             rollout: Vec::new(),
+            states: Vec::new(),
         })
     }
 
