@@ -110,6 +110,7 @@ fn item_roots(item: &Item) -> Vec<&Expr> {
         ItemKind::Reward(expr) | ItemKind::Advantage(expr) | ItemKind::Loss(expr) => vec![expr],
         ItemKind::Metric { value, .. } => vec![value],
         ItemKind::Keep { condition, .. } => vec![condition],
+        ItemKind::State(decl) => vec![&decl.update],
         ItemKind::Rollout(entries) => entries
             .iter()
             .filter_map(|entry| match &entry.value {
@@ -243,6 +244,7 @@ fn kind_name(kind: &ItemKind) -> &'static str {
         ItemKind::Metric { .. } => "metric",
         ItemKind::Keep { .. } => "keep",
         ItemKind::Rollout(_) => "rollout",
+        ItemKind::State(_) => "state",
     }
 }
 
@@ -275,6 +277,8 @@ fn every_construct_parses_with_items_in_order() {
         "keep",
         "keep",
         "rollout",
+        "state",
+        "state",
     ]);
     assert_eq!(kinds, expected);
 }

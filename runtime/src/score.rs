@@ -272,11 +272,19 @@ pub fn updated_state(graph: &Graph, metrics: &[(String, f64)]) -> Vec<(String, f
         .collect()
 }
 
-/// A state file's JSON (`rlx score --state FILE`): an object of the states by name, each a number or,
-/// when not finite, the string `inf`, `-inf` or `nan` (JSON has no such numbers).
-pub fn state_json(state: &[(String, f64)]) -> Value {
+/// A state file's JSON (`rlx score --state FILE`): an object of the states by name, each a number
+/// (an integer for an `i32` state, `true`/`false` for a `bool` one) or, when not finite, the string
+/// `inf`, `-inf` or `nan` (JSON has no such numbers).
+pub fn state_json(graph: &Graph, state: &[(String, f64)]) -> Value {
+    let elem_of = |name: &str| graph.states.iter().find(|s| s.name == name).map(|s| s.elem);
     let entries = state.iter().map(|(name, value)| {
-        let value = if value.is_finite() {
+        let value = if let (Some(rlx_compiler::ir::Elem::I32), true) =
+            (elem_of(name), value.fract() == 0.0)
+        {
+            json!(*value as i64)
+        } else if elem_of(name) == Some(rlx_compiler::ir::Elem::Bool) {
+            json!(*value != 0.0)
+        } else if value.is_finite() {
             json!(value)
         } else if value.is_nan() {
             json!("nan")
@@ -502,7 +510,7 @@ pub fn score_read(
     if !graph.states.is_empty() {
         document.insert(
             "state".into(),
-            state_json(&updated_state(graph, &outcome.metrics)),
+            state_json(graph, &updated_state(graph, &outcome.metrics)),
         );
     }
     document.insert("responses".into(), Value::Array(response_entries));
