@@ -1629,6 +1629,7 @@ fn an_unsupported_feature_is_a_clear_error() {
             loss: Some(NodeId(1)),
             ..Outputs::default()
         },
+        states: Vec::new(),
     };
     let symbolic = SymbolicGraph {
         graph,
