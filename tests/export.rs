@@ -1441,9 +1441,15 @@ fn adaptive_entropy_state_follows_trl_step_by_step() {
     // TRL's controller moved both ways and hit both bounds (0.025 and 0): the test exercised every
     // branch of `adaptive_entropy_coef`.
     assert_eq!(coefficients.len(), 8);
-    assert!(coefficients.iter().any(|c| (c - 0.025).abs() < 1e-12), "{coefficients:?}");
+    assert!(
+        coefficients.iter().any(|c| (c - 0.025).abs() < 1e-12),
+        "{coefficients:?}"
+    );
     assert!(coefficients.contains(&0.0), "{coefficients:?}");
-    assert_eq!(report["state_dict_keys"], serde_json::json!(["coef", "last_entropy"]));
+    assert_eq!(
+        report["state_dict_keys"],
+        serde_json::json!(["coef", "last_entropy"])
+    );
     assert_eq!(report["eval_frozen"], serde_json::json!(true));
     let _ = std::fs::remove_dir_all(&dir);
 }

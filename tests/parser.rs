@@ -634,7 +634,7 @@ fn doc_comments_attach_to_the_next_item_only() {
         .filter(|item| !item.doc.is_empty())
         .map(|item| (kind_name(&item.kind), item.doc.as_slice()))
         .collect();
-    assert_eq!(documented.len(), 3, "{documented:?}");
+    assert_eq!(documented.len(), 4, "{documented:?}");
     assert_eq!(documented[0].0, "input");
     assert_eq!(
         documented[0].1,
@@ -644,6 +644,13 @@ fn doc_comments_attach_to_the_next_item_only() {
     assert_eq!(
         documented[2],
         ("metric", &["Logged every step.".to_string()][..])
+    );
+    assert_eq!(
+        documented[3],
+        (
+            "state",
+            &["An EMA of the reward, carried across steps.".to_string()][..]
+        )
     );
 
     // `////` and `//` are comments; a `///` line must precede an item.

@@ -760,13 +760,20 @@ fn state_files_carry_a_recipes_state_from_call_to_call() {
         );
         let document: Value = serde_json::from_slice(&output.stdout).unwrap();
         let read = baselines.last().copied().unwrap_or(0.0);
-        assert_eq!(document["responses"][1]["advantage"], serde_json::json!(0.0 - read), "call {call}");
+        assert_eq!(
+            document["responses"][1]["advantage"],
+            serde_json::json!(0.0 - read),
+            "call {call}"
+        );
         let written: Value =
             serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
         assert_eq!(written, document["state"], "call {call}");
         assert_eq!(written["calls"], serde_json::json!(call + 1));
         assert_eq!(written["best"], serde_json::json!(0.75));
-        assert_eq!(document["metrics"]["state.calls"].as_f64(), Some(call as f64 + 1.0));
+        assert_eq!(
+            document["metrics"]["state.calls"].as_f64(),
+            Some(call as f64 + 1.0)
+        );
         baselines.push(written["baseline"].as_f64().unwrap());
     }
     assert_eq!(baselines, vec![0.375, 0.5625, 0.65625]);
@@ -775,35 +782,56 @@ fn state_files_carry_a_recipes_state_from_call_to_call() {
     let output = score(file_arg);
     assert!(output.status.success());
     let written: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
-    assert_eq!(written, serde_json::json!({"baseline": 0.875, "calls": 1, "best": 0.75}));
+    assert_eq!(
+        written,
+        serde_json::json!({"baseline": 0.875, "calls": 1, "best": 0.75})
+    );
 
     let bad = dir.join("bad.json");
     let bad_arg = bad.to_str().unwrap();
     for (text, message) in [
-        ("[1, 2]", "is a JSON object of the recipe's states by name, not an array"),
+        (
+            "[1, 2]",
+            "is a JSON object of the recipe's states by name, not an array",
+        ),
         ("{\"baseline\": ", "not a JSON state file"),
-        ("{\"baseline\": \"high\"}", "state `baseline` is \"high\"; expected a number"),
-        ("{\"basline\": 1}", "names `basline`, which is no state of the recipe (its states: baseline, calls, best)"),
-        ("{\"calls\": 1.5}", "sets state `calls`, which is i32, to 1.5"),
+        (
+            "{\"baseline\": \"high\"}",
+            "state `baseline` is \"high\"; expected a number",
+        ),
+        (
+            "{\"basline\": 1}",
+            "names `basline`, which is no state of the recipe (its states: baseline, calls, best)",
+        ),
+        (
+            "{\"calls\": 1.5}",
+            "sets state `calls`, which is i32, to 1.5",
+        ),
     ] {
         std::fs::write(&bad, text).unwrap();
         let output = score(bad_arg);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(1), "{text}: {stderr}");
         assert!(stderr.contains(message), "{text}: {stderr}");
-        assert_eq!(std::fs::read_to_string(&bad).unwrap(), text, "{text}: rewritten");
+        assert_eq!(
+            std::fs::read_to_string(&bad).unwrap(),
+            text,
+            "{text}: rewritten"
+        );
         assert!(output.stdout.is_empty(), "{text}");
     }
-    // A recipe without state.
+    // A recipe without state: an error, and no file is created.
+    let absent = dir.join("absent.json");
     let output = rlx(&[
         "score",
         "recipes/grpo.rlx",
         "--rollouts",
         "tests/data/grpo_fixture.jsonl",
         "--state",
-        file_arg,
+        absent.to_str().unwrap(),
     ]);
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("declares no `state`"));
+    assert!(!absent.exists());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -470,7 +470,12 @@ impl Artifact {
                     && i.shape == Shape::BATCH
                     && !i.differentiable
             });
-            let updated = self.graph.outputs.metrics.iter().any(|(n, _)| *n == state.metric);
+            let updated = self
+                .graph
+                .outputs
+                .metrics
+                .iter()
+                .any(|(n, _)| *n == state.metric);
             if !fits || !updated {
                 return Err(invalid(format!(
                     "state `{}` does not match its input and update in the graph",

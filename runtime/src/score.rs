@@ -301,7 +301,9 @@ pub fn state_json(graph: &Graph, state: &[(String, f64)]) -> Value {
 /// Parse a state file's JSON (`state_json`'s form); `file` names it in errors.
 pub fn parse_state(text: &str, file: &str) -> Result<Vec<(String, f64)>, String> {
     let value: Value = serde_json::from_str(text).map_err(|e| {
-        format!("{file}: not a JSON state file ({e}); expected an object such as {{\"coef\": 0.005}}")
+        format!(
+            "{file}: not a JSON state file ({e}); expected an object such as {{\"coef\": 0.005}}"
+        )
     })?;
     let Value::Object(entries) = value else {
         return Err(format!(

@@ -1126,14 +1126,26 @@ metric baseline_used = baseline
             .find(|(n, _)| n == "baseline_used")
             .expect("metric")
             .1;
-        assert_eq!(used, interp_state[0], "step {step}: the step read its state");
+        assert_eq!(
+            used, interp_state[0],
+            "step {step}: the step read its state"
+        );
         interp_state = update(&expected);
         jit_state = update(&actual);
         for (a, b) in interp_state.iter().zip(&jit_state) {
-            assert!((a - b).abs() <= 1e-12 * a.abs().max(1.0), "step {step}: {interp_state:?} vs {jit_state:?}");
+            assert!(
+                (a - b).abs() <= 1e-12 * a.abs().max(1.0),
+                "step {step}: {interp_state:?} vs {jit_state:?}"
+            );
         }
         seen_values.push(interp_state.clone());
     }
-    assert!(seen_values.windows(2).all(|w| w[0][0] != w[1][0]), "the EMA moves: {seen_values:?}");
-    assert!(seen_values.last().expect("steps")[1] > 0.0, "the counter counts: {seen_values:?}");
+    assert!(
+        seen_values.windows(2).all(|w| w[0][0] != w[1][0]),
+        "the EMA moves: {seen_values:?}"
+    );
+    assert!(
+        seen_values.last().expect("steps")[1] > 0.0,
+        "the counter counts: {seen_values:?}"
+    );
 }

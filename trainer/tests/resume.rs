@@ -215,8 +215,8 @@ fn resume_errors_are_explained() {
 #[test]
 fn a_stateful_recipe_is_carried_checkpointed_and_resumed_bit_exact() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let checked = rlx_compiler::check_path(&root.join("recipes/adaptive_entropy.rlx"))
-        .expect("readable");
+    let checked =
+        rlx_compiler::check_path(&root.join("recipes/adaptive_entropy.rlx")).expect("readable");
     let hir = checked.recipe.expect("recipe checks");
     // A target above any entropy, so that the coefficient grows every step and the bonus applies
     // from the second step on.
@@ -264,12 +264,21 @@ fn a_stateful_recipe_is_carried_checkpointed_and_resumed_bit_exact() {
         // exactly the previous step's update (the trainer's f32-storage kernels then read it as f32,
         // as every f32 input, hence the tolerance on the sums).
         let read = line["state/coef"].as_f64().expect("state/coef");
-        assert!((read - 0.01 * step as f64).abs() < 1e-6, "step {step}: {line}");
+        assert!(
+            (read - 0.01 * step as f64).abs() < 1e-6,
+            "step {step}: {line}"
+        );
         if step > 0 {
-            assert_eq!(line["state/coef"], uninterrupted[step - 1]["recipe/state.coef"]);
+            assert_eq!(
+                line["state/coef"],
+                uninterrupted[step - 1]["recipe/state.coef"]
+            );
         }
         let next = line["recipe/state.coef"].as_f64().expect("update");
-        assert!((next - 0.01 * (step + 1) as f64).abs() < 1e-6, "step {step}: {line}");
+        assert!(
+            (next - 0.01 * (step + 1) as f64).abs() < 1e-6,
+            "step {step}: {line}"
+        );
         // The last entropy read is the previous step's entropy (+∞, written "inf", before the first).
         let expected_last = match step {
             0 => serde_json::json!("inf"),
@@ -302,7 +311,10 @@ fn a_stateful_recipe_is_carried_checkpointed_and_resumed_bit_exact() {
         state["recipe_state"],
         serde_json::json!([
             ["coef", uninterrupted[1]["recipe/state.coef"]],
-            ["last_entropy", uninterrupted[1]["recipe/state.last_entropy"]]
+            [
+                "last_entropy",
+                uninterrupted[1]["recipe/state.last_entropy"]
+            ]
         ])
     );
     let prepared = prepare(&hir, &run_args(&killed, Some(killed.clone()))).unwrap();
