@@ -445,7 +445,11 @@ fn every_recipe_scores_a_generated_rollout_file() {
     for path in recipes {
         let recipe = check(&path);
         let graph = rlx_compiler::compile_graph(&recipe, &[]).unwrap();
-        let batch = synthetic::batch(&graph, &synthetic::Spec::default());
+        let mut batch = synthetic::batch(&graph, &synthetic::Spec::default());
+        // A `state` is no rollout value: the file leaves it out and it reads its initial value.
+        for state in &graph.states {
+            batch.inputs[state.input as usize] = vec![state.init];
+        }
         let text = synthetic::to_jsonl(&graph, &batch);
         let read = rlx_runtime::rollouts::read_rollouts(&text, &recipe).unwrap_or_else(|e| {
             panic!(
@@ -833,5 +837,33 @@ fn state_files_carry_a_recipes_state_from_call_to_call() {
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("declares no `state`"));
     assert!(!absent.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A rollout line that gives a value under a state's name is an error naming the line and the key
+/// (the state comes from `--state`, never from the rollouts).
+#[test]
+fn a_rollout_line_cannot_set_a_state() {
+    let dir = std::env::temp_dir().join(format!("rlx-score-state-line-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rollouts = dir.join("rollouts.jsonl");
+    std::fs::write(
+        &rollouts,
+        "{\"group\": \"a\", \"score\": 1}\n{\"group\": \"a\", \"score\": 0, \"baseline\": 3}\n",
+    )
+    .unwrap();
+    let output = rlx(&[
+        "score",
+        "tests/data/state_ema.rlx",
+        "--rollouts",
+        rollouts.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("line 2"), "{stderr}");
+    assert!(
+        stderr.contains("`baseline` is the recipe's `state`, carried across steps"),
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
