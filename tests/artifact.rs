@@ -676,3 +676,61 @@ fn sources_are_only_rlx_files_in_the_recipes_folder() {
         "is not a `.rlx` file",
     );
 }
+
+/// An artifact carries the recipe's `state`s (`graph.states`, format 4): `rlx score --state` on it
+/// writes the state the recipe writes, and a state that does not match its input or update is an
+/// invalid artifact.
+#[test]
+fn states_survive_the_artifact_and_are_validated() {
+    let dir = scratch("state");
+    let artifact = dir.join("state_ema.rlxc");
+    compile("tests/data/state_ema.rlx", &artifact);
+    let mut written = Vec::new();
+    for recipe in ["tests/data/state_ema.rlx", artifact.to_str().unwrap()] {
+        let state = dir.join("state.json");
+        let _ = std::fs::remove_file(&state);
+        for _ in 0..2 {
+            let output = run(
+                env!("CARGO_BIN_EXE_rlx"),
+                &[
+                    "score",
+                    recipe,
+                    "--rollouts",
+                    "tests/data/state_ema.jsonl",
+                    "--state",
+                    state.to_str().unwrap(),
+                ],
+            );
+            assert!(
+                output.status.success(),
+                "{recipe}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        written.push(std::fs::read_to_string(&state).unwrap());
+    }
+    assert_eq!(written[0], written[1]);
+    assert!(written[0].contains("\"calls\":2"), "{}", written[0]);
+
+    let bytes = build(&root().join("tests/data/state_ema.rlx"), &[])
+        .to_bytes()
+        .unwrap();
+    let (_, body) = split(&bytes);
+    let document: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(document["graph"]["states"][1]["name"], "calls");
+    for edit in [
+        |d: &mut Value| d["graph"]["states"][0]["input"] = serde_json::json!(0),
+        |d: &mut Value| d["graph"]["states"][0]["input"] = serde_json::json!(99),
+        |d: &mut Value| d["graph"]["states"][1]["elem"] = serde_json::json!("F32"),
+        |d: &mut Value| d["graph"]["states"][2]["metric"] = serde_json::json!("state.worst"),
+    ] {
+        let mut tampered = document.clone();
+        edit(&mut tampered);
+        expect_error(
+            Artifact::from_bytes(&sign(&serde_json::to_vec(&tampered).unwrap())),
+            ErrorKind::Invalid,
+            "does not match its input and update in the graph",
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

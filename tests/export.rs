@@ -1407,6 +1407,53 @@ fn the_adapters_get_true_lengths_or_fail_loudly() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// recipes/adaptive_entropy.rlx (Skywork-OR1's adaptive entropy coefficient, recipe `state`) against
+/// TRL itself: tests/export/adaptive_entropy.py runs TRL 1.16's `GRPOTrainer._compute_loss`
+/// (`use_adaptive_entropy=True`, loss_type "dapo") and the exported module's `loss` on the same
+/// batches over eight optimizer steps whose entropies cross the target both ways and reach the
+/// coefficient's cap and floor: the losses, their gradients and the state after every step agree (the
+/// module's `STATE` buffers against TRL's `entropy_coef` and `_last_world_entropy`); `state_dict`
+/// round-trips and `STATE.eval()` freezes the state.
+#[test]
+#[cfg_attr(not(rlx_torch), ignore = "needs torch: run scripts/install-torch.sh")]
+fn adaptive_entropy_state_follows_trl_step_by_step() {
+    let dir = scratch("adaptive-entropy");
+    let (_, file) = export(&root().join("recipes/adaptive_entropy.rlx"), &dir).expect("exports");
+    let output = Command::new(python())
+        .arg(root().join("tests/export/adaptive_entropy.py"))
+        .arg(&file)
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "tests/export/adaptive_entropy.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Json = serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("JSON");
+    assert_eq!(report["problems"], serde_json::json!([]), "{report}");
+    let coefficients: Vec<f64> = report["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| s["coef"].as_f64().expect("coef"))
+        .collect();
+    // TRL's controller moved both ways and hit both bounds (0.025 and 0): the test exercised every
+    // branch of `adaptive_entropy_coef`.
+    assert_eq!(coefficients.len(), 8);
+    assert!(
+        coefficients.iter().any(|c| (c - 0.025).abs() < 1e-12),
+        "{coefficients:?}"
+    );
+    assert!(coefficients.contains(&0.0), "{coefficients:?}");
+    assert_eq!(
+        report["state_dict_keys"],
+        serde_json::json!(["coef", "last_entropy"])
+    );
+    assert_eq!(report["eval_frozen"], serde_json::json!(true));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 #[cfg_attr(
     not(rlx_verl),
@@ -1588,6 +1635,7 @@ fn an_unsupported_feature_is_a_clear_error() {
             loss: Some(NodeId(1)),
             ..Outputs::default()
         },
+        states: Vec::new(),
     };
     let symbolic = SymbolicGraph {
         graph,

@@ -110,6 +110,7 @@ fn item_roots(item: &Item) -> Vec<&Expr> {
         ItemKind::Reward(expr) | ItemKind::Advantage(expr) | ItemKind::Loss(expr) => vec![expr],
         ItemKind::Metric { value, .. } => vec![value],
         ItemKind::Keep { condition, .. } => vec![condition],
+        ItemKind::State(decl) => vec![&decl.update],
         ItemKind::Rollout(entries) => entries
             .iter()
             .filter_map(|entry| match &entry.value {
@@ -243,6 +244,7 @@ fn kind_name(kind: &ItemKind) -> &'static str {
         ItemKind::Metric { .. } => "metric",
         ItemKind::Keep { .. } => "keep",
         ItemKind::Rollout(_) => "rollout",
+        ItemKind::State(_) => "state",
     }
 }
 
@@ -275,6 +277,8 @@ fn every_construct_parses_with_items_in_order() {
         "keep",
         "keep",
         "rollout",
+        "state",
+        "state",
     ]);
     assert_eq!(kinds, expected);
 }
@@ -630,7 +634,7 @@ fn doc_comments_attach_to_the_next_item_only() {
         .filter(|item| !item.doc.is_empty())
         .map(|item| (kind_name(&item.kind), item.doc.as_slice()))
         .collect();
-    assert_eq!(documented.len(), 3, "{documented:?}");
+    assert_eq!(documented.len(), 4, "{documented:?}");
     assert_eq!(documented[0].0, "input");
     assert_eq!(
         documented[0].1,
@@ -640,6 +644,13 @@ fn doc_comments_attach_to_the_next_item_only() {
     assert_eq!(
         documented[2],
         ("metric", &["Logged every step.".to_string()][..])
+    );
+    assert_eq!(
+        documented[3],
+        (
+            "state",
+            &["An EMA of the reward, carried across steps.".to_string()][..]
+        )
     );
 
     // `////` and `//` are comments; a `///` line must precede an item.

@@ -445,7 +445,11 @@ fn every_recipe_scores_a_generated_rollout_file() {
     for path in recipes {
         let recipe = check(&path);
         let graph = rlx_compiler::compile_graph(&recipe, &[]).unwrap();
-        let batch = synthetic::batch(&graph, &synthetic::Spec::default());
+        let mut batch = synthetic::batch(&graph, &synthetic::Spec::default());
+        // A `state` is no rollout value: the file leaves it out and it reads its initial value.
+        for state in &graph.states {
+            batch.inputs[state.input as usize] = vec![state.init];
+        }
         let text = synthetic::to_jsonl(&graph, &batch);
         let read = rlx_runtime::rollouts::read_rollouts(&text, &recipe).unwrap_or_else(|e| {
             panic!(
@@ -726,4 +730,140 @@ fn rollout_files_are_read_up_to_a_bound() {
         stderr.contains("RLX_MAX_ROLLOUT_BYTES = \"lots\" is not a positive number"),
         "{stderr}"
     );
+}
+
+/// `rlx score --state FILE` (docs/formats.md): the recipe's `state`s start at their initial values when
+/// FILE does not exist, the document and FILE get the updated values, the next call reads them back
+/// (the advantage subtracts the carried baseline), and a bad state file is an error naming the file
+/// and the entry that writes nothing.
+#[test]
+fn state_files_carry_a_recipes_state_from_call_to_call() {
+    let dir = std::env::temp_dir().join(format!("rlx-score-state-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("state.json");
+    let file_arg = file.to_str().unwrap();
+    let score = |state: &str| {
+        rlx(&[
+            "score",
+            "tests/data/state_ema.rlx",
+            "--rollouts",
+            "tests/data/state_ema.jsonl",
+            "--state",
+            state,
+        ])
+    };
+    // Mean score 0.75 each call: baseline 0 → 0.375 → 0.5625 → 0.65625.
+    let mut baselines = Vec::new();
+    for call in 0..3 {
+        let output = score(file_arg);
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let document: Value = serde_json::from_slice(&output.stdout).unwrap();
+        let read = baselines.last().copied().unwrap_or(0.0);
+        assert_eq!(
+            document["responses"][1]["advantage"],
+            serde_json::json!(0.0 - read),
+            "call {call}"
+        );
+        let written: Value =
+            serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        assert_eq!(written, document["state"], "call {call}");
+        assert_eq!(written["calls"], serde_json::json!(call + 1));
+        assert_eq!(written["best"], serde_json::json!(0.75));
+        assert_eq!(
+            document["metrics"]["state.calls"].as_f64(),
+            Some(call as f64 + 1.0)
+        );
+        baselines.push(written["baseline"].as_f64().unwrap());
+    }
+    assert_eq!(baselines, vec![0.375, 0.5625, 0.65625]);
+    // A non-finite value is written and read as a string.
+    std::fs::write(&file, r#"{"best": "-inf", "baseline": 1}"#).unwrap();
+    let output = score(file_arg);
+    assert!(output.status.success());
+    let written: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(
+        written,
+        serde_json::json!({"baseline": 0.875, "calls": 1, "best": 0.75})
+    );
+
+    let bad = dir.join("bad.json");
+    let bad_arg = bad.to_str().unwrap();
+    for (text, message) in [
+        (
+            "[1, 2]",
+            "is a JSON object of the recipe's states by name, not an array",
+        ),
+        ("{\"baseline\": ", "not a JSON state file"),
+        (
+            "{\"baseline\": \"high\"}",
+            "state `baseline` is \"high\"; expected a number",
+        ),
+        (
+            "{\"basline\": 1}",
+            "names `basline`, which is no state of the recipe (its states: baseline, calls, best)",
+        ),
+        (
+            "{\"calls\": 1.5}",
+            "sets state `calls`, which is i32, to 1.5",
+        ),
+    ] {
+        std::fs::write(&bad, text).unwrap();
+        let output = score(bad_arg);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{text}: {stderr}");
+        assert!(stderr.contains(message), "{text}: {stderr}");
+        assert_eq!(
+            std::fs::read_to_string(&bad).unwrap(),
+            text,
+            "{text}: rewritten"
+        );
+        assert!(output.stdout.is_empty(), "{text}");
+    }
+    // A recipe without state: an error, and no file is created.
+    let absent = dir.join("absent.json");
+    let output = rlx(&[
+        "score",
+        "recipes/grpo.rlx",
+        "--rollouts",
+        "tests/data/grpo_fixture.jsonl",
+        "--state",
+        absent.to_str().unwrap(),
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("declares no `state`"));
+    assert!(!absent.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A rollout line that gives a value under a state's name is an error naming the line and the key
+/// (the state comes from `--state`, never from the rollouts).
+#[test]
+fn a_rollout_line_cannot_set_a_state() {
+    let dir = std::env::temp_dir().join(format!("rlx-score-state-line-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rollouts = dir.join("rollouts.jsonl");
+    std::fs::write(
+        &rollouts,
+        "{\"group\": \"a\", \"score\": 1}\n{\"group\": \"a\", \"score\": 0, \"baseline\": 3}\n",
+    )
+    .unwrap();
+    let output = rlx(&[
+        "score",
+        "tests/data/state_ema.rlx",
+        "--rollouts",
+        rollouts.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("line 2"), "{stderr}");
+    assert!(
+        stderr.contains("`baseline` is the recipe's `state`, carried across steps"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

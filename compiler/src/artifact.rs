@@ -27,7 +27,7 @@ use crate::check::types::{Feature as TyFeature, Level as TyLevel, Ty};
 use crate::export::sha256::hex_digest;
 use crate::files::{self, Escape};
 use crate::hir;
-use crate::ir::{json_float, Elem, Feature, Graph, InputInfo, Level, RolloutInfo};
+use crate::ir::{json_float, Elem, Feature, Graph, InputInfo, Level, RolloutInfo, Shape};
 use crate::syntax::ast::{InputRole, Span};
 use crate::syntax::parser::MAX_SOURCE_BYTES;
 use crate::Checked;
@@ -35,7 +35,7 @@ use crate::Checked;
 /// The first bytes of every artifact.
 pub const MAGIC: &str = "RLXC";
 /// The layout and schema version this compiler writes and reads.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 /// The compiler that writes (and the only one that reads) an artifact: the IR and the plan are
 /// internal representations, so an artifact from another version is rejected, never reinterpreted.
 pub const COMPILER: &str = concat!("rlx-compiler ", env!("CARGO_PKG_VERSION"));
@@ -460,6 +460,29 @@ impl Artifact {
                 )));
             }
         }
+        // Each `state`: a batch-level input without a gradient of its element type, and an update
+        // among the metrics.
+        for state in &self.graph.states {
+            let input = self.graph.inputs.get(state.input as usize);
+            let fits = input.is_some_and(|i| {
+                i.name == state.name
+                    && i.elem == state.elem
+                    && i.shape == Shape::BATCH
+                    && !i.differentiable
+            });
+            let updated = self
+                .graph
+                .outputs
+                .metrics
+                .iter()
+                .any(|(n, _)| *n == state.metric);
+            if !fits || !updated {
+                return Err(invalid(format!(
+                    "state `{}` does not match its input and update in the graph",
+                    state.name
+                )));
+            }
+        }
         self.source_paths()?;
         Ok(())
     }
@@ -672,6 +695,7 @@ impl Artifact {
             metrics: Vec::new(),
             keeps: Vec::new(),
             rollout: Vec::new(),
+            states: Vec::new(),
         })
     }
 

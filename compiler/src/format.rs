@@ -604,6 +604,18 @@ impl<'a> Printer<'a> {
                 let continuation = left.chars().count() + 1;
                 self.expr_line(format!("{left} = "), value, 0, continuation, true)
             }
+            ItemKind::State(state) => {
+                let ty = state
+                    .ty
+                    .map(|(elem, _)| format!(" : {}", elem.name()))
+                    .unwrap_or_default();
+                let init = match &state.init {
+                    StateInit::Literal(value) => literal(value),
+                    StateInit::Param(name) => name.name.clone(),
+                };
+                let head = format!("state {}{ty} = {init} update ", state.name.name);
+                self.expr_line(head, &state.update, 0, INDENT, false)
+            }
             ItemKind::Keep {
                 level, condition, ..
             } => {
@@ -1287,6 +1299,7 @@ fn kind_group(kind: &ItemKind) -> u8 {
         | ItemKind::Metric { .. }
         | ItemKind::Keep { .. } => 6,
         ItemKind::Rollout(_) => 7,
+        ItemKind::State(_) => 8,
     }
 }
 

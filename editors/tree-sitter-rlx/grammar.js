@@ -46,6 +46,7 @@ module.exports = grammar({
         $.metric_section,
         $.keep_section,
         $.rollout_block,
+        $.state_declaration,
       ),
 
     // `//` comments; `///` doc comments are comments too (highlights.scm tells them apart).
@@ -93,6 +94,18 @@ module.exports = grammar({
         field('value', $.literal),
       ),
     literal: ($) => choice($.signed_number, $.boolean, seq(optional(choice('+', '-')), 'inf')),
+
+    // `state coef : f32 = 0.0 update next_coef(coef, …)` (docs/language.md, "State across steps").
+    state_declaration: ($) =>
+      seq(
+        'state',
+        field('name', $.identifier),
+        optional(seq(':', $.element_type)),
+        '=',
+        field('init', choice($.literal, $.identifier)),
+        'update',
+        field('update', $._expression),
+      ),
 
     function_declaration: ($) =>
       seq(

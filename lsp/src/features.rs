@@ -794,6 +794,12 @@ pub fn document_symbols(analysis: &Analysis) -> Vec<DocumentSymbol> {
                 decl.name.span,
                 Vec::new(),
             ),
+            ItemKind::State(decl) => (
+                decl.name.name.clone(),
+                SymbolKind::VARIABLE,
+                decl.name.span,
+                Vec::new(),
+            ),
             ItemKind::Rubric(decl) => {
                 let children = decl
                     .entries

@@ -429,6 +429,13 @@ impl Indexer<'_> {
                     self.declaration(item_code(self.text, item.span)),
                     &item.doc,
                 ),
+                // A state reads as a batch-level input (docs/language.md, "State across steps").
+                ItemKind::State(decl) => self.def(
+                    &decl.name,
+                    DefKind::Input,
+                    shorten(&self.declaration(item_code(self.text, item.span))),
+                    &item.doc,
+                ),
                 ItemKind::Let(_) | ItemKind::Metric { .. } => {
                     let (name, kind) = match &item.kind {
                         ItemKind::Let(decl) => (&decl.name, DefKind::Let),
@@ -550,6 +557,7 @@ impl Indexer<'_> {
             }
             ItemKind::Metric { value, .. } => self.expr(value),
             ItemKind::Keep { condition, .. } => self.expr(condition),
+            ItemKind::State(decl) => self.expr(&decl.update),
             ItemKind::Rollout(entries) => {
                 for entry in entries {
                     if let RolloutValue::Expr(expr) = &entry.value {

@@ -689,7 +689,7 @@ impl Compiled {
         let backend = backend(backend_name)?;
         self.whole("score(rows)")?;
         let shown = self.shown(&show)?;
-        let read =
+        let mut read =
             rlx_runtime::rollouts::read_rollouts(jsonl, &self.declarations).map_err(|e| {
                 let row = e.line.map(|l| l - 1);
                 let place = match (row, &e.key) {
@@ -700,6 +700,8 @@ impl Compiled {
                 };
                 input_error(e.key.as_deref(), row, format!("{place}{}", e.message))
             })?;
+        // The recipe's `state`s read their initial values (with the params as compiled), as in `rlx score`.
+        score::set_state(&self.graph, &mut read.batch, &[]).map_err(score_error)?;
         self.score_document(py, read, grad, backend, &show, shown)
     }
 

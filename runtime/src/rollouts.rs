@@ -398,6 +398,16 @@ pub fn read_rollouts(text: &str, recipe: &hir::Recipe) -> Result<Rollouts, Rollo
         }
         let number = index + 1;
         let object = parse_line(raw, number)?;
+        if let Some(state) = recipe.states.iter().find(|s| object.contains_key(&s.name)) {
+            return Err(RolloutError::new(
+                Some(number),
+                Some(&state.name),
+                format!(
+                    "`{}` is the recipe's `state`, carried across steps: a rollout line cannot set it (`rlx score --state FILE` gives it)",
+                    state.name
+                ),
+            ));
+        }
 
         let group_value = object.get(GROUP_KEY).ok_or_else(|| {
             RolloutError::new(

@@ -76,6 +76,32 @@ pub fn score_at(
     show: &[String],
     context: &Context,
 ) -> Result<Scored, String> {
+    score_at_with_state(
+        recipe,
+        rollouts,
+        overrides,
+        with_gradients,
+        backend,
+        show,
+        context,
+        &[],
+    )
+}
+
+/// `score_at`, with the recipe's `state`s read at the values `state` gives by name (`rlx score
+/// --state FILE`; a state it does not name reads its initial value). The updated state is in the
+/// document's metrics as `state.NAME`, and under its `"state"` key (see `state_document`).
+#[allow(clippy::too_many_arguments)]
+pub fn score_at_with_state(
+    recipe: &Recipe,
+    rollouts: &str,
+    overrides: &[(String, f64)],
+    with_gradients: bool,
+    backend: Backend,
+    show: &[String],
+    context: &Context,
+    state: &[(String, f64)],
+) -> Result<Scored, String> {
     let graph = rlx_compiler::compile_graph(recipe, overrides)?;
     let rollout = rlx_compiler::ir::rollout_settings(recipe, &graph);
     let shown_graph = shown_graph(recipe, &graph, overrides, show)?;
@@ -89,6 +115,7 @@ pub fn score_at(
         show,
         context,
         &rollout,
+        state,
     )
 }
 
@@ -135,6 +162,30 @@ pub fn score_artifact(
     show: &[String],
     context: &Context,
 ) -> Result<Scored, String> {
+    score_artifact_with_state(
+        artifact,
+        overrides,
+        rollouts,
+        with_gradients,
+        backend,
+        show,
+        context,
+        &[],
+    )
+}
+
+/// `score_artifact`, with the recipe's `state`s at the values `state` gives (`score_at_with_state`).
+#[allow(clippy::too_many_arguments)]
+pub fn score_artifact_with_state(
+    artifact: &Artifact,
+    overrides: &[(String, f64)],
+    rollouts: &str,
+    with_gradients: bool,
+    backend: Backend,
+    show: &[String],
+    context: &Context,
+    state: &[(String, f64)],
+) -> Result<Scored, String> {
     let graph = artifact.graph_with(overrides).map_err(|e| e.to_string())?;
     let declarations = artifact.declarations().map_err(|e| e.to_string())?;
     let shown = &artifact.shown;
@@ -156,7 +207,134 @@ pub fn score_artifact(
         show,
         context,
         &artifact.rollout,
+        state,
     )
+}
+
+/// Put the values of the recipe's `state`s that `state` names (by name) into the batch's inputs
+/// for them. A name that is no state of the recipe, or a value that does not fit the state's type,
+/// is an error naming it.
+pub fn set_state(
+    graph: &Graph,
+    batch: &mut crate::batch::Batch,
+    state: &[(String, f64)],
+) -> Result<(), String> {
+    // Every state reads its initial value (with the params as compiled) unless `state` gives one; a
+    // rollout line never sets it.
+    for info in &graph.states {
+        if let Some(input) = batch.inputs.get_mut(info.input as usize) {
+            *input = vec![info.init];
+        }
+    }
+    for (name, value) in state {
+        let Some(info) = graph.states.iter().find(|s| &s.name == name) else {
+            let names: Vec<&str> = graph.states.iter().map(|s| s.name.as_str()).collect();
+            return Err(format!(
+                "the state given (`--state`) names `{name}`, which is no state of the recipe (its states: {})",
+                if names.is_empty() {
+                    "none".to_string()
+                } else {
+                    names.join(", ")
+                }
+            ));
+        };
+        let fits = match info.elem {
+            rlx_compiler::ir::Elem::F32 => !value.is_nan(),
+            rlx_compiler::ir::Elem::I32 => {
+                value.fract() == 0.0 && value.abs() <= f64::from(i32::MAX)
+            }
+            rlx_compiler::ir::Elem::Bool => *value == 0.0 || *value == 1.0,
+        };
+        if !fits {
+            return Err(format!(
+                "the state given (`--state`) sets state `{name}`, which is {}, to {value}",
+                info.elem.name()
+            ));
+        }
+        match batch.inputs.get_mut(info.input as usize) {
+            Some(input) => *input = vec![*value],
+            None => return Err(format!("state `{name}`: internal error: no input for it")),
+        }
+    }
+    Ok(())
+}
+
+/// The recipe's `state`s after a scored step, by name in declaration order: each state's update
+/// (the metric `state.NAME` of `outcome`).
+pub fn updated_state(graph: &Graph, metrics: &[(String, f64)]) -> Vec<(String, f64)> {
+    graph
+        .states
+        .iter()
+        .filter_map(|s| {
+            let value = metrics.iter().find(|(n, _)| *n == s.metric)?.1;
+            Some((s.name.clone(), value))
+        })
+        .collect()
+}
+
+/// A state file's JSON (`rlx score --state FILE`): an object of the states by name, each a number
+/// (an integer for an `i32` state, `true`/`false` for a `bool` one) or, when not finite, the string
+/// `inf`, `-inf` or `nan` (JSON has no such numbers).
+pub fn state_json(graph: &Graph, state: &[(String, f64)]) -> Value {
+    let elem_of = |name: &str| graph.states.iter().find(|s| s.name == name).map(|s| s.elem);
+    let entries = state.iter().map(|(name, value)| {
+        let value = if let (Some(rlx_compiler::ir::Elem::I32), true) =
+            (elem_of(name), value.fract() == 0.0)
+        {
+            json!(*value as i64)
+        } else if elem_of(name) == Some(rlx_compiler::ir::Elem::Bool) {
+            json!(*value != 0.0)
+        } else if value.is_finite() {
+            json!(value)
+        } else if value.is_nan() {
+            json!("nan")
+        } else if *value > 0.0 {
+            json!("inf")
+        } else {
+            json!("-inf")
+        };
+        (name.clone(), value)
+    });
+    Value::Object(entries.collect())
+}
+
+/// Parse a state file's JSON (`state_json`'s form); `file` names it in errors.
+pub fn parse_state(text: &str, file: &str) -> Result<Vec<(String, f64)>, String> {
+    let value: Value = serde_json::from_str(text).map_err(|e| {
+        format!(
+            "{file}: not a JSON state file ({e}); expected an object such as {{\"coef\": 0.005}}"
+        )
+    })?;
+    let Value::Object(entries) = value else {
+        return Err(format!(
+            "{file}: a state file is a JSON object of the recipe's states by name, not {}",
+            match value {
+                Value::Array(_) => "an array",
+                Value::String(_) => "a string",
+                Value::Number(_) => "a number",
+                Value::Bool(_) => "a boolean",
+                _ => "null",
+            }
+        ));
+    };
+    entries
+        .into_iter()
+        .map(|(name, value)| {
+            let number = match &value {
+                Value::Number(n) => n.as_f64(),
+                Value::String(s) => match s.as_str() {
+                    "inf" => Some(f64::INFINITY),
+                    "-inf" => Some(f64::NEG_INFINITY),
+                    _ => None,
+                },
+                Value::Bool(b) => Some(f64::from(u8::from(*b))),
+                _ => None,
+            };
+            number.map(|v| (name.clone(), v)).ok_or_else(|| {
+                format!("{file}: state `{name}` is {value}; expected a number, \"inf\" or \"-inf\"")
+            })
+        })
+        .collect()
 }
 
 /// The top-level `let`s a graph keeps by name (its `outputs.shown`, less the rollout settings).
@@ -234,8 +412,10 @@ fn score_graphs(
     show: &[String],
     context: &Context,
     rollout: &[RolloutInfo],
+    state: &[(String, f64)],
 ) -> Result<Scored, String> {
-    let read = read_rollouts(rollouts, declarations).map_err(|e| e.to_string())?;
+    let mut read = read_rollouts(rollouts, declarations).map_err(|e| e.to_string())?;
+    set_state(graph, &mut read.batch, state)?;
     score_read(
         graph,
         shown,
@@ -329,6 +509,12 @@ pub fn score_read(
         .map(|(n, v)| (n.clone(), json!(v)))
         .collect();
     document.insert("metrics".into(), Value::Object(metrics));
+    if !graph.states.is_empty() {
+        document.insert(
+            "state".into(),
+            state_json(graph, &updated_state(graph, &outcome.metrics)),
+        );
+    }
     document.insert("responses".into(), Value::Array(response_entries));
     if with_gradients {
         let mut gradients = Map::new();

@@ -140,7 +140,8 @@ pub fn batch(graph: &Graph, spec: &Spec) -> Batch {
 }
 
 /// A batch as a rollout file (docs/formats.md): one JSON line per response, the inverse of
-/// `rollouts::read_rollouts`. Groups are named by their index; every line gives its `length`.
+/// `rollouts::read_rollouts`. Groups are named by their index; every line gives its `length`. The
+/// recipe's `state`s are no rollout values (`rlx score --state` gives them) and are left out.
 pub fn to_jsonl(graph: &Graph, batch: &Batch) -> String {
     use serde_json::{Map, Value};
     let mut geometry = Geometry::new(
@@ -175,7 +176,16 @@ pub fn to_jsonl(graph: &Graph, batch: &Batch) -> String {
             crate::rollouts::LENGTH_KEY.into(),
             Value::from(batch.layout.response_length(response)),
         );
-        for ((input, values), bases) in graph.inputs.iter().zip(&batch.inputs).zip(&bases) {
+        for (index, ((input, values), bases)) in graph
+            .inputs
+            .iter()
+            .zip(&batch.inputs)
+            .zip(&bases)
+            .enumerate()
+        {
+            if graph.states.iter().any(|s| s.input as usize == index) {
+                continue;
+            }
             let mine: Vec<Value> = match input.shape.level {
                 Level::Tok => {
                     let tokens = batch.layout.token_offsets[response]

@@ -1053,3 +1053,99 @@ fn random_elementwise_expressions_agree() {
         failures[..failures.len().min(5)].join("\n")
     );
 }
+
+/// Recipe `state` (docs/language.md, "State across steps") on both backends: a state is a batch-level
+/// input and its update the metric `state.NAME`, so each backend takes the state in and gives the
+/// updated state out. Carried over six steps (each backend carrying its own values, as the trainer
+/// does), an f32 EMA, an i32 counter and a bool flag agree with the interpreter at every step, and
+/// the values move (the test would catch a state read as its initial value).
+#[test]
+fn state_is_carried_alike_by_the_interpreter_and_the_jit() {
+    let source = r#"
+input logp  : f32[tok] policy
+input score : f32[resp]
+param decay = 0.9
+state baseline = 0.5 update decay * baseline + (1 - decay) * mean(score over batch)
+state seen : i32 = 0 update seen + count(score > baseline over batch)
+state high : bool = false update mean(score over batch) > baseline or high
+advantage = score - baseline
+loss = mean(-logp * advantage over tok, batch) + 0.01 * mean(logp over tok, batch) * where(high, 1, 0)
+metric baseline_used = baseline
+"#;
+    let graph = graph_of_source("state.rlx", source);
+    assert_eq!(graph.states.len(), 3);
+    // f64 storage, as `rlx score` runs (with f32 storage a kernel reads an f32 state rounded to f32,
+    // as every f32 input, and carried values drift apart by that rounding).
+    let options = Options {
+        accumulate: Precision::F64,
+        storage: Precision::F64,
+    };
+    let kernel = Kernel::compile(&graph, &options).expect("compiles");
+    let context = Context {
+        step: 0.0,
+        progress: 0.0,
+    };
+    let mut interp_state: Vec<f64> = graph.states.iter().map(|s| s.init).collect();
+    let mut jit_state = interp_state.clone();
+    assert_eq!(interp_state, vec![0.5, 0.0, 0.0]);
+    let update = |outcome: &Outcome| -> Vec<f64> {
+        graph
+            .states
+            .iter()
+            .map(|s| {
+                outcome
+                    .metrics
+                    .iter()
+                    .find(|(n, _)| *n == s.metric)
+                    .expect("update")
+                    .1
+            })
+            .collect()
+    };
+    let mut seen_values = Vec::new();
+    for step in 0..6u64 {
+        let spec = Spec {
+            seed: 40 + step,
+            ..Spec::default()
+        };
+        let base = rounded(&graph, &synthetic::batch(&graph, &spec));
+        let with_state = |values: &[f64]| {
+            let mut batch = base.clone();
+            for (info, value) in graph.states.iter().zip(values) {
+                batch.inputs[info.input as usize] = vec![*value];
+            }
+            batch
+        };
+        let expected = evaluate(&graph, &with_state(&interp_state), &context).expect("interp");
+        let actual = kernel.run(&with_state(&jit_state), &context).expect("jit");
+        let differences = compare(&expected, &actual, F64_TOLERANCE);
+        assert!(differences.is_empty(), "step {step}: {differences:?}");
+        let used = expected
+            .metrics
+            .iter()
+            .find(|(n, _)| n == "baseline_used")
+            .expect("metric")
+            .1;
+        assert_eq!(
+            used, interp_state[0],
+            "step {step}: the step read its state"
+        );
+        interp_state = update(&expected);
+        jit_state = update(&actual);
+        for (a, b) in interp_state.iter().zip(&jit_state) {
+            assert!(
+                (a - b).abs() <= 1e-12 * a.abs().max(1.0),
+                "step {step}: {interp_state:?} vs {jit_state:?}"
+            );
+        }
+        seen_values.push(interp_state.clone());
+    }
+    assert!(
+        seen_values.windows(2).all(|w| w[0][0] != w[1][0]),
+        "the EMA moves: {seen_values:?}"
+    );
+    assert!(
+        seen_values.last().expect("steps")[1] > 0.0,
+        "the counter counts: {seen_values:?}"
+    );
+}

@@ -56,6 +56,10 @@ enum Command {
         /// uses step / steps).
         #[arg(long, default_value_t = 0.0, value_parser = parse_progress)]
         progress: f64,
+        /// The recipe's `state` across calls: read from FILE (JSON, `{"NAME": value}`; the initial
+        /// values when FILE does not exist), and FILE rewritten with the updated state after scoring.
+        #[arg(long, value_name = "FILE")]
+        state: Option<PathBuf>,
     },
     /// Train a policy with a recipe: sample, score, apply the compiled recipe, backpropagate, step.
     ///
@@ -310,6 +314,7 @@ fn main() -> ExitCode {
             device,
             step,
             progress,
+            state,
         } => {
             let context = rlx_runtime::interp::Context {
                 step: step as f64,
@@ -340,6 +345,7 @@ fn main() -> ExitCode {
                 out.as_deref(),
                 backend,
                 &context,
+                state.as_deref(),
             )
         }
         Command::Compare {
@@ -807,7 +813,15 @@ fn score(
     out: Option<&Path>,
     backend: rlx_runtime::score::Backend,
     context: &rlx_runtime::interp::Context,
+    state_file: Option<&Path>,
 ) -> ExitCode {
+    let state = match state_file.map(read_state).transpose() {
+        Ok(state) => state.unwrap_or_default(),
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(1);
+        }
+    };
     let overrides: Vec<(String, f64)> = match set.iter().map(|s| rlx::parse_override(s)).collect() {
         Ok(overrides) => overrides,
         Err(message) => {
@@ -845,21 +859,61 @@ fn score(
         }
     };
     let scored = match (&hir, &loaded) {
-        (Some(hir), _) => {
-            rlx_runtime::score::score_at(hir, &text, &overrides, grad, backend, show, context)
-        }
-        (None, Some(artifact)) => rlx_runtime::score::score_artifact(
-            artifact, &overrides, &text, grad, backend, show, context,
+        (Some(hir), _) => rlx_runtime::score::score_at_with_state(
+            hir, &text, &overrides, grad, backend, show, context, &state,
+        ),
+        (None, Some(artifact)) => rlx_runtime::score::score_artifact_with_state(
+            artifact, &overrides, &text, grad, backend, show, context, &state,
         ),
         (None, None) => Err("internal error: no recipe".to_string()),
     };
     match scored {
-        Ok(scored) => write_scored(recipe, rollouts, &scored, out),
+        Ok(scored) => {
+            if let Some(path) = state_file {
+                let Some(updated) = scored.document.get("state") else {
+                    eprintln!(
+                        "error: --state {}: {} declares no `state` (docs/language.md, \"State across steps\")",
+                        path.display(),
+                        recipe.display()
+                    );
+                    return ExitCode::from(1);
+                };
+                let text = format!("{updated}\n");
+                if let Err(error) = rlx::write_output(path, text.as_bytes()) {
+                    eprintln!("error: cannot write {}: {error}", path.display());
+                    return ExitCode::from(1);
+                }
+            }
+            write_scored(recipe, rollouts, &scored, out)
+        }
         Err(message) => {
             eprintln!("error: {}: {message}", rollouts.display());
             ExitCode::from(1)
         }
     }
+}
+
+/// The state `rlx score --state FILE` reads: FILE's states by name, or none (the initial values)
+/// when FILE does not exist.
+fn read_state(path: &Path) -> Result<Vec<(String, f64)>, String> {
+    const MAX_STATE_BYTES: u64 = 1 << 20;
+    let name = format!("--state {}", path.display());
+    let metadata = match std::fs::metadata(path) {
+        Ok(metadata) => metadata,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(error) => return Err(format!("{name}: {error}")),
+    };
+    if !metadata.is_file() {
+        return Err(format!("{name}: not a regular file"));
+    }
+    if metadata.len() > MAX_STATE_BYTES {
+        return Err(format!(
+            "{name}: {} bytes, more than a state file's limit of {MAX_STATE_BYTES}",
+            metadata.len()
+        ));
+    }
+    let text = std::fs::read_to_string(path).map_err(|error| format!("{name}: {error}"))?;
+    rlx_runtime::score::parse_state(&text, &name)
 }
 
 /// Print `rlx score`'s warnings and write its document.

@@ -107,6 +107,14 @@ pub struct State {
     /// A LoRA run's base model (its checkpoints hold only the adapters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<BaseModel>,
+    /// The recipe's `state` values for the next step, by name in declaration order (non-finite
+    /// values as the strings `inf`, `-inf`, `nan`).
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        with = "rlx_compiler::ir::json_float::pairs"
+    )]
+    pub recipe_state: Vec<(String, f64)>,
 }
 
 /// A checkpoint read back.

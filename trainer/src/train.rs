@@ -97,6 +97,8 @@ enum Fill {
     Length,
     /// The input's declared default.
     Default(f64),
+    /// The value of the recipe's `state` `k` (index into `Graph::states`), carried across steps.
+    State(usize),
 }
 
 fn filled_list(signals: &[String]) -> String {
@@ -116,7 +118,11 @@ fn filled_list(signals: &[String]) -> String {
 fn plan_inputs(graph: &Graph, signals: &[String], any_shape: bool) -> Result<Vec<Fill>, Error> {
     let mut fills = Vec::new();
     let filled = filled_list(signals);
-    for input in &graph.inputs {
+    for (index, input) in graph.inputs.iter().enumerate() {
+        if let Some(k) = graph.states.iter().position(|s| s.input as usize == index) {
+            fills.push(Fill::State(k));
+            continue;
+        }
         let level = input.shape.level;
         let plain = input.shape.feature.is_none();
         let name = input.name.as_str();
@@ -776,6 +782,7 @@ fn build_samples(
     step: usize,
     prompts: Vec<Prompt>,
     completions: Vec<Completion>,
+    states: &[f64],
 ) -> Result<Samples, Error> {
     let rows: Vec<Vec<u32>> = prompts
         .iter()
@@ -835,6 +842,7 @@ fn build_samples(
                 .map(|(_, v)| v.clone())
                 .unwrap_or_default(),
             Fill::Length => lengths.iter().map(|l| *l as f64).collect(),
+            Fill::State(k) => vec![states[*k]],
             Fill::Default(v) => {
                 // Any shape, feature axes included (their lengths come from the layout).
                 let rubrics = graph.rubrics.iter().map(|r| r.criteria.len()).collect();
@@ -993,6 +1001,63 @@ pub fn loss_and_gradients(
         grads.accumulate(policy.vars(), &store).map_err(err)?;
     }
     Ok((outcome, grads))
+}
+
+/// The values of the recipe's `state`s at the first step: their initial values, or (resuming) the
+/// checkpoint's, which must name exactly the recipe's states.
+fn initial_state(
+    graph: &Graph,
+    resumed: Option<(PathBuf, Vec<(String, f64)>)>,
+) -> Result<Vec<f64>, Error> {
+    let Some((dir, saved)) = resumed else {
+        return Ok(graph.states.iter().map(|s| s.init).collect());
+    };
+    let names = |list: Vec<&str>| match list.is_empty() {
+        true => "none".to_string(),
+        false => list.join(", "),
+    };
+    let declared: Vec<&str> = graph.states.iter().map(|s| s.name.as_str()).collect();
+    let held: Vec<&str> = saved.iter().map(|(n, _)| n.as_str()).collect();
+    if declared != held {
+        return Err(format!(
+            "checkpoint {}: it holds the recipe state {} but the recipe declares {}",
+            dir.display(),
+            names(held),
+            names(declared)
+        ));
+    }
+    Ok(saved.into_iter().map(|(_, v)| v).collect())
+}
+
+/// The recipe's `state`s after a step: each state's update, the metric `state.NAME` of the step's
+/// outcome.
+fn next_state(graph: &Graph, outcome: &Outcome) -> Result<Vec<f64>, Error> {
+    graph
+        .states
+        .iter()
+        .map(|state| {
+            outcome
+                .metrics
+                .iter()
+                .find(|(name, _)| *name == state.metric)
+                .map(|(_, value)| *value)
+                .ok_or_else(|| format!("the recipe computed no update for state `{}`", state.name))
+        })
+        .collect()
+}
+
+/// A number in a metrics line: non-finite values (a state's initial `inf`) as the strings `inf`,
+/// `-inf` and `nan`, as in the graph's JSON, since JSON has no such numbers.
+fn json_float(value: f64) -> Value {
+    if value.is_finite() {
+        json!(value)
+    } else if value.is_nan() {
+        json!("nan")
+    } else if value > 0.0 {
+        json!("inf")
+    } else {
+        json!("-inf")
+    }
 }
 
 /// The file of a run directory that holds the sampled responses of every `train.samples_every` steps.
@@ -1275,10 +1340,13 @@ pub fn run_with(
         top_p: plan.top_p,
         seed: config.seed ^ 0x5eed_e7a1,
     };
+    // The recipe's `state` values as the checkpoint holds them (a fresh run starts from the initial values).
+    let mut resumed_state: Option<(PathBuf, Vec<(String, f64)>)> = None;
     let (first_step, accuracy_before, eval_before, reference) = match &options.resume {
         Some(dir) => {
             let loaded = checkpoint::load(dir)?;
             let state = &loaded.state;
+            resumed_state = Some((loaded.dir.clone(), state.recipe_state.clone()));
             if state.params != params {
                 return Err(format!(
                     "--resume {}: the recipe's params {params:?} differ from the checkpoint's {:?} (pass the same --set NAME=VALUE)",
@@ -1427,6 +1495,7 @@ pub fn run_with(
         entropy: plan.fills.contains(&Fill::Entropy),
     };
     let n = plan.group_size;
+    let mut recipe_state = initial_state(&plan.graph, resumed_state)?;
     let (mut sample_tokens, mut sample_time) = (0usize, 0f64);
     let (mut train_tokens, mut train_time) = (0usize, 0f64);
     let mut accuracy_after = accuracy_before;
@@ -1438,7 +1507,8 @@ pub fn run_with(
                 rewards: &[f64],
                 opt: &AdamW,
                 prompt_rng: &Rng,
-                sample_rng: &Rng|
+                sample_rng: &Rng,
+                recipe_state: &[f64]|
      -> Result<PathBuf, Error> {
         let state = State {
             format: checkpoint::FORMAT,
@@ -1452,6 +1522,13 @@ pub fn run_with(
             params: params.clone(),
             has_reference: reference.is_some(),
             base: base.clone(),
+            recipe_state: plan
+                .graph
+                .states
+                .iter()
+                .zip(recipe_state)
+                .map(|(s, v)| (s.name.clone(), *v))
+                .collect(),
         };
         checkpoint::save(
             out,
@@ -1497,6 +1574,7 @@ pub fn run_with(
                 step,
                 prompts,
                 completions,
+                &recipe_state,
             )
         };
         // Sampling rounds (DAPO's dynamic sampling): when the recipe's `keep` drops groups, sample
@@ -1516,6 +1594,7 @@ pub fn run_with(
                 &opt,
                 &step_prompt_rng,
                 &step_sample_rng,
+                &recipe_state,
             );
             match saved {
                 Ok(dir) => format!(
@@ -1681,12 +1760,17 @@ pub fn run_with(
         if let Some(correct) = &correct {
             line.insert("accuracy".into(), json!(mean(correct)));
         }
+        // The recipe's state as this step read it (`state/NAME`); its update is `recipe/state.NAME`.
+        for (info, value) in plan.graph.states.iter().zip(&recipe_state) {
+            line.insert(format!("state/{}", info.name), json_float(*value));
+        }
         match &outcome {
             Some(outcome) => {
                 line.insert("loss".into(), json!(outcome.loss));
                 for (name, value) in &outcome.metrics {
                     line.insert(format!("recipe/{name}"), json!(value));
                 }
+                recipe_state = next_state(&plan.graph, outcome)?;
             }
             None => {
                 line.insert("loss".into(), Value::Null);
@@ -1798,6 +1882,7 @@ pub fn run_with(
                 &opt,
                 &prompt_rng,
                 &sample_rng,
+                &recipe_state,
             )?;
             last_checkpoint = Some(step);
         }

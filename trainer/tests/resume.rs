@@ -207,3 +207,127 @@ fn resume_errors_are_explained() {
     );
     let _ = std::fs::remove_dir_all(&run);
 }
+
+/// A recipe with `state` (recipes/adaptive_entropy.rlx: Skywork-OR1's adaptive entropy coefficient
+/// and the last step's entropy): the trainer carries the state from step to step, logs it
+/// (`state/NAME` as the step read it, `recipe/state.NAME` its update), checkpoints it, and a run
+/// killed and resumed from its checkpoint continues bit for bit.
+#[test]
+fn a_stateful_recipe_is_carried_checkpointed_and_resumed_bit_exact() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let checked =
+        rlx_compiler::check_path(&root.join("recipes/adaptive_entropy.rlx")).expect("readable");
+    let hir = checked.recipe.expect("recipe checks");
+    // A target above any entropy, so that the coefficient grows every step and the bonus applies
+    // from the second step on.
+    const PARAMS: [&str; 2] = ["entropy_target=100", "entropy_coef_delta=0.01"];
+    let run_args = |out: &Path, resume: Option<PathBuf>| {
+        let mut sets: Vec<String> = PARAMS.iter().map(|s| s.to_string()).collect();
+        if resume.is_none() {
+            sets.extend(
+                [
+                    "steps=5",
+                    "sft.steps=10",
+                    "sft.batch=16",
+                    "train.prompts_per_step=4",
+                    "task.eval_questions=10",
+                    "train.eval_every=0",
+                    "train.micro_batch=12",
+                    "train.checkpoint_every=2",
+                ]
+                .iter()
+                .map(|s| s.to_string()),
+            );
+        }
+        RunArgs {
+            recipe_name: "adaptive_entropy".into(),
+            sets,
+            out: resume.is_none().then(|| out.to_path_buf()),
+            resume,
+            ..Default::default()
+        }
+    };
+    let whole = out_dir("state-whole");
+    let prepared = prepare(&hir, &run_args(&whole, None)).unwrap();
+    run_with(
+        prepared.plan,
+        &prepared.config,
+        &prepared.out,
+        &prepared.options,
+        |_| {},
+    )
+    .unwrap();
+    let uninterrupted = lines(&whole);
+    assert_eq!(uninterrupted.len(), 5);
+    for (step, line) in uninterrupted.iter().enumerate() {
+        // c starts at entropy_coef = 0 and grows by Δ = 0.01 after every step; each step reads
+        // exactly the previous step's update (the trainer's f32-storage kernels then read it as f32,
+        // as every f32 input, hence the tolerance on the sums).
+        let read = line["state/coef"].as_f64().expect("state/coef");
+        assert!(
+            (read - 0.01 * step as f64).abs() < 1e-6,
+            "step {step}: {line}"
+        );
+        if step > 0 {
+            assert_eq!(
+                line["state/coef"],
+                uninterrupted[step - 1]["recipe/state.coef"]
+            );
+        }
+        let next = line["recipe/state.coef"].as_f64().expect("update");
+        assert!(
+            (next - 0.01 * (step + 1) as f64).abs() < 1e-6,
+            "step {step}: {line}"
+        );
+        // The last entropy read is the previous step's entropy (+∞, written "inf", before the first).
+        let expected_last = match step {
+            0 => serde_json::json!("inf"),
+            _ => uninterrupted[step - 1]["recipe/entropy_mean"].clone(),
+        };
+        assert_eq!(line["state/last_entropy"], expected_last, "step {step}");
+    }
+
+    let killed = out_dir("state-killed");
+    let prepared = prepare(&hir, &run_args(&killed, None)).unwrap();
+    let options = RunOptions {
+        resume: None,
+        stop_after: Some(3),
+        skip_evaluation: false,
+    };
+    run_with(
+        prepared.plan,
+        &prepared.config,
+        &prepared.out,
+        &options,
+        |_| {},
+    )
+    .unwrap();
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(killed.join("checkpoint/state.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(state["step"], 2);
+    assert_eq!(
+        state["recipe_state"],
+        serde_json::json!([
+            ["coef", uninterrupted[1]["recipe/state.coef"]],
+            [
+                "last_entropy",
+                uninterrupted[1]["recipe/state.last_entropy"]
+            ]
+        ])
+    );
+    let prepared = prepare(&hir, &run_args(&killed, Some(killed.clone()))).unwrap();
+    run_with(
+        prepared.plan,
+        &prepared.config,
+        &prepared.out,
+        &prepared.options,
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(lines(&killed), uninterrupted);
+    for out in [whole, killed] {
+        let _ = std::fs::remove_dir_all(out);
+    }
+}

@@ -32,6 +32,9 @@ pub struct Recipe {
     pub metrics: Vec<Metric>,
     pub keeps: Vec<Keep>,
     pub rollout: Vec<RolloutSetting>,
+    /// `state` declarations: each is read through its input (`input`, a batch-level input without a
+    /// gradient whose default is the initial value) and updated after each step by `update`.
+    pub states: Vec<State>,
 }
 
 impl Recipe {
@@ -53,6 +56,7 @@ impl Recipe {
             .chain(&self.loss)
             .chain(self.metrics.iter().map(|metric| &metric.expr))
             .chain(self.keeps.iter().map(|keep| &keep.condition))
+            .chain(self.states.iter().map(|state| &state.update))
             .chain(
                 self.rollout
                     .iter()
@@ -103,6 +107,20 @@ pub struct Global {
 pub struct Metric {
     pub name: String,
     pub expr: Expr,
+}
+
+/// `state NAME : ELEM = INIT update EXPR` (docs/language.md, "State across steps").
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct State {
+    pub name: String,
+    pub elem: Elem,
+    /// The input through which the step reads the state.
+    pub input: InputId,
+    /// The initial value: a constant or a param (so `--set` can change it).
+    pub init: Number,
+    /// The next step's value: a batch-level expression of this step's values and the old state.
+    pub update: Expr,
+    pub span: Span,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

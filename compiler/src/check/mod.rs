@@ -17,6 +17,7 @@ mod reductions;
 mod rubric;
 mod scope;
 mod sections;
+mod state;
 mod token_ops;
 pub mod types;
 
@@ -255,6 +256,7 @@ impl<'p> Checker<'p> {
         let mut keeps: Vec<hir::Keep> = Vec::new();
         let mut rollout = Vec::new();
         let mut metric_names: HashMap<String, Span> = HashMap::new();
+        let mut states = Vec::new();
         for (index, item) in root.items.iter().enumerate() {
             match &item.kind {
                 ItemKind::Let(_) | ItemKind::Reward(_) | ItemKind::Advantage(_) => {
@@ -306,6 +308,11 @@ impl<'p> Checker<'p> {
                     }
                     rollout = self.rollout(entries);
                 }
+                ItemKind::State(decl) => {
+                    if let Some(state) = self.state(decl) {
+                        states.push(state);
+                    }
+                }
                 _ => {}
             }
         }
@@ -322,6 +329,7 @@ impl<'p> Checker<'p> {
             metrics,
             keeps,
             rollout,
+            states,
         }
     }
 

@@ -29,6 +29,15 @@ impl<'p> Checker<'p> {
                     self.params.push(param);
                     (&decl.name, Def::Param(id))
                 }
+                ItemKind::State(decl) if is_root => {
+                    let id = InputId(self.inputs.len() as u32);
+                    let Some(input) = self.state_input(decl) else {
+                        self.failed_names.insert((module, decl.name.name.clone()));
+                        continue;
+                    };
+                    self.inputs.push(input);
+                    (&decl.name, Def::Input(id))
+                }
                 ItemKind::Let(decl) if is_root => (&decl.name, Def::Global(index)),
                 ItemKind::Fn(decl) => (
                     &decl.name,

@@ -116,6 +116,9 @@ pub fn symbolic_graph(
     for keep in &mut symbolic.keeps {
         params_to_inputs(&mut keep.condition, base);
     }
+    for state in &mut symbolic.states {
+        params_to_inputs(&mut state.update, base);
+    }
     // Name the nodes of `let`s: lower each global as an extra metric, note its node, drop it again.
     let real_metrics = symbolic.metrics.len();
     for (index, global) in recipe.globals.iter().enumerate() {
@@ -136,7 +139,11 @@ pub fn symbolic_graph(
         });
     }
     let mut graph = crate::ir::lower::lower(&symbolic, &values);
+    // The state updates come after every metric (`lower`); keep them, drop the names.
+    let updates = graph.outputs.metrics.len() - recipe.states.len();
+    let updates: Vec<(String, NodeId)> = graph.outputs.metrics.split_off(updates);
     let named: Vec<(String, NodeId)> = graph.outputs.metrics.split_off(real_metrics);
+    graph.outputs.metrics.extend(updates);
     let live = graph.cone(&graph.output_nodes());
     let mut renumber = vec![None; graph.nodes.len()];
     let mut next = 0u32;

@@ -561,6 +561,8 @@ def _input(L, batch, name):
     shape, default, _ = INPUTS[name]
     level, feature = _parse(shape)
     value = batch.get(name)
+    if value is None and name in STATES:
+        return _expand(L, float(getattr(STATE, name)), shape)
     if value is None:
         if default is None:
             raise KeyError(f"recipe `{RECIPE}` needs input `{name}` ({shape}) and the batch has none")
@@ -673,6 +675,45 @@ class Metrics(dict):
         self.missing = dict(missing or {})
 
 
+class State(torch.nn.Module):
+    """The recipe's `state` values, carried across training steps (docs/language.md, "State across
+    steps"): one float64 buffer per state, so `state_dict()` saves them and `load_state_dict()`
+    restores them (e.g. with a trainer's checkpoint). Every entry point reads the state from the
+    module's `STATE` unless the batch gives a value by the state's name; the state reads as a
+    constant (no gradient flows into it).
+
+    Like a batch norm's running statistics, the state is updated in forward, under no_grad, when
+    the module is in training mode (the default; `STATE.eval()` freezes it): `loss` and
+    `policy_loss` call `STATE(metrics)` after each step with the step's metrics, which include each
+    update as the metric `state.NAME`. `compute_rewards`, `evaluate` and the reward side never
+    update it. A state whose update a call cannot compute (its inputs are not in the batch) is an
+    error in training mode, never a silently stale value."""
+
+    def __init__(self):
+        super().__init__()
+        for name, (_, _, init) in STATES.items():
+            self.register_buffer(name, torch.tensor(init, dtype=torch.float64))
+
+    def forward(self, metrics):
+        """Store the updates in `metrics` (a dict with the metrics `state.NAME`) when training."""
+        if not self.training:
+            return self
+        missing = getattr(metrics, "missing", {})
+        with torch.no_grad():
+            for name, (metric, elem, _) in STATES.items():
+                if metric not in metrics:
+                    why = missing.get(metric, f"the metrics lack `{metric}`")
+                    raise ValueError(f"cannot update state `{name}` of recipe `{RECIPE}`: {why}")
+                value = float(metrics[metric])
+                if elem == "bool":
+                    value = float(value != 0.0)
+                getattr(self, name).fill_(value)
+        return self
+
+
+STATE = State()
+
+
 def _needs_text(names):
     return ", ".join("the group structure (`index`)" if n == "index" else f"`{n}`" for n in names)
 
@@ -706,11 +747,15 @@ def loss(batch, config=None, **params):
     metrics (REWARD_SIDE_METRICS) come from the reward functions (`make_reward_func`) or from
     `reward_metrics`, or pass their inputs (and `index`) in the batch."""
     if batch.get("advantages") is not None:
-        return _loss_given(batch, config, params, batch["advantages"], "the batch lacks")
+        value, metrics = _loss_given(batch, config, params, batch["advantages"], "the batch lacks")
+        STATE(metrics)
+        return value, metrics
     out = evaluate(batch, config, **params)
     if "loss" not in out:
         raise ValueError(f"recipe `{RECIPE}` has no loss section")
-    return out["loss"], Metrics({name: float(out[name].detach()) for name in METRICS})
+    metrics = Metrics({name: float(out[name].detach()) for name in METRICS})
+    STATE(metrics)
+    return out["loss"], metrics
 
 
 def _loss_given(batch, config, params, advantages, lacks):
@@ -819,6 +864,7 @@ def policy_loss(
             )
         batch["rollout_is_weights"] = rollout_is_weights
     value, metrics = _loss_given(batch, None, {}, advantages, _VERL_LACKS)
+    STATE(metrics)
     scale = _agg_scale(response_mask, loss_agg_mode, config)
     return value * scale, Metrics({f"actor/{name}": metric for name, metric in metrics.items()}, metrics.missing)
 

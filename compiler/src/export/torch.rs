@@ -65,6 +65,15 @@ pub fn emit(symbolic: &SymbolicGraph, info: &ModuleInfo) -> Result<String, Expor
     Ok(Emitter::new(symbolic, info).module())
 }
 
+/// The name of the stage function of a metric: `_metric_NAME`, and `_state_NAME` for the update of
+/// state `NAME` (the metric `state.NAME`, whose name is no Python identifier).
+fn metric_function(metric: &str) -> String {
+    match metric.strip_prefix(crate::ir::STATE_METRIC_PREFIX) {
+        Some(state) => format!("_state_{state}"),
+        None => format!("_metric_{metric}"),
+    }
+}
+
 /// `level` or `level:feature`, as the runtime parses it.
 fn shape_text(graph: &Graph, shape: &Shape) -> String {
     let level = shape.level.name();
@@ -748,6 +757,24 @@ impl<'a> Emitter<'a> {
         );
         let metric_names: Vec<String> = o.metrics.iter().map(|(n, _)| n.clone()).collect();
         let _ = writeln!(out, "METRICS = {}", Self::tuple(&metric_names));
+        let states: Vec<String> = g
+            .states
+            .iter()
+            .map(|state| {
+                format!(
+                    "{}: ({}, {}, {})",
+                    py_str(&state.name),
+                    py_str(&state.metric),
+                    py_str(state.elem.name()),
+                    py_float(state.init)
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "# Each `state` (STATE's buffers): (the metric that computes its update, element type, initial value)."
+        );
+        let _ = writeln!(out, "STATES = {{{}}}", states.join(", "));
 
         // The whole recipe.
         let _ = writeln!(
@@ -807,7 +834,7 @@ impl<'a> Emitter<'a> {
         }
         for (metric, id) in &o.metrics {
             stages.push(Stage {
-                function: format!("_metric_{metric}"),
+                function: metric_function(metric),
                 doc: format!("metric `{metric}`."),
                 nodes: take(&[*id], &mut done),
                 ret: Ret::Node(*id),
@@ -991,8 +1018,9 @@ def evaluate(batch, config=None, **params):
         for (metric, _) in &o.metrics {
             let _ = writeln!(
                 out,
-                "    out[{}] = _t(L, _metric_{metric}(L, x, v))",
-                py_str(metric)
+                "    out[{}] = _t(L, {}(L, x, v))",
+                py_str(metric),
+                metric_function(metric)
             );
         }
         let _ = writeln!(out, "    return out");
@@ -1045,7 +1073,7 @@ POLICY_LOSS_WHY = _LOSS_GIVEN_ADVANTAGE_WHY",
         }];
         for (metric, id) in &o.metrics {
             stages.push(Stage {
-                function: format!("_metric_{metric}_given_advantage"),
+                function: format!("{}_given_advantage", metric_function(metric)),
                 doc: format!("metric `{metric}`, with v[\"advantage\"] given."),
                 nodes: self.stage_nodes(&[*id], &cut_set, &done),
                 ret: Ret::Node(*id),
@@ -1334,7 +1362,7 @@ REWARD_GROUP_WHY = "the recipe has no reward section"
             metrics.push(metric.clone());
             roots.push(*id);
             stages.push(Stage {
-                function: format!("_metric_{metric}_reward_side"),
+                function: format!("{}_reward_side", metric_function(metric)),
                 doc: format!("metric `{metric}`, from the reward side alone."),
                 nodes,
                 ret: Ret::Node(*id),

@@ -354,6 +354,7 @@ impl Builder {
             );
         }
         builder.graph.outputs = graph.outputs;
+        builder.graph.states = graph.states;
         builder
     }
 }

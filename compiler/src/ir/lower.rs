@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use super::{
     Builder, Elem, Feature, Graph, InputInfo, KeepLevel, Level, NodeId, Op, RubricInfo, Shape,
+    StateInfo, STATE_METRIC_PREFIX,
 };
 use crate::check::builtins::{Func, ReduceOp};
 use crate::check::hir::{self, Axes, ExprKind, LocalId};
@@ -69,6 +70,14 @@ pub fn lower_showing_rollout(
             default: input.default,
         })
         .collect();
+    let mut inputs = inputs;
+    let state_init = |state: &hir::State| match state.init {
+        hir::Number::Const(value) => value,
+        hir::Number::Param(id) => params[id.0 as usize],
+    };
+    for state in &recipe.states {
+        inputs[state.input.0 as usize].default = Some(state_init(state));
+    }
     lowerer.builder.graph.inputs = inputs;
     lowerer.builder.graph.params = recipe
         .params
@@ -94,6 +103,19 @@ pub fn lower_showing_rollout(
             .outputs
             .metrics
             .push((metric.name.clone(), node));
+    }
+    for state in &recipe.states {
+        let node = lowerer.expr(&state.update);
+        let metric = format!("{STATE_METRIC_PREFIX}{}", state.name);
+        let graph = &mut lowerer.builder.graph;
+        graph.outputs.metrics.push((metric.clone(), node));
+        graph.states.push(StateInfo {
+            name: state.name.clone(),
+            elem: state.elem,
+            init: state_init(state),
+            input: state.input.0,
+            metric,
+        });
     }
     for keep in &recipe.keeps {
         let node = lowerer.expr(&keep.condition);

@@ -474,6 +474,30 @@ pub struct Graph {
     pub params: Vec<(String, f64)>,
     pub rubrics: Vec<RubricInfo>,
     pub outputs: Outputs,
+    /// The recipe's `state` declarations (absent from the JSON of a graph without any).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub states: Vec<StateInfo>,
+}
+
+/// The prefix of a state update's name among `Outputs::metrics`: the update of state `coef` is the
+/// metric `state.coef` (a metric's own name cannot contain `.`).
+pub const STATE_METRIC_PREFIX: &str = "state.";
+
+/// A `state` of the recipe (docs/language.md, "State across steps"). A step reads it through the
+/// batch-level input `input` (no gradient; its default is `init`) and computes its next value as the
+/// metric `metric` (`state.NAME`), on the kept responses as every metric is; the caller (the trainer,
+/// `rlx score --state`) carries that value into the next step's input.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StateInfo {
+    pub name: String,
+    pub elem: Elem,
+    /// The initial value, with the recipe's params at their values in this graph.
+    #[serde(with = "json_float")]
+    pub init: f64,
+    /// Index into `Graph::inputs`.
+    pub input: u32,
+    /// Name in `Outputs::metrics`.
+    pub metric: String,
 }
 
 impl Graph {
@@ -556,6 +580,7 @@ impl Builder {
                 params,
                 rubrics,
                 outputs: Outputs::default(),
+                states: Vec::new(),
             },
             memo: HashMap::new(),
         }

@@ -85,6 +85,8 @@ pub enum ItemKind {
         condition: Expr,
     },
     Rollout(Vec<RolloutEntry>),
+    /// `state NAME [: ELEM] = INIT update EXPR`: a batch-level value carried across steps.
+    State(StateDecl),
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -178,6 +180,22 @@ pub struct ParamDecl {
     pub name: Ident,
     pub ty: Option<(ElemType, Span)>,
     pub value: Literal,
+}
+
+/// `state coef : f32 = 0.0 update next_coef(coef, …)` (docs/language.md, "State across steps").
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StateDecl {
+    pub name: Ident,
+    pub ty: Option<(ElemType, Span)>,
+    pub init: StateInit,
+    pub update: Expr,
+}
+
+/// A state's initial value: a literal or the name of a `param`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub enum StateInit {
+    Literal(Literal),
+    Param(Ident),
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -345,6 +345,8 @@ fn rule_description(rule: Rule) -> Option<&'static str> {
         Rule::metric_section => "`metric`",
         Rule::keep_section => "`keep`",
         Rule::rollout_block => "`rollout`",
+        Rule::state_decl => "`state`",
+        Rule::state_init => "a literal or a param name",
         Rule::std_path => "a module path such as `std/loss`",
         Rule::package_path => "a package module such as `name/module`",
         Rule::data_path => "a package file such as `name/style.toml`",
@@ -626,6 +628,30 @@ impl Builder {
                 let name = ident(next(&mut inner));
                 let value = self.expr(next(&mut inner));
                 ItemKind::Let(LetDecl { name, value })
+            }
+            Rule::state_decl => {
+                let name = ident(next(&mut inner));
+                let mut child = next(&mut inner);
+                let mut ty = None;
+                if child.as_rule() == Rule::elem_type {
+                    ty = Some((elem_type(child.as_str()), span_of(&child)));
+                    child = next(&mut inner);
+                }
+                let init = child
+                    .into_inner()
+                    .next()
+                    .expect("grammar guarantees a state's initial value");
+                let init = match init.as_rule() {
+                    Rule::ident => StateInit::Param(ident(init)),
+                    _ => StateInit::Literal(self.literal(init)),
+                };
+                let update = self.expr(next(&mut inner));
+                ItemKind::State(StateDecl {
+                    name,
+                    ty,
+                    init,
+                    update,
+                })
             }
             Rule::rubric_decl => {
                 let name = ident(next(&mut inner));

@@ -16,6 +16,8 @@
   "import"
   "input"
   "param"
+  "state"
+  "update"
   "let"
   "rubric"
   "metric"
@@ -70,6 +72,7 @@
 
 (input_declaration name: (identifier) @variable)
 (param_declaration name: (identifier) @constant)
+(state_declaration name: (identifier) @variable)
 (let_declaration name: (identifier) @variable)
 (local_let name: (identifier) @variable)
 (metric_section name: (identifier) @property)

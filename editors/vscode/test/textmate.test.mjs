@@ -54,7 +54,7 @@ function commentStart(line) {
   return -1;
 }
 
-const ITEM_KEYWORDS = /^(import|input|param|fn|let|rubric|metric|keep|rollout|reward|advantage|loss)\b/;
+const ITEM_KEYWORDS = /^(import|input|param|fn|let|rubric|metric|keep|rollout|reward|advantage|loss|state)\b/;
 
 test("every recipe and stdlib module is highlighted", async () => {
   const rlx = await grammar();
