@@ -17,6 +17,8 @@ mod reductions;
 mod rubric;
 mod scope;
 mod sections;
+mod order;
+mod random;
 mod token_ops;
 pub mod types;
 
