@@ -34,7 +34,11 @@ fn read(relative: &str) -> String {
 fn export(relative: &str, dir: &Path) -> PathBuf {
     let text = read(relative);
     let recipe = checked(relative, &text);
-    let stem = Path::new(relative).file_stem().unwrap().to_string_lossy().to_string();
+    let stem = Path::new(relative)
+        .file_stem()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
     let module = recipe_to_torch(&recipe, &[], &ModuleInfo::new(&stem, relative, &text))
         .unwrap_or_else(|e| panic!("{relative} does not export: {e}"));
     let file = dir.join(format!("rlx_{stem}.py"));
@@ -61,7 +65,8 @@ fn python(script: &str, args: &[&Path], ok_lines: usize) -> String {
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        output.status.success() && stdout.lines().filter(|l| l.starts_with("OK")).count() == ok_lines,
+        output.status.success()
+            && stdout.lines().filter(|l| l.starts_with("OK")).count() == ok_lines,
         "the comparison failed:\n{stdout}\n{stderr}"
     );
     stdout
@@ -85,10 +90,7 @@ def close(a, b):
 /// accelerator a single process), TRL's `dapo` loss with it (`per_token_loss * entropy_mask`, summed over
 /// the completion tokens and divided by their number), for several ρ, with tied entropies.
 #[test]
-#[cfg_attr(
-    not(rlx_torch),
-    ignore = "needs torch: run scripts/install-torch.sh"
-)]
+#[cfg_attr(not(rlx_torch), ignore = "needs torch: run scripts/install-torch.sh")]
 fn high_entropy_matches_trls_mask_and_loss() {
     let dir = scratch("trl");
     let module = export("recipes/high_entropy.rlx", &dir);
@@ -243,10 +245,17 @@ loss      = mean(where(selected, 0, logp) over tok, batch)
 fn clip_cov_subset_is_a_uniform_sample_of_the_candidates() {
     let recipe = checked("subset.rlx", SUBSET);
     let id = |name: &str| {
-        GlobalId(recipe.globals.iter().position(|g| g.name == name).expect("a let") as u32)
+        GlobalId(
+            recipe
+                .globals
+                .iter()
+                .position(|g| g.name == name)
+                .expect("a let") as u32,
+        )
     };
-    let graph = rlx_compiler::compile_graph_showing(&recipe, &[], &[id("candidate"), id("selected")])
-        .expect("lowers");
+    let graph =
+        rlx_compiler::compile_graph_showing(&recipe, &[], &[id("candidate"), id("selected")])
+            .expect("lowers");
     let spec = Spec {
         groups: 4,
         responses: 4,
@@ -271,21 +280,56 @@ fn clip_cov_subset_is_a_uniform_sample_of_the_candidates() {
         let (_, shown) = evaluate_showing(&graph, &batch, &context).expect("evaluates");
         let values = |name: &str| -> Vec<bool> {
             let (_, values) = shown.iter().find(|(n, _)| n == name).expect("shown");
-            values.iter().map(|v| v.expect("no filter") != 0.0).collect()
+            values
+                .iter()
+                .map(|v| v.expect("no filter") != 0.0)
+                .collect()
         };
         let candidate = values("candidate");
         let selected = values("selected");
         let n = candidate.iter().filter(|c| **c).count();
-        assert!(n > budget, "{n} candidates for a budget of {budget}: widen lb/ub");
-        assert_eq!(selected.iter().filter(|s| **s).count(), budget, "step {step}");
+        assert!(
+            n > budget,
+            "{n} candidates for a budget of {budget}: widen lb/ub"
+        );
+        assert_eq!(
+            selected.iter().filter(|s| **s).count(),
+            budget,
+            "step {step}"
+        );
         for (t, s) in selected.iter().enumerate() {
-            assert!(!s || candidate[t], "step {step}: token {t} selected but not a candidate");
+            assert!(
+                !s || candidate[t],
+                "step {step}: token {t} selected but not a candidate"
+            );
             counts[t] += usize::from(*s);
         }
         match &candidates {
             None => candidates = Some(candidate),
             Some(first) => assert_eq!(first, &candidate, "candidates do not depend on the step"),
         }
+    }
+    // The JIT selects the same tokens: the gradient is 0 exactly on them.
+    let plain = rlx_compiler::compile_graph(&recipe, &[]).expect("lowers");
+    let options = Options {
+        accumulate: Precision::F64,
+        storage: Precision::F64,
+    };
+    let kernel = Kernel::compile(&plain, &options).expect("a kernel plan");
+    for step in 0..20 {
+        let context = Context {
+            step: f64::from(step),
+            progress: 0.0,
+        };
+        let expected = evaluate(&plain, &batch, &context).expect("evaluates");
+        let actual = kernel.run(&batch, &context).expect("runs");
+        assert_eq!(actual.gradients, expected.gradients, "step {step}");
+        let zeros = expected.gradients[0]
+            .1
+            .iter()
+            .filter(|g| **g == 0.0)
+            .count();
+        assert_eq!(zeros, budget, "step {step}");
     }
     let candidate = candidates.unwrap();
     let n = candidate.iter().filter(|c| **c).count() as f64;
@@ -355,10 +399,7 @@ fn uniform_bits_agree_between_the_interpreter_and_the_jit() {
 /// of Σ u·logp (u per token), the rewards (u per response, and a rank across the batch's responses with
 /// ties) and a per-group draw, on a batch whose groups are interleaved in the padded rows.
 #[test]
-#[cfg_attr(
-    not(rlx_torch),
-    ignore = "needs torch: run scripts/install-torch.sh"
-)]
+#[cfg_attr(not(rlx_torch), ignore = "needs torch: run scripts/install-torch.sh")]
 fn uniform_and_rank_bits_agree_with_the_torch_module() {
     let text = format!(
         "{DRAWS}metric ranked = sum(rank(floor(3 * uniform(seed over resp)) over batch) * uniform(1 over resp) over batch)\n"
@@ -420,7 +461,11 @@ print("OK", json.dumps({
     let line = stdout.lines().find(|l| l.starts_with("OK")).unwrap();
     let got: serde_json::Value = serde_json::from_str(&line[3..]).unwrap();
     let floats = |v: &serde_json::Value| -> Vec<f64> {
-        v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect()
     };
     // Rows back in packed order.
     let mut gradient = Vec::new();
@@ -430,9 +475,17 @@ print("OK", json.dumps({
         reward.push(floats(&got["reward"])[row]);
     }
     assert_eq!(gradient, expected.gradients[0].1, "per-token draws");
-    assert_eq!(&reward, expected.reward.as_ref().unwrap(), "per-response draws");
+    assert_eq!(
+        &reward,
+        expected.reward.as_ref().unwrap(),
+        "per-response draws"
+    );
     for (name, value) in &expected.metrics {
-        assert_eq!(got[name.as_str()].as_f64().unwrap(), *value, "metric {name}");
+        assert_eq!(
+            got[name.as_str()].as_f64().unwrap(),
+            *value,
+            "metric {name}"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -19,7 +19,8 @@ use rlx_compiler::ir::NodeId;
 use crate::batch::{Batch, Layout};
 use crate::interp::{Context, EvalError, Outcome};
 use crate::kernel::{
-    distinct_ngrams, ranks, Column, ColumnRef, Kernel, PackedBatch, PackedOutcome, PhaseRunner, Tables,
+    distinct_ngrams, ranks, Column, ColumnRef, Kernel, PackedBatch, PackedOutcome, PhaseRunner,
+    Tables,
 };
 
 #[cfg(feature = "cuda")]

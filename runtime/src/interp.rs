@@ -691,10 +691,10 @@ impl<'g> Evaluator<'g> {
                     .to_vec();
                 let x = self.value(node.args[0]);
                 let mask = node.args.get(1).map(|m| self.value(*m));
-                let excluded = |i: usize| {
-                    mask.is_some_and(|m| m.get(i).copied().unwrap_or(m[0]) == 0.0)
-                };
-                let mut members: Vec<Vec<usize>> = vec![Vec::new(); sets.iter().max().map_or(0, |m| m + 1)];
+                let excluded =
+                    |i: usize| mask.is_some_and(|m| m.get(i).copied().unwrap_or(m[0]) == 0.0);
+                let mut members: Vec<Vec<usize>> =
+                    vec![Vec::new(); sets.iter().max().map_or(0, |m| m + 1)];
                 for (i, &set) in sets.iter().enumerate() {
                     members[set].push(i);
                 }

@@ -701,7 +701,9 @@ fn validate(graph: &Graph) -> Result<(), PlanError> {
                 if !ok {
                     return fail(index, "expected ranks within a coarser level");
                 }
-                if node.args.len() == 2 && arg_shape(1).is_none_or(|s| !s.broadcasts_to(&node.shape)) {
+                if node.args.len() == 2
+                    && arg_shape(1).is_none_or(|s| !s.broadcasts_to(&node.shape))
+                {
                     return fail(index, "expected a mask that broadcasts to the ranks");
                 }
                 if node.args.iter().any(|a| graph.node(*a).shape != node.shape) {
@@ -1283,12 +1285,13 @@ fn plan_phase(
                 let target = roles[id.0 as usize]
                     .buffer()
                     .ok_or_else(|| PlanError("internal: rank without a buffer".into()))?;
-                let mask = match graph.node(id).args.get(1) {
-                    Some(mask) => Some(roles[mask.0 as usize].buffer().ok_or_else(|| {
-                        PlanError("internal: rank mask without a buffer".into())
-                    })?),
-                    None => None,
-                };
+                let mask =
+                    match graph.node(id).args.get(1) {
+                        Some(mask) => Some(roles[mask.0 as usize].buffer().ok_or_else(|| {
+                            PlanError("internal: rank mask without a buffer".into())
+                        })?),
+                        None => None,
+                    };
                 passes.push(Pass::Rank {
                     stage,
                     node: id,

@@ -317,7 +317,9 @@ impl Expr {
             ExprKind::Shift { arg, fill, .. } => vec![arg, fill],
             ExprKind::DistinctNgrams { arg, .. } => vec![arg],
             ExprKind::Uniform { seed } => vec![seed],
-            ExprKind::Rank { arg, mask, .. } => [&**arg].into_iter().chain(mask.as_deref()).collect(),
+            ExprKind::Rank { arg, mask, .. } => {
+                [&**arg].into_iter().chain(mask.as_deref()).collect()
+            }
             ExprKind::Quantile { arg, q, mask, .. } => {
                 [&**arg, &**q].into_iter().chain(mask.as_deref()).collect()
             }

@@ -13,12 +13,12 @@ mod calls;
 mod decls;
 mod expr;
 pub mod hir;
+mod order;
+mod random;
 mod reductions;
 mod rubric;
 mod scope;
 mod sections;
-mod order;
-mod random;
 mod token_ops;
 pub mod types;
 

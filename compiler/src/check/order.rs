@@ -35,7 +35,10 @@ impl Checker<'_> {
                 Diagnostic::error(
                     "rlx::missing_over",
                     file,
-                    format!("`{}` orders the elements of an axis, and none is named", func.name),
+                    format!(
+                        "`{}` orders the elements of an axis, and none is named",
+                        func.name
+                    ),
                 )
                 .label(span, "needs `over`")
                 .help(example),
@@ -94,7 +97,10 @@ impl Checker<'_> {
                 {
                     self.type_error(
                         &mask,
-                        &format!("a condition at {} or coarser", value.ty.with_elem(Elem::Bool)),
+                        &format!(
+                            "a condition at {} or coarser",
+                            value.ty.with_elem(Elem::Bool)
+                        ),
                         "`mask` says which elements are ordered, e.g. `mask = m != 0`",
                     );
                     return None;
@@ -129,7 +135,10 @@ impl Checker<'_> {
         if !q.ty.is_numeric() || q.ty.feature.is_some() || q.ty.level > reduced.level {
             self.type_error(
                 &q,
-                &format!("a number at {} or coarser", Ty::new(Elem::F32, reduced.level)),
+                &format!(
+                    "a number at {} or coarser",
+                    Ty::new(Elem::F32, reduced.level)
+                ),
                 "`q` is one fraction per quantile, e.g. a param",
             );
             return None;

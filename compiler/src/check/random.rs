@@ -30,7 +30,10 @@ impl Checker<'_> {
                     file,
                     "`uniform` draws one number per element of a level, and names it with `over`",
                 )
-                .label(over.map_or(span, |o| o.span), "expected `over tok`, `resp`, `group` or `batch`")
+                .label(
+                    over.map_or(span, |o| o.span),
+                    "expected `over tok`, `resp`, `group` or `batch`",
+                )
                 .help("e.g. `uniform(seed + step over tok)`"),
             );
             return None;

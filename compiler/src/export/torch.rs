@@ -491,7 +491,12 @@ impl<'a> Emitter<'a> {
             match (&node.op, node.shape.level) {
                 (Op::Value(Value::N), _) => return Some("`n`".into()),
                 (Op::Value(Value::RespIndex), _) => return Some("`resp_index`".into()),
-                (Op::Rank { within: Level::Group }, _) => return Some("a rank within each group".into()),
+                (
+                    Op::Rank {
+                        within: Level::Group,
+                    },
+                    _,
+                ) => return Some("a rank within each group".into()),
                 (Op::Input(i), Level::Group) => {
                     return Some(format!(
                         "the group-level input `{}`",

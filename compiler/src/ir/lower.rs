@@ -303,13 +303,7 @@ impl Lowerer<'_> {
     /// (At the operand's declared `level`: a constant operand stays coarser, and all its elements tie.)
     /// With a `mask`, the elements where it holds come first, in their order, then the others; a
     /// constant true mask is no mask.
-    fn rank(
-        &mut self,
-        value: NodeId,
-        mask: Option<NodeId>,
-        level: Level,
-        within: Level,
-    ) -> NodeId {
+    fn rank(&mut self, value: NodeId, mask: Option<NodeId>, level: Level, within: Level) -> NodeId {
         let shape = Shape::new(level);
         let mut args = vec![value];
         if let Some(mask) = mask {
@@ -349,7 +343,9 @@ impl Lowerer<'_> {
             Some(mask) => {
                 let shape = Shape::new(level);
                 let mask = self.copy_to(mask, shape.clone());
-                let ones = self.builder.add(Op::Select, vec![mask, one, zero], shape, Elem::F32);
+                let ones = self
+                    .builder
+                    .add(Op::Select, vec![mask, one, zero], shape, Elem::F32);
                 self.reduce(Op::ReduceSum, ones, out.clone())
             }
             None => self.reduce(Op::Count, value, out.clone()),
