@@ -352,7 +352,7 @@ pub const AXIS_OPS: &[(&str, &str)] = &[
     ),
     (
         "rank",
-        "rank(x over AXES): 0-based position of each element in descending order among the elements reduced together (ties: the earlier element first; no gradient)",
+        "rank(x over AXES, mask = c): 0-based position of each element in descending order among the elements reduced together (where c holds; ties: the earlier element first; no gradient)",
     ),
     (
         "uniform",
@@ -360,7 +360,7 @@ pub const AXIS_OPS: &[(&str, &str)] = &[
     ),
     (
         "quantile",
-        "quantile(x over AXES, q = 0.5): the q-quantile of the elements, linearly interpolated as torch.quantile (no gradient)",
+        "quantile(x over AXES, q = 0.5, mask = c): the q-quantile of the elements (where c holds), linearly interpolated as torch.quantile (no gradient)",
     ),
 ];
 
