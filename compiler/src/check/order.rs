@@ -57,10 +57,15 @@ impl Checker<'_> {
                     "not available before sampling",
                 )
             };
+            let help = if env.pairwise {
+                "compute it with `let` outside the pairwise term"
+            } else {
+                "rollout settings are evaluated before sampling, without inputs"
+            };
             self.error(
                 Diagnostic::error("rlx::order_axes", file, message)
                     .label(span, label)
-                    .help("compute it with `let` outside the pairwise term"),
+                    .help(help),
             );
             return None;
         }
