@@ -1052,7 +1052,7 @@ fn rank_bounds(layout: &Layout, level: Level, within: Level) -> Vec<usize> {
 
 /// `rank` on the host (the JIT's and the CUDA runtime's pass): each element's descending position
 /// within its set, ties by packed position, the elements where `mask` is 0 after the others; the sets
-/// are sorted in parallel.
+/// are sorted in parallel, and each large set by a parallel sort.
 pub(crate) fn ranks(
     values: &[f64],
     mask: Option<&[f64]>,
@@ -1067,7 +1067,9 @@ pub(crate) fn ranks(
         .par_windows(2)
         .map(|w| {
             let mut order: Vec<usize> = (w[0]..w[1]).collect();
-            order.sort_by(|&a, &b| {
+            // A total order (positions break ties), so an unstable parallel sort gives the same ranks
+            // for any number of threads; a batch-wide set is one large sort.
+            order.par_sort_unstable_by(|&a, &b| {
                 excluded(a)
                     .cmp(&excluded(b))
                     .then(rank_order(values[a], values[b]))
