@@ -19,7 +19,8 @@ use rlx_compiler::ir::NodeId;
 use crate::batch::{Batch, Layout};
 use crate::interp::{Context, EvalError, Outcome};
 use crate::kernel::{
-    distinct_ngrams, Column, ColumnRef, Kernel, PackedBatch, PackedOutcome, PhaseRunner, Tables,
+    distinct_ngrams, ranks, Column, ColumnRef, Kernel, PackedBatch, PackedOutcome, PhaseRunner,
+    Tables,
 };
 
 #[cfg(feature = "cuda")]
@@ -372,6 +373,94 @@ impl<D: Device> PhaseRunner for Runner<'_, D> {
                     device
                         .launch(&name, grid, block, &table, 0, u64::from(groups))
                         .map_err(|e| fail(format!("kernel {name}: {e}")))?;
+                }
+                (Pass::Uniform { seed, target, .. }, None) => {
+                    // On the host: the interpreter's function, then one upload.
+                    let seed = match phase.buffers[*seed as usize].kind {
+                        BufferKind::Input(i) => inputs[i as usize].to_f64(),
+                        _ => {
+                            let mut column = owned[*seed as usize]
+                                .clone()
+                                .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
+                            let device_buffer = uploaded[*seed as usize]
+                                .as_ref()
+                                .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
+                            let mut bytes = vec![0u8; byte_len(&column)];
+                            device.download(device_buffer, &mut bytes).map_err(fail)?;
+                            column_from_bytes(&mut column, &bytes);
+                            column.to_f64()
+                        }
+                    };
+                    let seed = seed.first().copied().unwrap_or(0.0);
+                    let target_index = *target as usize;
+                    let column = owned[target_index]
+                        .as_mut()
+                        .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
+                    let values: Vec<f64> = (0..column.len())
+                        .map(|i| rlx_compiler::ir::uniform(seed, i as u64))
+                        .collect();
+                    *column = match column {
+                        Column::F32(_) => Column::F32(values.iter().map(|v| *v as f32).collect()),
+                        Column::F64(_) => Column::F64(values),
+                    };
+                    let bytes = column_bytes(column.as_column_ref());
+                    let device_buffer = uploaded[target_index]
+                        .as_mut()
+                        .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
+                    device.write(device_buffer, &bytes).map_err(fail)?;
+                }
+                (
+                    Pass::Rank {
+                        node,
+                        within,
+                        source,
+                        mask,
+                        target,
+                        ..
+                    },
+                    None,
+                ) => {
+                    // On the host: it sorts.
+                    let read = |b: u32| -> Result<Vec<f64>, EvalError> {
+                        Ok(match phase.buffers[b as usize].kind {
+                            BufferKind::Input(i) => inputs[i as usize].to_f64(),
+                            _ => {
+                                let mut column = owned[b as usize]
+                                    .clone()
+                                    .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
+                                let device_buffer = uploaded[b as usize]
+                                    .as_ref()
+                                    .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
+                                let mut bytes = vec![0u8; byte_len(&column)];
+                                device.download(device_buffer, &mut bytes).map_err(fail)?;
+                                column_from_bytes(&mut column, &bytes);
+                                column.to_f64()
+                            }
+                        })
+                    };
+                    let source_column = read(*source)?;
+                    let mask_column = mask.map(read).transpose()?;
+                    let level = kernel.graph().node(*node).shape.level;
+                    let values = ranks(
+                        &source_column,
+                        mask_column.as_deref(),
+                        layout,
+                        level,
+                        *within,
+                    );
+                    let target_index = *target as usize;
+                    let column = owned[target_index]
+                        .as_mut()
+                        .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
+                    *column = match column {
+                        Column::F32(_) => Column::F32(values.iter().map(|v| *v as f32).collect()),
+                        Column::F64(_) => Column::F64(values),
+                    };
+                    let bytes = column_bytes(column.as_column_ref());
+                    let device_buffer = uploaded[target_index]
+                        .as_mut()
+                        .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
+                    device.write(device_buffer, &bytes).map_err(fail)?;
                 }
                 (
                     Pass::Ngrams {

@@ -676,6 +676,43 @@ impl<'g> Evaluator<'g> {
                 }
                 out
             }
+            Op::Uniform => {
+                let seed = self.value(node.args[0])[0];
+                (0..size)
+                    .map(|i| rlx_compiler::ir::uniform(seed, i as u64))
+                    .collect()
+            }
+            Op::Rank { within } => {
+                // Each element's descending position among the elements above the same `within`
+                // element: those that order before it, plus the equal ones earlier in the batch.
+                let sets = self
+                    .geometry
+                    .map(&node.shape, &Shape::new(*within))
+                    .to_vec();
+                let x = self.value(node.args[0]);
+                let mask = node.args.get(1).map(|m| self.value(*m));
+                let excluded =
+                    |i: usize| mask.is_some_and(|m| m.get(i).copied().unwrap_or(m[0]) == 0.0);
+                let mut members: Vec<Vec<usize>> =
+                    vec![Vec::new(); sets.iter().max().map_or(0, |m| m + 1)];
+                for (i, &set) in sets.iter().enumerate() {
+                    members[set].push(i);
+                }
+                let mut out = vec![0.0; size];
+                for mut set in members {
+                    set.sort_by(|&a, &b| {
+                        let at = |i: usize| x.get(i).copied().unwrap_or(x[0]);
+                        excluded(a)
+                            .cmp(&excluded(b))
+                            .then(crate::kernel::rank_order(at(a), at(b)))
+                            .then(a.cmp(&b))
+                    });
+                    for (position, i) in set.into_iter().enumerate() {
+                        out[i] = position as f64;
+                    }
+                }
+                out
+            }
             Op::DistinctNgrams { n } => {
                 let ids = self.value(node.args[0]);
                 let layout = &self.geometry.layout;

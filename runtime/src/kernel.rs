@@ -937,6 +937,38 @@ impl Kernel {
                         }
                     }
                 }
+                Pass::Uniform { seed, target, .. } => {
+                    let seed = match phase.buffers[*seed as usize].kind {
+                        BufferKind::Input(i) => inputs[i as usize].to_f64(),
+                        _ => column(&owned, *seed)?.to_f64(),
+                    };
+                    let seed = seed.first().copied().unwrap_or(0.0);
+                    let target = column_mut(&mut owned, *target)?;
+                    for i in 0..target.len() {
+                        target.set(i, rlx_compiler::ir::uniform(seed, i as u64));
+                    }
+                }
+                Pass::Rank {
+                    node,
+                    within,
+                    source,
+                    mask,
+                    target,
+                    ..
+                } => {
+                    let read = |b: u32| match phase.buffers[b as usize].kind {
+                        BufferKind::Input(i) => Ok(inputs[i as usize].to_f64()),
+                        _ => column(&owned, b).map(Column::to_f64),
+                    };
+                    let values = read(*source)?;
+                    let mask = mask.map(read).transpose()?;
+                    let level = self.graph.node(*node).shape.level;
+                    let ranks = ranks(&values, mask.as_deref(), layout, level, *within);
+                    let target = column_mut(&mut owned, *target)?;
+                    for (i, rank) in ranks.into_iter().enumerate() {
+                        target.set(i, rank);
+                    }
+                }
                 Pass::Ngrams {
                     n, source, target, ..
                 } => {
@@ -984,6 +1016,76 @@ impl Kernel {
             unsafe { function(pointer, begin, end) };
         });
     }
+}
+
+/// The order `rank` sorts by: descending, NaN above every number, `-0` equal to `0` (as IEEE
+/// comparison, so that two elements a recipe sees as equal are a tie).
+pub fn rank_order(a: f64, b: f64) -> std::cmp::Ordering {
+    match (a.is_nan(), b.is_nan()) {
+        (true, true) => std::cmp::Ordering::Equal,
+        (true, false) => std::cmp::Ordering::Less,
+        (false, true) => std::cmp::Ordering::Greater,
+        (false, false) => b.partial_cmp(&a).unwrap_or(std::cmp::Ordering::Equal),
+    }
+}
+
+/// The runs of packed elements of `level` that map to one element of `within`: the sets a `rank`
+/// pass orders, as boundaries (each set is contiguous in the packed layout).
+fn rank_bounds(layout: &Layout, level: Level, within: Level) -> Vec<usize> {
+    let total = match level {
+        Level::Tok => layout.tokens(),
+        Level::Resp => layout.responses(),
+        Level::Group => layout.groups(),
+        Level::Batch | Level::Pair => 1,
+    };
+    match (level, within) {
+        (Level::Tok, Level::Resp) => layout.token_offsets.clone(),
+        (Level::Tok, Level::Group) => layout
+            .group_offsets
+            .iter()
+            .map(|&r| layout.token_offsets[r])
+            .collect(),
+        (Level::Resp, Level::Group) => layout.group_offsets.clone(),
+        _ => vec![0, total],
+    }
+}
+
+/// `rank` on the host (the JIT's and the CUDA runtime's pass): each element's descending position
+/// within its set, ties by packed position, the elements where `mask` is 0 after the others; the sets
+/// are sorted in parallel, and each large set by a parallel sort.
+pub(crate) fn ranks(
+    values: &[f64],
+    mask: Option<&[f64]>,
+    layout: &Layout,
+    level: Level,
+    within: Level,
+) -> Vec<f64> {
+    let excluded = |i: usize| mask.is_some_and(|m| m[i] == 0.0);
+    let bounds = rank_bounds(layout, level, within);
+    let mut out = vec![0.0; values.len()];
+    let sets: Vec<(usize, Vec<f64>)> = bounds
+        .par_windows(2)
+        .map(|w| {
+            let mut order: Vec<usize> = (w[0]..w[1]).collect();
+            // A total order (positions break ties), so an unstable parallel sort gives the same ranks
+            // for any number of threads; a batch-wide set is one large sort.
+            order.par_sort_unstable_by(|&a, &b| {
+                excluded(a)
+                    .cmp(&excluded(b))
+                    .then(rank_order(values[a], values[b]))
+                    .then(a.cmp(&b))
+            });
+            let mut ranks = vec![0.0; order.len()];
+            for (position, &i) in order.iter().enumerate() {
+                ranks[i - w[0]] = position as f64;
+            }
+            (w[0], ranks)
+        })
+        .collect();
+    for (start, ranks) in sets {
+        out[start..start + ranks.len()].copy_from_slice(&ranks);
+    }
+    out
 }
 
 /// The interpreter's `distinct_ngrams` of one response.

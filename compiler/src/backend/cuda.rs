@@ -257,7 +257,9 @@ pub fn generate(graph: &Graph, plan: &KernelPlan) -> Result<CudaSource, String> 
                         threads: false,
                     }));
                 }
-                Pass::Ngrams { .. } => phase_launches.push(None),
+                Pass::Ngrams { .. } | Pass::Rank { .. } | Pass::Uniform { .. } => {
+                    phase_launches.push(None)
+                }
             }
         }
         launches.push(phase_launches);

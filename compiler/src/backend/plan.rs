@@ -369,6 +369,24 @@ pub enum Pass {
         source: BufferId,
         target: BufferId,
     },
+    /// `rank` of each element among those of the same element of `within`, on the host (it sorts).
+    Rank {
+        stage: u32,
+        node: NodeId,
+        within: Level,
+        source: BufferId,
+        /// Which elements are ordered first (the rest come after them).
+        mask: Option<BufferId>,
+        target: BufferId,
+    },
+    /// `uniform` at every element of the node's level, on the host (the same function as the
+    /// interpreter's), keyed by the batch-level seed in `seed`.
+    Uniform {
+        stage: u32,
+        node: NodeId,
+        seed: BufferId,
+        target: BufferId,
+    },
 }
 
 /// Which buffers hold a phase's results.
@@ -538,6 +556,8 @@ fn filter_variant(graph: &Graph) -> Vec<bool> {
     for (index, node) in graph.nodes.iter().enumerate() {
         let own = match &node.op {
             Op::Value(Value::N) | Op::Value(Value::RespIndex) | Op::SumByOther => true,
+            Op::Rank { within } => *within != Level::Resp,
+            Op::Uniform => node.shape.level != Level::Batch,
             Op::ReduceSum | Op::ReduceMax | Op::ReduceMin | Op::Count => {
                 let from = graph.node(node.args[0]).shape.level;
                 let to = node.shape.level;
@@ -663,6 +683,35 @@ fn validate(graph: &Graph) -> Result<(), PlanError> {
                     return fail(index, "expected token values");
                 }
             }
+            Op::Uniform => {
+                let ok = arity(1)
+                    && node.shape.feature.is_none()
+                    && node.shape.level != Level::Pair
+                    && arg_shape(0) == Some(&Shape::BATCH);
+                if !ok {
+                    return fail(index, "expected a batch-level seed");
+                }
+            }
+            Op::Rank { within } => {
+                let ok = (arity(1) || arity(2))
+                    && node.shape.feature.is_none()
+                    && node.shape.level != Level::Pair
+                    && *within < node.shape.level
+                    && arg_shape(0).is_some_and(|s| s.broadcasts_to(&node.shape));
+                if !ok {
+                    return fail(index, "expected ranks within a coarser level");
+                }
+                if node.args.len() == 2
+                    && arg_shape(1).is_none_or(|s| !s.broadcasts_to(&node.shape))
+                {
+                    return fail(index, "expected a mask that broadcasts to the ranks");
+                }
+                if node.args.iter().any(|a| graph.node(*a).shape != node.shape) {
+                    return Err(PlanError(format!(
+                        "%{index}: the rank of a constant (or under a constant mask) is computed by the interpreter"
+                    )));
+                }
+            }
             Op::DistinctNgrams { n } => {
                 let ok = arity(1)
                     && *n >= 1
@@ -735,7 +784,7 @@ fn indirect_operand(graph: &Graph, index: usize) -> Option<NodeId> {
         Op::Other => shape.level == Level::Resp,
         Op::Index(_) => matches!(shape.feature, Some(Feature::Rubric { .. })),
         Op::Shift { .. } => shape.level == Level::Tok,
-        Op::DistinctNgrams { .. } => true,
+        Op::DistinctNgrams { .. } | Op::Rank { .. } | Op::Uniform => true,
         _ => false,
     };
     indirect.then_some(arg)
@@ -749,6 +798,8 @@ enum Kind {
     Reduce(Reduction),
     Scan,
     Ngrams,
+    Rank,
+    Uniform,
     /// An element-wise node stored because another node reads it at other elements.
     Stored,
 }
@@ -792,6 +843,8 @@ fn plan_phase(
                 Op::SumByOther => Kind::Reduce(Reduction::SumByOther),
                 Op::Scan { .. } => Kind::Scan,
                 Op::DistinctNgrams { .. } => Kind::Ngrams,
+                Op::Rank { .. } => Kind::Rank,
+                Op::Uniform => Kind::Uniform,
                 _ => Kind::Inline,
             }
         })
@@ -814,10 +867,21 @@ fn plan_phase(
                 }
             }
         }
-        if matches!(kind[index], Kind::Inline | Kind::Ngrams | Kind::Stored) {
+        if matches!(
+            kind[index],
+            Kind::Inline | Kind::Ngrams | Kind::Rank | Kind::Uniform | Kind::Stored
+        ) {
             if let Some(operand) = indirect_operand(graph, index) {
                 if kind[operand.0 as usize] == Kind::Inline {
                     kind[operand.0 as usize] = Kind::Stored;
+                }
+            }
+        }
+        // A rank's mask is read beside its operand.
+        if kind[index] == Kind::Rank {
+            for mask in graph.nodes[index].args.iter().skip(1) {
+                if kind[mask.0 as usize] == Kind::Inline {
+                    kind[mask.0 as usize] = Kind::Stored;
                 }
             }
         }
@@ -882,7 +946,12 @@ fn plan_phase(
                     Buffer {
                         kind: BufferKind::Value(id),
                         shape: node.shape.clone(),
-                        storage: ft,
+                        // Ranks are integers up to the batch's token count: exact in f64.
+                        storage: if matches!(other, Kind::Rank | Kind::Uniform) {
+                            Precision::F64
+                        } else {
+                            ft
+                        },
                         per_group: false,
                         init: if extreme { Init::Nan } else { Init::Zero },
                     },
@@ -925,7 +994,12 @@ fn plan_phase(
                 stage_of[index] = 0;
                 readable[index] = 1;
             }
-            Kind::Reduce(_) | Kind::Scan | Kind::Ngrams | Kind::Stored => {
+            Kind::Reduce(_)
+            | Kind::Scan
+            | Kind::Ngrams
+            | Kind::Rank
+            | Kind::Uniform
+            | Kind::Stored => {
                 stage_of[index] = latest(&node.args);
                 readable[index] = stage_of[index] + 1;
             }
@@ -939,7 +1013,9 @@ fn plan_phase(
         let domain = match kind[index] {
             _ if !needed[index] => continue,
             Kind::Reduce(_) => graph.node(graph.nodes[index].args[0]).shape.clone(),
-            Kind::Scan | Kind::Stored | Kind::Ngrams => graph.nodes[index].shape.clone(),
+            Kind::Scan | Kind::Stored | Kind::Ngrams | Kind::Rank | Kind::Uniform => {
+                graph.nodes[index].shape.clone()
+            }
             Kind::Inline | Kind::Input | Kind::Carried => continue,
         };
         let reverse = match graph.nodes[index].op {
@@ -952,7 +1028,7 @@ fn plan_phase(
                 producer: Producer::Materialize(NodeId(index as u32)),
                 domain,
                 reverse,
-                host: kind[index] == Kind::Ngrams,
+                host: matches!(kind[index], Kind::Ngrams | Kind::Rank | Kind::Uniform),
             },
         ));
     }
@@ -1185,10 +1261,49 @@ fn plan_phase(
         }
         for item in hosts {
             let Producer::Materialize(id) = item.producer else {
-                unreachable!("only distinct_ngrams runs on the host")
+                unreachable!("only distinct_ngrams and rank run on the host")
             };
+            if graph.node(id).op == Op::Uniform {
+                let seed = roles[graph.node(id).args[0].0 as usize]
+                    .buffer()
+                    .ok_or_else(|| PlanError("internal: uniform without a seed buffer".into()))?;
+                let target = roles[id.0 as usize]
+                    .buffer()
+                    .ok_or_else(|| PlanError("internal: uniform without a buffer".into()))?;
+                passes.push(Pass::Uniform {
+                    stage,
+                    node: id,
+                    seed,
+                    target,
+                });
+                continue;
+            }
+            if let Op::Rank { within } = graph.node(id).op {
+                let source = roles[graph.node(id).args[0].0 as usize]
+                    .buffer()
+                    .ok_or_else(|| PlanError("internal: rank without a buffer".into()))?;
+                let target = roles[id.0 as usize]
+                    .buffer()
+                    .ok_or_else(|| PlanError("internal: rank without a buffer".into()))?;
+                let mask =
+                    match graph.node(id).args.get(1) {
+                        Some(mask) => Some(roles[mask.0 as usize].buffer().ok_or_else(|| {
+                            PlanError("internal: rank mask without a buffer".into())
+                        })?),
+                        None => None,
+                    };
+                passes.push(Pass::Rank {
+                    stage,
+                    node: id,
+                    within,
+                    source,
+                    mask,
+                    target,
+                });
+                continue;
+            }
             let Op::DistinctNgrams { n } = graph.node(id).op else {
-                unreachable!("only distinct_ngrams runs on the host")
+                unreachable!("only distinct_ngrams and rank run on the host")
             };
             let source = roles[graph.node(id).args[0].0 as usize]
                 .buffer()
@@ -1705,6 +1820,39 @@ fn phase_text(out: &mut String, graph: &Graph, phase: &Phase) {
                     out,
                     "  pass {number} (stage {stage}): distinct {n}-grams of {} → %{} in {} (host)",
                     buffer_text(graph, phase, *source),
+                    node.0,
+                    buffer_text(graph, phase, *target)
+                );
+            }
+            Pass::Uniform {
+                stage,
+                node,
+                seed,
+                target,
+            } => {
+                let _ = writeln!(
+                    out,
+                    "  pass {number} (stage {stage}): uniform numbers keyed by {} → %{} in {} (host)",
+                    buffer_text(graph, phase, *seed),
+                    node.0,
+                    buffer_text(graph, phase, *target)
+                );
+            }
+            Pass::Rank {
+                stage,
+                node,
+                within,
+                source,
+                mask,
+                target,
+            } => {
+                let _ = writeln!(
+                    out,
+                    "  pass {number} (stage {stage}): ranks of {}{} within each {} → %{} in {} (host)",
+                    buffer_text(graph, phase, *source),
+                    mask.map(|m| format!(" masked by {}", buffer_text(graph, phase, m)))
+                        .unwrap_or_default(),
+                    within.name(),
                     node.0,
                     buffer_text(graph, phase, *target)
                 );

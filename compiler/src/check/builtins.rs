@@ -350,6 +350,18 @@ pub const AXIS_OPS: &[(&str, &str)] = &[
         "distinct_ngrams",
         "distinct_ngrams(ids over tok, n = 4): distinct n-grams / n-grams of each response (1 if shorter than n)",
     ),
+    (
+        "rank",
+        "rank(x over AXES, mask = c): 0-based position of each element in descending order among the elements reduced together (where c holds; ties: the earlier element first; no gradient)",
+    ),
+    (
+        "uniform",
+        "uniform(seed over LEVEL): a pseudo-random number in [0, 1) per element of LEVEL, keyed by the seed and the element's position (splitmix64; the same bits on every backend)",
+    ),
+    (
+        "quantile",
+        "quantile(x over AXES, q = 0.5, mask = c): the q-quantile of the elements (where c holds), linearly interpolated as torch.quantile (no gradient)",
+    ),
 ];
 
 pub fn func(name: &str) -> Option<&'static FuncSig> {

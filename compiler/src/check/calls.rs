@@ -168,6 +168,12 @@ impl<'p> Checker<'p> {
         if name == "shift" || name == "distinct_ngrams" {
             return self.token_op(env, func, args, over, span);
         }
+        if name == "uniform" {
+            return self.uniform_op(env, func, args, over, span);
+        }
+        if name == "rank" || name == "quantile" {
+            return self.order_op(env, func, args, over, span);
+        }
         if name == "softmax" || name == "scan" {
             return self.axis_op(env, func, args, over, span);
         }

@@ -276,6 +276,27 @@ pub enum ExprKind {
         arg: Box<Expr>,
         n: u32,
     },
+    /// `rank(x over AXES)`: each element's 0-based position in descending order among the elements
+    /// reduced together (ties: the earlier element first).
+    Rank {
+        axes: Axes,
+        arg: Box<Expr>,
+        /// `mask = c`: only the elements where `c` holds are ordered; the others come after them.
+        mask: Option<Box<Expr>>,
+    },
+    /// `quantile(x over AXES, q)`: the q-quantile of the elements reduced together (linear
+    /// interpolation between order statistics, as `torch.quantile`).
+    Quantile {
+        axes: Axes,
+        arg: Box<Expr>,
+        q: Box<Expr>,
+        /// `mask = c`: the quantile of the elements where `c` holds.
+        mask: Option<Box<Expr>>,
+    },
+    /// `uniform(seed over LEVEL)`: a pseudo-random number in [0, 1) per element of the level.
+    Uniform {
+        seed: Box<Expr>,
+    },
     /// Local bindings: a block, an inlined call of `function`, or a rubric's scoring (`function` is then
     /// the rubric's name).
     Let {
@@ -313,6 +334,13 @@ impl Expr {
             ExprKind::Index { base, .. } => vec![base],
             ExprKind::Shift { arg, fill, .. } => vec![arg, fill],
             ExprKind::DistinctNgrams { arg, .. } => vec![arg],
+            ExprKind::Uniform { seed } => vec![seed],
+            ExprKind::Rank { arg, mask, .. } => {
+                [&**arg].into_iter().chain(mask.as_deref()).collect()
+            }
+            ExprKind::Quantile { arg, q, mask, .. } => {
+                [&**arg, &**q].into_iter().chain(mask.as_deref()).collect()
+            }
             ExprKind::Let { bindings, body, .. } => {
                 bindings.iter().map(|(_, e)| e).chain([&**body]).collect()
             }

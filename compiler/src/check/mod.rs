@@ -13,6 +13,8 @@ mod calls;
 mod decls;
 mod expr;
 pub mod hir;
+mod order;
+mod random;
 mod reductions;
 mod rubric;
 mod scope;

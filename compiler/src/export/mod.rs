@@ -190,6 +190,16 @@ fn params_to_inputs(expr: &mut Expr, base: u32) {
         ExprKind::Reduce { arg, .. } | ExprKind::DistinctNgrams { arg, .. } => {
             params_to_inputs(arg, base)
         }
+        ExprKind::Uniform { seed } => params_to_inputs(seed, base),
+        ExprKind::Rank { arg, mask, .. } => {
+            params_to_inputs(arg, base);
+            mask.iter_mut().for_each(|m| params_to_inputs(m, base));
+        }
+        ExprKind::Quantile { arg, q, mask, .. } => {
+            params_to_inputs(arg, base);
+            params_to_inputs(q, base);
+            mask.iter_mut().for_each(|m| params_to_inputs(m, base));
+        }
         ExprKind::Softmax {
             arg, temperature, ..
         } => {

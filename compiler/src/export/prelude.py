@@ -417,6 +417,110 @@ def _distinct_ngrams(L, ids, n):
     return torch.where(count > 0, ratio, 1.0)
 
 
+_U64 = (1 << 64) - 1
+
+
+def _signed(z):
+    """A 64-bit pattern as the int64 that holds it."""
+    return z - (1 << 64) if z >= 1 << 63 else z
+
+
+def _srl(z, s):
+    """Logical right shift of int64 tensors holding 64-bit patterns."""
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix(z):
+    """splitmix64's output function on int64 tensors (multiplications wrap modulo 2^64)."""
+    z = (z ^ _srl(z, 30)) * _signed(0xBF58476D1CE4E5B9)
+    z = (z ^ _srl(z, 27)) * _signed(0x94D049BB133111EB)
+    return z ^ _srl(z, 31)
+
+
+def _mix_int(z):
+    """splitmix64's output function on a Python int, exactly."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _U64
+    return z ^ (z >> 31)
+
+
+def _uniform(L, seed, dst):
+    """rlx's `uniform(seed over LEVEL)`: for the element at packed position p of the level (groups in
+    order, the responses of each group in batch order, tokens in order), with s the seed truncated to a
+    64-bit integer (NaN as 0, saturating), h = mix(mix(s + 0x9E3779B97F4A7C15) ^ p) and u = (h >> 11)·2^-53,
+    the same bits as rlx's interpreter and kernels (rlx_compiler::ir::uniform). Without `index` in the
+    batch, the responses count in row order. No gradient."""
+    level, _ = _parse(dst)
+    value = float(_t(L, seed).detach())
+    if math.isnan(value):
+        s = 0
+    else:
+        s = max(min(math.trunc(value) if math.isfinite(value) else (1 << 63) * (1 if value > 0 else -1),
+                    (1 << 63) - 1), -(1 << 63))
+    key = _signed(_mix_int((s + 0x9E3779B97F4A7C15) & _U64))
+    if level == "batch":
+        position = torch.zeros((), dtype=torch.long, device=L.device)
+    elif level == "group":
+        position = torch.arange(L.G, device=L.device)
+    else:
+        order = torch.argsort(L.group_ids, stable=True) if L.group_ids is not None else L.arange
+        packed = torch.empty_like(order)
+        packed[order] = torch.arange(L.B, device=L.device)
+        position = packed
+        if level == "tok":
+            lengths = L.length_long[order]
+            starts = torch.cumsum(lengths, 0) - lengths
+            position = starts[packed][:, None] + L.token_index.to(torch.long)
+    h = _mix(position ^ key)
+    return (_srl(h, 11).to(torch.float64) * 2.0**-53).to(L.dtype)
+
+
+def _rank(L, x, src, dst, within, mask=None, mask_src=None):
+    """Each element's 0-based position in descending order among the elements of `dst` ("tok",
+    "resp" or "group") that lie in the same element of `within` ("resp", "group" or "batch"); ties
+    go to the element earlier in rlx's packed order (groups in order, the responses of each group in
+    batch order, tokens in order). NaN sorts above every number. With a mask, the elements where it
+    is 0 come after the others. No gradient."""
+    level, _ = _parse(dst)
+    x = _up(L, x, src, dst).detach()
+    excluded = None if mask is None else _up(L, mask, mask_src, dst).detach() == 0
+    if level == "tok":
+        valid = torch.arange(L.T, device=L.device)[None, :] < L.length_long[:, None]
+        values = _compact(L, x)[valid]
+        if excluded is not None:
+            excluded = _compact(L, excluded)[valid]
+        resp = L.arange[:, None].expand(L.B, L.T)[valid]
+    elif level == "resp":
+        values, resp = x, L.arange
+    else:
+        values, resp = x, None
+    if resp is None:
+        group = torch.arange(values.shape[0], device=L.device)
+    elif within == "group" or L.group_ids is not None:
+        group = L.ix[resp]
+    else:
+        group = torch.zeros_like(resp)  # no `index`: ties go by row order
+    segment = {"batch": torch.zeros_like(group), "group": group, "resp": resp}[within]
+    # Row-major order is (response, token); stable sorts by group, then by value (descending),
+    # then by set leave each set's elements in rank order.
+    perm = torch.sort(group, stable=True).indices
+    perm = perm[torch.sort(values[perm], descending=True, stable=True).indices]
+    if excluded is not None:
+        perm = perm[torch.sort(excluded[perm].to(torch.int8), stable=True).indices]
+    perm = perm[torch.sort(segment[perm], stable=True).indices]
+    sizes = torch.bincount(segment, minlength=int(segment.max()) + 1 if segment.numel() else 0)
+    starts = torch.cumsum(sizes, 0) - sizes
+    ranked = torch.arange(values.shape[0], device=L.device) - starts[segment[perm]]
+    rank = torch.empty_like(ranked)
+    rank[perm] = ranked
+    rank = rank.to(L.dtype)
+    if level != "tok":
+        return rank
+    out = torch.zeros((L.B, L.T), dtype=L.dtype, device=L.device)
+    out[valid] = rank
+    return _uncompact(L, out)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Batches
 

@@ -399,6 +399,17 @@ impl<'a> Emitter<'a> {
                 if *reverse { "True" } else { "False" }
             ),
             Op::DistinctNgrams { n } => format!("_distinct_ngrams(L, {}, {n})", a(0)),
+            Op::Uniform => format!("_uniform(L, {}, \"{dst}\")", self.atom(args[0])),
+            Op::Rank { within } => format!(
+                "_rank(L, {}, \"{}\", \"{dst}\", \"{}\"{})",
+                self.atom(args[0]),
+                src(0),
+                within.name(),
+                match args.get(1) {
+                    Some(mask) => format!(", {}, \"{}\"", self.atom(*mask), self.shape(*mask)),
+                    None => String::new(),
+                }
+            ),
             Op::ReduceSum => format!("_sum(L, {}, \"{}\", \"{dst}\")", self.atom(args[0]), src(0)),
             Op::ReduceMax | Op::ReduceMin => format!(
                 "_{}(L, {}, \"{}\", \"{dst}\"{})",
@@ -489,6 +500,12 @@ impl<'a> Emitter<'a> {
             match (&node.op, node.shape.level) {
                 (Op::Value(Value::N), _) => return Some("`n`".into()),
                 (Op::Value(Value::RespIndex), _) => return Some("`resp_index`".into()),
+                (
+                    Op::Rank {
+                        within: Level::Group,
+                    },
+                    _,
+                ) => return Some("a rank within each group".into()),
                 (Op::Input(i), Level::Group) => {
                     return Some(format!(
                         "the group-level input `{}`",
@@ -515,6 +532,12 @@ impl<'a> Emitter<'a> {
                 Op::Value(Value::N) => return Some("`n`".into()),
                 Op::Value(Value::RespIndex) => return Some("`resp_index`".into()),
                 Op::Other | Op::SumByOther => return Some("a term `over others`".into()),
+                Op::Rank { within } if *within != Level::Resp => {
+                    return Some(format!("a rank within each {}", within.name()))
+                }
+                Op::Uniform if node.shape.level != Level::Batch => {
+                    return Some("`uniform` (keyed by positions in the batch)".into())
+                }
                 Op::ReduceSum | Op::ReduceMax | Op::ReduceMin | Op::Count => {
                     let from = &self.node(node.args[0]).shape;
                     let to = &node.shape;

@@ -321,6 +321,85 @@ impl Lowerer<'_> {
         self.binary(Op::Div, sum, denominator)
     }
 
+    /// Descending ranks of `value` among the elements that map to the same element of `within`.
+    /// (At the operand's declared `level`: a constant operand stays coarser, and all its elements tie.)
+    /// With a `mask`, the elements where it holds come first, in their order, then the others; a
+    /// constant true mask is no mask.
+    fn rank(&mut self, value: NodeId, mask: Option<NodeId>, level: Level, within: Level) -> NodeId {
+        let shape = Shape::new(level);
+        let mut args = vec![value];
+        if let Some(mask) = mask {
+            match self.builder.constant_value(mask) {
+                Some(m) if m != 0.0 => {}
+                _ => args.push(self.copy_to(mask, shape.clone())),
+            }
+        }
+        self.builder
+            .add(Op::Rank { within }, args, shape, Elem::I32)
+    }
+
+    /// The q-quantile of the elements of `value` that map to each element of `out`, as
+    /// `torch.quantile` computes it (linear interpolation): with the n elements sorted ascending
+    /// (v₀ ≤ … ≤ vₙ₋₁), q clamped to [0, 1], p = q·(n − 1), lo = ⌊p⌋, hi = min(lo + 1, n − 1):
+    /// v_lo + (p − lo)·(v_hi − v_lo). The order statistics are picked by rank (one element per rank, so
+    /// each sum below has one term); 0 over no element, as every reduction.
+    fn quantile(
+        &mut self,
+        value: NodeId,
+        mask: Option<NodeId>,
+        level: Level,
+        q: NodeId,
+        out: Shape,
+    ) -> NodeId {
+        let zero = self.constant(0.0);
+        let one = self.constant(1.0);
+        let mask = match mask.map(|m| (m, self.builder.constant_value(m))) {
+            Some((_, Some(v))) if v != 0.0 => None,
+            other => other.map(|(m, _)| m),
+        };
+        let count = match mask {
+            // A constant false mask: nothing is included.
+            Some(mask) if self.builder.constant_value(mask).is_some() => zero,
+            // Included elements: the mask, summed at the value's level (a coarser mask counts once
+            // per element of the value).
+            Some(mask) => {
+                let shape = Shape::new(level);
+                let mask = self.copy_to(mask, shape.clone());
+                let ones = self
+                    .builder
+                    .add(Op::Select, vec![mask, one, zero], shape, Elem::F32);
+                self.reduce(Op::ReduceSum, ones, out.clone())
+            }
+            None => self.reduce(Op::Count, value, out.clone()),
+        };
+        let last = self.binary(Op::Sub, count, one);
+        let q = self.binary(Op::Max, q, zero);
+        let q = self.binary(Op::Min, q, one);
+        let position = self.binary(Op::Mul, q, last);
+        let low = self.unary(Op::Floor, position);
+        let low = self.binary(Op::Max, low, zero);
+        let fraction = self.binary(Op::Sub, position, low);
+        let next = self.binary(Op::Add, low, one);
+        let high = self.binary(Op::Min, next, last);
+        let descending = self.rank(value, mask, level, out.level);
+        let ascending = self.binary(Op::Sub, last, descending);
+        // A threshold: no gradient flows into the elements.
+        let value = self.stopgrad(value);
+        let pick = |this: &mut Self, at: NodeId| {
+            let hit = this.map(Op::Eq, vec![ascending, at], Elem::Bool);
+            let chosen = this.map(Op::Select, vec![hit, value, zero], Elem::F32);
+            this.reduce(Op::ReduceSum, chosen, out.clone())
+        };
+        let below = pick(self, low);
+        let above = pick(self, high);
+        let gap = self.binary(Op::Sub, above, below);
+        let step = self.binary(Op::Mul, fraction, gap);
+        let between = self.binary(Op::Add, below, step);
+        // An exact order statistic is itself (no 0·∞ when the next one is infinite).
+        let inside = self.map(Op::Gt, vec![fraction, zero], Elem::Bool);
+        self.map(Op::Select, vec![inside, between, below], Elem::F32)
+    }
+
     fn stopgrad(&mut self, id: NodeId) -> NodeId {
         let (shape, elem) = (self.shape(id), self.builder.elem(id));
         self.builder.add(Op::StopGrad, vec![id], shape, elem)
@@ -548,6 +627,31 @@ impl Lowerer<'_> {
                     Shape::new(Level::Resp),
                     Elem::F32,
                 )
+            }
+            ExprKind::Uniform { seed } => {
+                let seed = self.expr(seed);
+                let shape = self.shape_of(&expr.ty);
+                self.builder.add(Op::Uniform, vec![seed], shape, Elem::F32)
+            }
+            ExprKind::Rank { axes, arg, mask } => {
+                let value = self.expr(arg);
+                let value = self.conform(value, &arg.ty);
+                let within = match axes {
+                    Axes::Levels { to, .. } => Level::from(to.coarser()),
+                    // The checker orders levels only.
+                    _ => Level::Batch,
+                };
+                let mask = mask.as_ref().map(|m| self.expr(m));
+                self.rank(value, mask, arg.ty.level.into(), within)
+            }
+            ExprKind::Quantile { axes, arg, q, mask } => {
+                let value = self.expr(arg);
+                let value = self.conform(value, &arg.ty);
+                let (value, out) = self.reduction_target(axes, value, &expr.ty);
+                let q = self.expr(q);
+                let q = self.stopgrad(q);
+                let mask = mask.as_ref().map(|m| self.expr(m));
+                self.quantile(value, mask, arg.ty.level.into(), q, out)
             }
             ExprKind::Let { bindings, body, .. } => {
                 for (local, value) in bindings {

@@ -192,6 +192,15 @@ pub enum Op {
     DistinctNgrams {
         n: u32,
     },
+    /// Each element's 0-based position in descending order among the operand's elements that map to
+    /// the same element of level `within` (ties: the earlier element in the batch's order first); no
+    /// gradient. Same shape as the operand.
+    Rank {
+        within: Level,
+    },
+    /// A pseudo-random number in [0, 1) per element of this node's level, keyed by the operand (the
+    /// seed, batch-level) and the element's position (`uniform`); no gradient.
+    Uniform,
     /// Sum of the operand's elements that map to each element of this node.
     ReduceSum,
     ReduceMax,
@@ -231,6 +240,8 @@ impl Op {
                 | Op::Scan { .. }
                 | Op::Shift { .. }
                 | Op::DistinctNgrams { .. }
+                | Op::Rank { .. }
+                | Op::Uniform
         )
     }
 
@@ -278,6 +289,7 @@ impl Op {
             Op::Scan { reverse } => format!("scan{}", if *reverse { " reverse" } else { "" }),
             Op::Shift { offset } => format!("shift {offset}"),
             Op::DistinctNgrams { n } => format!("distinct_ngrams {n}"),
+            Op::Rank { within } => format!("rank within {}", within.name()),
             other => {
                 let text = serde_json::to_string(other).unwrap_or_default();
                 text.trim_matches('"').to_string()
@@ -719,6 +731,23 @@ pub fn fold(op: &Op, values: &[f64]) -> Option<f64> {
     })
 }
 
+/// splitmix64's output function (Steele, Lea and Flood 2014): a bijective mix of 64 bits.
+fn splitmix64_mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// `uniform`'s number for `seed` at `position` (docs/language.md, "Pseudo-random numbers"): the seed
+/// truncated to an integer s (two's complement in 64 bits; NaN as 0, ±∞ saturating), then
+/// h = mix(mix(s + 0x9E3779B97F4A7C15) ⊕ position) with splitmix64's `mix`, and u = ⌊h / 2¹¹⌋ · 2⁻⁵³:
+/// 53 random bits, a double in [0, 1) that every backend computes to the same bits.
+pub fn uniform(seed: f64, position: u64) -> f64 {
+    let s = seed as i64 as u64;
+    let h = splitmix64_mix(splitmix64_mix(s.wrapping_add(0x9E37_79B9_7F4A_7C15)) ^ position);
+    (h >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
 /// σ(x), stable for large |x|.
 pub fn sigmoid(x: f64) -> f64 {
     if x >= 0.0 {
@@ -781,6 +810,23 @@ pub fn lgamma(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn uniform_is_splitmix64() {
+        // splitmix64's published first output for state 0 is 0xE220A8397B1DCDAF: mix(0 + γ).
+        assert_eq!(splitmix64_mix(0x9E37_79B9_7F4A_7C15), 0xE220_A839_7B1D_CDAF);
+        let u = uniform(0.0, 0);
+        assert_eq!(
+            u,
+            (splitmix64_mix(0xE220_A839_7B1D_CDAF) >> 11) as f64 / (1u64 << 53) as f64
+        );
+        let values: Vec<f64> = (0..1000).map(|p| uniform(7.0, p)).collect();
+        assert!(values.iter().all(|u| (0.0..1.0).contains(u)));
+        let mean = values.iter().sum::<f64>() / 1000.0;
+        assert!((mean - 0.5).abs() < 0.05, "mean {mean}");
+        assert_ne!(uniform(7.0, 3), uniform(8.0, 3));
+        assert_eq!(uniform(-1.9, 5), uniform(-1.0, 5));
+    }
 
     #[test]
     fn lgamma_matches_known_values() {
