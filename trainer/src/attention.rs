@@ -68,7 +68,8 @@ const BLOCK_ROWS: usize = 36;
 ///
 /// The inputs may be non-contiguous (they are made contiguous first). Errors: a dtype other than f32,
 /// inputs of another rank or on different devices, mismatched b or d, heads not a multiple of kv_heads,
-/// s ≠ offset + t, left_pad.len() ≠ b or a left_pad beyond s. Only the CPU is implemented.
+/// s ≠ offset + t, left_pad.len() ≠ b or a left_pad beyond s. The fused kernel runs on the CPU; on any
+/// other device (CUDA) this is [`naive_causal_attention`], candle's own kernels.
 pub fn causal_attention(
     q: &Tensor,
     k: &Tensor,
@@ -89,6 +90,9 @@ pub fn causal_attention(
         }
     }
     Dims::check(q.dims(), k.dims(), v.dims(), left_pad, offset)?;
+    if !q.device().is_cpu() {
+        return naive_causal_attention(q, k, v, left_pad, offset);
+    }
     let op = CausalAttention {
         left_pad: left_pad.to_vec(),
         offset,
