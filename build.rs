@@ -10,6 +10,8 @@ fn main() {
     rlx_tools::emit(&[Gate::Torch, Gate::Verl, Gate::Nvrtc, Gate::Gpu]);
     if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
         let lib = concat!(env!("CARGO_MANIFEST_DIR"), "/.cuda/lib");
+        // Watched even while missing, as in trainer/build.rs.
+        println!("cargo:rerun-if-changed={lib}");
         if std::path::Path::new(lib).is_dir() {
             println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
         }

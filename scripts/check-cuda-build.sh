@@ -32,7 +32,9 @@ rlx="${CARGO_TARGET_DIR:-target}/release/rlx"
 
 needed="$(readelf -d "$rlx" | grep NEEDED)"
 echo "$needed"
-if echo "$needed" | grep -Eq 'lib(cuda|cudart|cublas|cublasLt|curand|nvrtc)\.so'; then
+if ! echo "$needed" | grep -q 'libc\.so'; then
+    fail "readelf -d $rlx lists no NEEDED libc (is readelf installed?)"
+elif echo "$needed" | grep -Eq 'lib(cuda|cudart|cublas|cublasLt|curand|nvrtc)\.so'; then
     fail "$rlx needs a CUDA library to start"
 fi
 

@@ -40,6 +40,9 @@ fn main() {
 
     if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
         let lib = concat!(env!("CARGO_MANIFEST_DIR"), "/../.cuda/lib");
+        // Watched even while missing (Cargo then reruns this on every `cuda` build): a toolkit
+        // installed after a first, failed build is picked up.
+        println!("cargo:rerun-if-changed={lib}");
         if std::path::Path::new(lib).is_dir() {
             println!("cargo:rustc-link-search=native={lib}");
         }

@@ -24,9 +24,9 @@
 //! (36 rows × the visible keys, plus kᵀ and vᵀ of one key/value head), never a [t × s] matrix per head.
 //!
 //! Both passes are candle [`CustomOp3`]s on (q, k, v) — the backward one computes ∂q, ∂k and ∂v in one
-//! pass and is applied without a graph of its own — with CPU kernels only: `cuda_fwd` is left to candle's
-//! default (an error, "no cuda implementation for causal-attention"); the GPU issue fills it in, keeping
-//! this CPU/CUDA split. The CPU kernels are f32, register-blocked (6 rows × 16 columns of accumulators,
+//! pass and is applied without a graph of its own — with CPU kernels only: on any other device (CUDA)
+//! [`causal_attention`] is [`naive_causal_attention`], candle's own kernels, and the ops' `cuda_fwd` stays
+//! candle's default (an error, "no cuda implementation for causal-attention"), never reached. The CPU kernels are f32, register-blocked (6 rows × 16 columns of accumulators,
 //! the inner loops over d or over keys contiguous), compiled twice, for AVX2+FMA when the processor has
 //! them (detected at run time) and for the baseline target. The forward pass parallelises over
 //! (sequence, key/value head) groups, each of which loops over its query heads; the backward pass too,

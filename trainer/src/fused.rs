@@ -21,8 +21,10 @@
 //!   cost one more product of the forward's size per projection in every backward pass (a third of a
 //!   LoRA step's backward and forward compute) and a weight-sized buffer each, only to be dropped.
 //!
-//! These are CPU kernels (f32, any layout: inputs are made contiguous first); a candle custom op keeps the
-//! CPU/CUDA split, and `cuda_fwd` is left to the GPU trainer (candle's default: an error naming the op).
+//! These are CPU kernels (f32, any layout: inputs are made contiguous first). On any other device (a CUDA
+//! device with the `cuda` feature) each layer is its plain candle version instead ([`plain_rms_norm`],
+//! [`plain_swiglu`], [`plain_rope`], candle's product for [`linear`]), so candle's own kernels run it;
+//! the custom ops' `cuda_fwd` stays candle's default (an error naming the op) and is never reached.
 
 use std::sync::Arc;
 
