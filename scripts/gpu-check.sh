@@ -13,8 +13,10 @@
 #   4. one summary.
 #
 # Needs: the NVIDIA driver (libcuda.so.1), cargo, and for step 3 a Python with a CUDA torch ($RLX_PYTHON,
-# else ~/.cache/rlx/torch/bin/python from scripts/install-torch.sh, else python3). NVRTC
-# (libnvrtc.so.12) is taken from the system, else fetched by scripts/install-cuda-tools.sh (~130 MB).
+# else ~/.cache/rlx/torch/bin/python from scripts/install-torch.sh, else python3). The CUDA 13.2
+# toolkit of the build (nvcc for candle's kernels; cuBLAS, cuRAND and NVRTC 13, which cudarc loads at
+# run time) comes from scripts/install-cuda-toolchain.sh (~660 MB, docs/gpu.md "Building"); NVRTC 12
+# and ptxas for tests/cuda.rs's compile checks from scripts/install-cuda-tools.sh (~130 MB).
 # RLX_CUDA_DEVICE=N picks the GPU (default 0).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,12 +35,11 @@ else
     echo "gpu-check: nvidia-smi not found; without a driver the GPU tests are reported as ignored"
 fi
 
-# NVRTC for cudarc (loaded at run time from the library path).
-if ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc.so.12'; then
-    bash scripts/install-cuda-tools.sh
-    tools="${RLX_CUDA_TOOLS:-$HOME/.cache/rlx/cuda}"
-    export LD_LIBRARY_PATH="$tools/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+# The toolkit of the build; the binaries find its libraries by their run path, LD_LIBRARY_PATH too
+# for anything else that loads them.
+bash scripts/install-cuda-toolchain.sh || echo "gpu-check: the CUDA toolkit could not be installed; the build will fail"
+bash scripts/install-cuda-tools.sh
+export LD_LIBRARY_PATH="$PWD/.cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 echo "== build (release, --features cuda) [$(elapsed)]"
 if cargo build --release --features cuda -p rlx --bins >"$log/build" 2>&1 \

@@ -4,6 +4,9 @@
 //! they are there (rlx-tools, tools/src/lib.rs); and `rlx_transformers` where the torch environment has
 //! transformers and PEFT (trainer/tests/hf.rs); and `rlx_torch` where it is there at all
 //! (trainer/tests/chat_template.rs compares against transformers' chat-template rendering).
+//! With the `cuda` feature, the linker's search path for candle-kernels' `-lcudart`: the toolkit of
+//! scripts/install-cuda-toolchain.sh (`<repo>/.cuda/lib`), whose `libcudart.a` links CUDA's runtime
+//! statically (docs/gpu.md, "Building"). Cargo passes it on to every crate that links the trainer.
 
 use std::process::Command;
 
@@ -34,5 +37,15 @@ fn main() {
         })
         .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=RLX_CANDLE_VERSION={candle}");
+
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        let lib = concat!(env!("CARGO_MANIFEST_DIR"), "/../.cuda/lib");
+        // Watched even while missing (Cargo then reruns this on every `cuda` build): a toolkit
+        // installed after a first, failed build is picked up.
+        println!("cargo:rerun-if-changed={lib}");
+        if std::path::Path::new(lib).is_dir() {
+            println!("cargo:rustc-link-search=native={lib}");
+        }
+    }
     println!("cargo:rerun-if-changed=build.rs");
 }

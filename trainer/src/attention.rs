@@ -24,9 +24,9 @@
 //! (36 rows × the visible keys, plus kᵀ and vᵀ of one key/value head), never a [t × s] matrix per head.
 //!
 //! Both passes are candle [`CustomOp3`]s on (q, k, v) — the backward one computes ∂q, ∂k and ∂v in one
-//! pass and is applied without a graph of its own — with CPU kernels only: `cuda_fwd` is left to candle's
-//! default (an error, "no cuda implementation for causal-attention"); the GPU issue fills it in, keeping
-//! this CPU/CUDA split. The CPU kernels are f32, register-blocked (6 rows × 16 columns of accumulators,
+//! pass and is applied without a graph of its own — with CPU kernels only: on any other device (CUDA)
+//! [`causal_attention`] is [`naive_causal_attention`], candle's own kernels, and the ops' `cuda_fwd` stays
+//! candle's default (an error, "no cuda implementation for causal-attention"), never reached. The CPU kernels are f32, register-blocked (6 rows × 16 columns of accumulators,
 //! the inner loops over d or over keys contiguous), compiled twice, for AVX2+FMA when the processor has
 //! them (detected at run time) and for the baseline target. The forward pass parallelises over
 //! (sequence, key/value head) groups, each of which loops over its query heads; the backward pass too,
@@ -68,7 +68,8 @@ const BLOCK_ROWS: usize = 36;
 ///
 /// The inputs may be non-contiguous (they are made contiguous first). Errors: a dtype other than f32,
 /// inputs of another rank or on different devices, mismatched b or d, heads not a multiple of kv_heads,
-/// s ≠ offset + t, left_pad.len() ≠ b or a left_pad beyond s. Only the CPU is implemented.
+/// s ≠ offset + t, left_pad.len() ≠ b or a left_pad beyond s. The fused kernel runs on the CPU; on any
+/// other device (CUDA) this is [`naive_causal_attention`], candle's own kernels.
 pub fn causal_attention(
     q: &Tensor,
     k: &Tensor,
@@ -89,6 +90,9 @@ pub fn causal_attention(
         }
     }
     Dims::check(q.dims(), k.dims(), v.dims(), left_pad, offset)?;
+    if !q.device().is_cpu() {
+        return naive_causal_attention(q, k, v, left_pad, offset);
+    }
     let op = CausalAttention {
         left_pad: left_pad.to_vec(),
         offset,

@@ -21,8 +21,10 @@
 //!   cost one more product of the forward's size per projection in every backward pass (a third of a
 //!   LoRA step's backward and forward compute) and a weight-sized buffer each, only to be dropped.
 //!
-//! These are CPU kernels (f32, any layout: inputs are made contiguous first); a candle custom op keeps the
-//! CPU/CUDA split, and `cuda_fwd` is left to the GPU trainer (candle's default: an error naming the op).
+//! These are CPU kernels (f32, any layout: inputs are made contiguous first). On any other device (a CUDA
+//! device with the `cuda` feature) each layer is its plain candle version instead ([`plain_rms_norm`],
+//! [`plain_swiglu`], [`plain_rope`], candle's product for [`linear`]), so candle's own kernels run it;
+//! the custom ops' `cuda_fwd` stays candle's default (an error naming the op) and is never reached.
 
 use std::sync::Arc;
 
@@ -53,16 +55,40 @@ fn check_f32(op: &str, t: &Tensor) -> Result<()> {
     if t.dtype() != candle_core::DType::F32 {
         bail!("{op}: only f32 tensors are supported, got {:?}", t.dtype())
     }
-    if !t.device().is_cpu() {
-        bail!("{op}: only the CPU is supported (the GPU kernels belong to the GPU trainer)")
-    }
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The plain candle versions: what each fused layer computes, in differentiable candle ops. They are the
+// layers on any device other than the CPU (a CUDA device: candle's own kernels, until the fused layers
+// have CUDA kernels of their own), and the references of the fused layers' tests.
+
+/// [`rms_norm`] in candle ops: `x / √(mean(x²) + eps) · w`.
+pub fn plain_rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    let scale = (x.sqr()?.mean_keepdim(candle_core::D::Minus1)? + eps)?.sqrt()?;
+    x.broadcast_div(&scale)?.broadcast_mul(w)
+}
+
+/// [`swiglu`] in candle ops: `gate · sigmoid(gate) · up`.
+pub fn plain_swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    (gate * candle_nn::ops::sigmoid(gate)?)? * up
+}
+
+/// [`rope`] in candle ops: `x·cos + rotate_half(x)·sin` with the tables repeated over both halves.
+pub fn plain_rope(x: &Tensor, tables: &RopeTables) -> Result<Tensor> {
+    let (cos, sin) = tables.full(x.device())?;
+    let half = x.dim(candle_core::D::Minus1)? / 2;
+    let x1 = x.narrow(candle_core::D::Minus1, 0, half)?;
+    let x2 = x.narrow(candle_core::D::Minus1, half, half)?;
+    let rotated = Tensor::cat(&[&x2.neg()?, &x1], candle_core::D::Minus1)?;
+    x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?
 }
 
 // ---------------------------------------------------------------------------------------------------
 // RMS norm
 
-/// `x / √(mean(x²) + eps) · w` over the last axis; x: [.., h], w: [h] (f32, CPU).
+/// `x / √(mean(x²) + eps) · w` over the last axis; x: [.., h], w: [h] (f32). The fused kernel on the CPU,
+/// [`plain_rms_norm`] on any other device.
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     check_f32("rms_norm", x)?;
     check_f32("rms_norm", w)?;
@@ -75,6 +101,9 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     }
     if !(eps.is_finite() && eps >= 0.0) {
         bail!("rms_norm: eps = {eps} must be a finite number ≥ 0")
+    }
+    if !x.device().is_cpu() {
+        return plain_rms_norm(x, w, eps);
     }
     x.contiguous()?
         .apply_op2(&w.contiguous()?, RmsNorm { eps: eps as f32 })
@@ -445,7 +474,8 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
 // ---------------------------------------------------------------------------------------------------
 // SwiGLU
 
-/// `silu(gate) · up` elementwise (same shapes, f32, CPU).
+/// `silu(gate) · up` elementwise (same shapes, f32). The fused kernel on the CPU, [`plain_swiglu`] on any
+/// other device.
 pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     check_f32("swiglu", gate)?;
     check_f32("swiglu", up)?;
@@ -455,6 +485,9 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
             gate.dims(),
             up.dims()
         )
+    }
+    if !gate.device().is_cpu() {
+        return plain_swiglu(gate, up);
     }
     gate.contiguous()?.apply_op2(&up.contiguous()?, SwiGlu)
 }
@@ -599,7 +632,8 @@ impl RopeTables {
     }
 }
 
-/// The rotary embedding of `x: [.., t, d]` (d = 2 · the tables' half, t their positions), f32, CPU.
+/// The rotary embedding of `x: [.., t, d]` (d = 2 · the tables' half, t their positions), f32. The fused
+/// kernel on the CPU, [`plain_rope`] on any other device.
 pub fn rope(x: &Tensor, tables: &RopeTables) -> Result<Tensor> {
     check_f32("rope", x)?;
     let dims = x.dims();
@@ -610,6 +644,9 @@ pub fn rope(x: &Tensor, tables: &RopeTables) -> Result<Tensor> {
             tables.t,
             2 * tables.half
         )
+    }
+    if !x.device().is_cpu() {
+        return plain_rope(x, tables);
     }
     x.contiguous()?.apply_op1(Rope {
         tables: tables.clone(),

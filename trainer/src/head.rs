@@ -303,8 +303,8 @@ impl CustomOp2 for FusedHead {
         Ok((storage, self.result.shape().clone()))
     }
 
-    /// The result is already on the GPU: a copy of it. (Not yet exercised: this workspace builds candle
-    /// without its `cuda` feature.)
+    /// The result is already on the GPU: a copy of it. (Compiled with the `cuda` feature, never yet run
+    /// on a GPU.)
     fn cuda_fwd(
         &self,
         _: &CudaStorage,

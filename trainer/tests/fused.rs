@@ -2,8 +2,10 @@
 //! gradients of every input, on random inputs with awkward sizes (rows that do not fill a parallel task,
 //! non-contiguous inputs), plus a finite-difference check of each op in f64 arithmetic and the errors.
 
-use candle_core::{DType, Device, Tensor, Var, D};
-use rlx_trainer::fused::{linear, rms_norm, rope, swiglu, RopeTables};
+use candle_core::{DType, Device, Tensor, Var};
+use rlx_trainer::fused::{
+    linear, plain_rms_norm, plain_rope, plain_swiglu, rms_norm, rope, swiglu, RopeTables,
+};
 use rlx_trainer::rng::Rng;
 
 fn random(rng: &mut Rng, shape: &[usize], scale: f64) -> Tensor {
@@ -26,29 +28,17 @@ fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
         .fold(0.0, f32::max)
 }
 
+// The references: the plain candle versions of fused.rs (what the layers run on a CUDA device).
 fn reference_rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Tensor {
-    let scale = (x.sqr().unwrap().mean_keepdim(D::Minus1).unwrap() + eps)
-        .unwrap()
-        .sqrt()
-        .unwrap();
-    x.broadcast_div(&scale).unwrap().broadcast_mul(w).unwrap()
+    plain_rms_norm(x, w, eps).unwrap()
 }
 
 fn reference_swiglu(a: &Tensor, b: &Tensor) -> Tensor {
-    let silu = (a * candle_nn::ops::sigmoid(a).unwrap()).unwrap();
-    (silu * b).unwrap()
-}
-
-fn rotate_half(x: &Tensor) -> Tensor {
-    let half = x.dim(D::Minus1).unwrap() / 2;
-    let x1 = x.narrow(D::Minus1, 0, half).unwrap();
-    let x2 = x.narrow(D::Minus1, half, half).unwrap();
-    Tensor::cat(&[&x2.neg().unwrap(), &x1], D::Minus1).unwrap()
+    plain_swiglu(a, b).unwrap()
 }
 
 fn reference_rope(x: &Tensor, tables: &RopeTables) -> Tensor {
-    let (cos, sin) = tables.full(&Device::Cpu).unwrap();
-    (x.broadcast_mul(&cos).unwrap() + rotate_half(x).broadcast_mul(&sin).unwrap()).unwrap()
+    plain_rope(x, tables).unwrap()
 }
 
 /// The gradients of Σ out ⊙ weights w.r.t. `inputs`, for `f` of `inputs`.

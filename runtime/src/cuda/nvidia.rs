@@ -54,7 +54,8 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, St
 
 impl CudaDevice {
     /// GPU `ordinal` (`--device cuda:N`). Needs the NVIDIA driver (libcuda.so.1) and, at first use of
-    /// a recipe, NVRTC (libnvrtc.so.12) on the library path.
+    /// a recipe, NVRTC 13 (libnvrtc.so.13) on the library path (an `rlx` built in a checkout with
+    /// scripts/install-cuda-toolchain.sh finds the toolkit's by its run path).
     pub fn new(ordinal: usize) -> Result<CudaDevice, String> {
         let block = match std::env::var("RLX_CUDA_BLOCK") {
             Ok(text) => text
@@ -139,15 +140,15 @@ impl CudaDevice {
             options: vec![format!("--gpu-architecture={}", self.arch)],
             ..Default::default()
         };
-        if !loadable(&["libnvrtc.so.12", "libnvrtc.so"]) {
+        if !loadable(&["libnvrtc.so.13", "libnvrtc.so"]) {
             return Err(
-                "NVRTC (libnvrtc.so.12) cannot be loaded: install the CUDA toolkit or run \
-                 scripts/install-cuda-tools.sh and add ~/.cache/rlx/cuda/nvidia/cuda_nvrtc/lib to \
+                "NVRTC 13 (libnvrtc.so.13) cannot be loaded: install the CUDA 13 toolkit or run \
+                 scripts/install-cuda-toolchain.sh and add ~/.cache/rlx/cuda13/nvidia/cu13/lib to \
                  LD_LIBRARY_PATH (docs/gpu.md)"
                     .into(),
             );
         }
-        let ptx = guarded("cannot use NVRTC (libnvrtc.so.12)", || {
+        let ptx = guarded("cannot use NVRTC (libnvrtc.so.13)", || {
             compile_ptx_with_opts(&source.source, options)
                 .map_err(|e| format!("NVRTC rejected the generated kernels: {e}"))
         })?;
