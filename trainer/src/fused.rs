@@ -346,19 +346,26 @@ impl CustomOp2 for TrackedRows {
     }
 }
 
-/// Rows at or below which a product with a frozen weight runs as matrix–vector products ([`matvec`]):
-/// decoding one or a few rows, where the time is reading the weight from memory. candle's product of
-/// one row is gemm's matrix–vector kernel, on one thread; above a few rows its blocked kernel, which
-/// reuses each weight block for many rows, is the faster.
-pub const MATVEC_ROWS: usize = 4;
+/// Rows at or below which a product runs as matrix–vector products ([`matvec`]): decoding a batch of
+/// rows, where the time is reading the weight from memory once per step. candle's product of one row is
+/// gemm's matrix–vector kernel, on one thread, and of a few dozen rows its blocked kernel, which packs
+/// the whole weight again at every call (with gemm's AVX-512 kernels that made 16- and 64-row decoding
+/// steps slower than AVX2's: docs/performance.md, item 13); above this the blocked kernel, which reuses
+/// each packed weight block for many rows, is the faster.
+pub const MATVEC_ROWS: usize = 32;
 
 /// Weight rows (outputs) per parallel task of [`matvec`].
 const MATVEC_OUTPUTS_PER_TASK: usize = 64;
 
-/// `y = x · wᵀ` for x: [n, inp] and w: [out, inp] (row-major, f32), as `n` matrix–vector products that
-/// read each weight row once (from memory) for all `n` rows, the outputs split over rayon's threads.
-/// Each output is one dot product summed in a fixed order (16 lanes, then the lanes pairwise), so the
-/// result does not depend on the number of threads.
+/// Input rows that [`matvec`] takes through one weight row at a time (one load of the weight for
+/// this many products).
+const MATVEC_BLOCK: usize = 4;
+
+/// `y = x · wᵀ` for x: [n, inp] and w: [out, inp] (row-major, f32), as matrix–vector products that
+/// read each weight row once (from memory) for all `n` rows, [`MATVEC_BLOCK`] rows at a time, the
+/// outputs split over rayon's threads. Each output is one dot product summed in a fixed order
+/// ([`dot_rows`]: the same for every row, whatever `n`, the row's place in its block and the number
+/// of threads).
 pub fn matvec(x: &[f32], w: &[f32], n: usize, out: usize, inp: usize) -> Vec<f32> {
     debug_assert_eq!(x.len(), n * inp);
     debug_assert_eq!(w.len(), out * inp);
@@ -367,12 +374,19 @@ pub fn matvec(x: &[f32], w: &[f32], n: usize, out: usize, inp: usize) -> Vec<f32
     if inp == 0 {
         return yt;
     }
+    let rows: Vec<&[f32]> = x.chunks(inp).collect();
     yt.par_chunks_mut(MATVEC_OUTPUTS_PER_TASK * n.max(1))
         .zip(w.par_chunks(MATVEC_OUTPUTS_PER_TASK * inp))
         .for_each(|(ys, ws)| {
             for (ys, wr) in ys.chunks_mut(n).zip(ws.chunks(inp)) {
-                for (y, xr) in ys.iter_mut().zip(x.chunks(inp)) {
-                    *y = dot(xr, wr);
+                let mut blocks = rows.chunks_exact(MATVEC_BLOCK);
+                let mut ys_blocks = ys.chunks_exact_mut(MATVEC_BLOCK);
+                for (xs, ys) in (&mut blocks).zip(&mut ys_blocks) {
+                    let xs: &[&[f32]; MATVEC_BLOCK] = xs.try_into().expect("a full block");
+                    ys.copy_from_slice(&dot_rows(xs, wr));
+                }
+                for (xr, y) in blocks.remainder().iter().zip(ys_blocks.into_remainder()) {
+                    *y = dot_rows(&[*xr], wr)[0];
                 }
             }
         });
@@ -388,21 +402,22 @@ pub fn matvec(x: &[f32], w: &[f32], n: usize, out: usize, inp: usize) -> Vec<f32
     y
 }
 
-/// `Σ a_k b_k`: with AVX2 and FMA (detected at run time), in four 8-wide accumulators; else in 16
-/// scalar lanes. Either way in a fixed order for a given machine.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+/// `Σ_k x_r[k]·w[k]` for each of the R rows `xs` (each at least as long as `w`): with AVX2 and FMA
+/// (detected at run time) in two 8-wide accumulators per row, else in 16 scalar lanes. Each row's sum
+/// is the same whatever R: a row's result does not depend on the rows beside it.
+fn dot_rows<const R: usize>(xs: &[&[f32]; R], w: &[f32]) -> [f32; R] {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
             // SAFETY: the features the function is compiled for were detected on this CPU.
-            return unsafe { dot_avx2(a, b) };
+            return unsafe { dot_rows_avx2(xs, w) };
         }
     }
-    dot_lanes(a, b)
+    std::array::from_fn(|r| dot_lanes(xs[r], w))
 }
 
-/// [`dot`] in 16 independent scalar lanes, then [`finish_dot`].
+/// `Σ a_k b_k` in 16 independent scalar lanes, then [`finish_dot`] (the dot product without AVX2).
 fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
     const LANES: usize = 16;
     let n = a.len().min(b.len());
@@ -436,39 +451,43 @@ fn finish_dot(acc: &mut [f32], a: &[f32], b: &[f32]) -> f32 {
     sum
 }
 
-/// [`dot`] with AVX2 and FMA: 32 products per iteration in four independent accumulators (the loop is
-/// then bound by memory, not by the latency of one accumulator), then [`finish_dot`] on their sum.
+/// [`dot_rows`] with AVX2 and FMA: 16 products of each row per iteration into two independent
+/// accumulators of that row, the 8 lanes of the weight loaded once for all R rows, then
+/// [`finish_dot`] on each row's two accumulators added. With R = 4 the eight accumulators and the
+/// weight's two vectors fit the sixteen registers, and the loop reads 2 + 2R vectors per 2R
+/// multiply–adds instead of two per one.
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+unsafe fn dot_rows_avx2<const R: usize>(xs: &[&[f32]; R], w: &[f32]) -> [f32; R] {
     use std::arch::x86_64::*;
-    const STEP: usize = 32;
-    let n = a.len().min(b.len());
+    const STEP: usize = 16;
+    let n = w.len();
+    assert!(xs.iter().all(|x| x.len() >= n), "dot_rows: a row shorter than the weight");
     let body = n / STEP * STEP;
-    let (pa, pb) = (a.as_ptr(), b.as_ptr());
-    let mut acc = [_mm256_setzero_ps(); 4];
+    let pw = w.as_ptr();
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
     let mut k = 0;
     while k < body {
-        for (j, acc) in acc.iter_mut().enumerate() {
-            // SAFETY: k + 8j + 8 <= body <= n, within both slices; unaligned loads.
-            let (x, y) = unsafe {
-                (
-                    _mm256_loadu_ps(pa.add(k + 8 * j)),
-                    _mm256_loadu_ps(pb.add(k + 8 * j)),
-                )
-            };
-            *acc = _mm256_fmadd_ps(x, y, *acc);
+        // SAFETY: k + 16 <= body <= n, within `w` and (asserted above) within every row; unaligned loads.
+        let (w0, w1) = unsafe { (_mm256_loadu_ps(pw.add(k)), _mm256_loadu_ps(pw.add(k + 8))) };
+        for (acc, x) in acc.iter_mut().zip(xs) {
+            let px = x.as_ptr();
+            // SAFETY: as above.
+            let (x0, x1) = unsafe { (_mm256_loadu_ps(px.add(k)), _mm256_loadu_ps(px.add(k + 8))) };
+            acc[0] = _mm256_fmadd_ps(x0, w0, acc[0]);
+            acc[1] = _mm256_fmadd_ps(x1, w1, acc[1]);
         }
         k += STEP;
     }
-    let pair = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    let mut lanes = [0f32; 8];
-    // SAFETY: `lanes` holds 8 f32.
-    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), pair) };
-    finish_dot(&mut lanes, &a[body..n], &b[body..n])
+    std::array::from_fn(|r| {
+        let mut lanes = [0f32; 8];
+        // SAFETY: `lanes` holds 8 f32.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(acc[r][0], acc[r][1])) };
+        finish_dot(&mut lanes, &xs[r][body..n], &w[body..n])
+    })
 }
 
 // ---------------------------------------------------------------------------------------------------

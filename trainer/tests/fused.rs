@@ -272,7 +272,8 @@ fn a_frozen_weight_gets_no_gradient_and_the_input_gets_candles() {
 }
 
 /// A few rows (decoding) take the matrix–vector kernel (`fused::matvec`, at most `MATVEC_ROWS` rows):
-/// its products equal candle's for every row count around the threshold, for sizes that leave a
+/// its products equal candle's for every row count up to one past the threshold, each row's equal to
+/// the row's own product bit for bit, for sizes that leave a
 /// remainder in the dot product (not a multiple of 32) and in the parallel split (not a multiple of
 /// 64 outputs), for a non-contiguous weight (candle's kernel then), with the ∂x of the frozen path, and
 /// for a trained weight (the same values as frozen, both gradients candle's).
@@ -291,6 +292,16 @@ fn a_few_rows_take_the_matrix_vector_kernel_with_the_same_values() {
             assert!(err < 1e-5, "{n} rows × {inp} → {out}: {err}");
             // The same product again: the kernel is deterministic.
             assert_eq!(values(&linear(&x, &w).unwrap()), values(&fused));
+            // Each row's products are those of the row alone, bit for bit: a row's logits do not
+            // depend on the rows decoded beside it (its place in a block of the kernel or its tail).
+            if n <= MATVEC_ROWS {
+                for r in 0..n {
+                    let row = x.narrow(0, r, 1).unwrap();
+                    let alone = values(&linear(&row, &w).unwrap());
+                    let within = values(&fused.narrow(0, r, 1).unwrap());
+                    assert_eq!(alone, within, "row {r} of {n}, {inp} → {out}");
+                }
+            }
         }
     }
     // A weight stored transposed (a strided view) is not read as if contiguous.
