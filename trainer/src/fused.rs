@@ -465,7 +465,10 @@ unsafe fn dot_rows_avx2<const R: usize>(xs: &[&[f32]; R], w: &[f32]) -> [f32; R]
     use std::arch::x86_64::*;
     const STEP: usize = 16;
     let n = w.len();
-    assert!(xs.iter().all(|x| x.len() >= n), "dot_rows: a row shorter than the weight");
+    assert!(
+        xs.iter().all(|x| x.len() >= n),
+        "dot_rows: a row shorter than the weight"
+    );
     let body = n / STEP * STEP;
     let pw = w.as_ptr();
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
