@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use rlx_compiler::backend::cuda::{self, CudaSource, Launch, MAX_BLOCK};
-use rlx_compiler::backend::plan::{BufferKind, Pass};
+use rlx_compiler::backend::plan::{BufferKind, Pass, Phase};
 use rlx_compiler::ir::NodeId;
 
 use crate::batch::{Batch, Layout};
@@ -246,6 +246,52 @@ fn byte_len(column: &Column) -> usize {
     }
 }
 
+/// The values of buffer `b` on the host, for a pass that runs there (`uniform`, `rank`, n-grams): an
+/// input's own column, or the phase's buffer downloaded from the device.
+fn host_values<D: Device>(
+    device: &D,
+    phase: &Phase,
+    inputs: &[ColumnRef<'_>],
+    owned: &[Option<Column>],
+    uploaded: &[Option<D::Buffer>],
+    b: u32,
+) -> Result<Vec<f64>, EvalError> {
+    let missing = || EvalError("internal: buffer missing".into());
+    Ok(match phase.buffers[b as usize].kind {
+        BufferKind::Input(i) => inputs[i as usize].to_f64(),
+        _ => {
+            let mut column = owned[b as usize].clone().ok_or_else(missing)?;
+            let device_buffer = uploaded[b as usize].as_ref().ok_or_else(missing)?;
+            let mut bytes = vec![0u8; byte_len(&column)];
+            device
+                .download(device_buffer, &mut bytes)
+                .map_err(device_error)?;
+            column_from_bytes(&mut column, &bytes);
+            column.to_f64()
+        }
+    })
+}
+
+/// A host pass's result into buffer `target`: the host column (in its storage precision), then the
+/// same values written to the device.
+fn store_host_values<D: Device>(
+    device: &D,
+    owned: &mut [Option<Column>],
+    uploaded: &mut [Option<D::Buffer>],
+    target: u32,
+    values: Vec<f64>,
+) -> Result<(), EvalError> {
+    let missing = || EvalError("internal: buffer missing".into());
+    let column = owned[target as usize].as_mut().ok_or_else(missing)?;
+    *column = match column {
+        Column::F32(_) => Column::F32(values.iter().map(|v| *v as f32).collect()),
+        Column::F64(_) => Column::F64(values),
+    };
+    let bytes = column_bytes(column.as_column_ref());
+    let device_buffer = uploaded[target as usize].as_mut().ok_or_else(missing)?;
+    device.write(device_buffer, &bytes).map_err(device_error)
+}
+
 struct Runner<'a, D: Device> {
     kernel: &'a DeviceKernel<D>,
     resident: Option<&'a DeviceBatch<D>>,
@@ -376,38 +422,15 @@ impl<D: Device> PhaseRunner for Runner<'_, D> {
                 }
                 (Pass::Uniform { seed, target, .. }, None) => {
                     // On the host: the interpreter's function, then one upload.
-                    let seed = match phase.buffers[*seed as usize].kind {
-                        BufferKind::Input(i) => inputs[i as usize].to_f64(),
-                        _ => {
-                            let mut column = owned[*seed as usize]
-                                .clone()
-                                .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
-                            let device_buffer = uploaded[*seed as usize]
-                                .as_ref()
-                                .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
-                            let mut bytes = vec![0u8; byte_len(&column)];
-                            device.download(device_buffer, &mut bytes).map_err(fail)?;
-                            column_from_bytes(&mut column, &bytes);
-                            column.to_f64()
-                        }
-                    };
-                    let seed = seed.first().copied().unwrap_or(0.0);
-                    let target_index = *target as usize;
-                    let column = owned[target_index]
-                        .as_mut()
-                        .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
-                    let values: Vec<f64> = (0..column.len())
+                    let seed = host_values(device, phase, inputs, &owned, &uploaded, *seed)?
+                        .first()
+                        .copied()
+                        .unwrap_or(0.0);
+                    let len = owned[*target as usize].as_ref().map_or(0, Column::len);
+                    let values = (0..len)
                         .map(|i| rlx_compiler::ir::uniform(seed, i as u64))
                         .collect();
-                    *column = match column {
-                        Column::F32(_) => Column::F32(values.iter().map(|v| *v as f32).collect()),
-                        Column::F64(_) => Column::F64(values),
-                    };
-                    let bytes = column_bytes(column.as_column_ref());
-                    let device_buffer = uploaded[target_index]
-                        .as_mut()
-                        .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
-                    device.write(device_buffer, &bytes).map_err(fail)?;
+                    store_host_values(device, &mut owned, &mut uploaded, *target, values)?;
                 }
                 (
                     Pass::Rank {
@@ -421,23 +444,7 @@ impl<D: Device> PhaseRunner for Runner<'_, D> {
                     None,
                 ) => {
                     // On the host: it sorts.
-                    let read = |b: u32| -> Result<Vec<f64>, EvalError> {
-                        Ok(match phase.buffers[b as usize].kind {
-                            BufferKind::Input(i) => inputs[i as usize].to_f64(),
-                            _ => {
-                                let mut column = owned[b as usize]
-                                    .clone()
-                                    .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
-                                let device_buffer = uploaded[b as usize]
-                                    .as_ref()
-                                    .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
-                                let mut bytes = vec![0u8; byte_len(&column)];
-                                device.download(device_buffer, &mut bytes).map_err(fail)?;
-                                column_from_bytes(&mut column, &bytes);
-                                column.to_f64()
-                            }
-                        })
-                    };
+                    let read = |b: u32| host_values(device, phase, inputs, &owned, &uploaded, b);
                     let source_column = read(*source)?;
                     let mask_column = mask.map(read).transpose()?;
                     let level = kernel.graph().node(*node).shape.level;
@@ -448,19 +455,7 @@ impl<D: Device> PhaseRunner for Runner<'_, D> {
                         level,
                         *within,
                     );
-                    let target_index = *target as usize;
-                    let column = owned[target_index]
-                        .as_mut()
-                        .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
-                    *column = match column {
-                        Column::F32(_) => Column::F32(values.iter().map(|v| *v as f32).collect()),
-                        Column::F64(_) => Column::F64(values),
-                    };
-                    let bytes = column_bytes(column.as_column_ref());
-                    let device_buffer = uploaded[target_index]
-                        .as_mut()
-                        .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
-                    device.write(device_buffer, &bytes).map_err(fail)?;
+                    store_host_values(device, &mut owned, &mut uploaded, *target, values)?;
                 }
                 (
                     Pass::Ngrams {
@@ -469,42 +464,17 @@ impl<D: Device> PhaseRunner for Runner<'_, D> {
                     None,
                 ) => {
                     // On the host: it needs a set.
-                    let source_column = match phase.buffers[*source as usize].kind {
-                        BufferKind::Input(i) => inputs[i as usize].to_f64(),
-                        _ => {
-                            let mut column = owned[*source as usize]
-                                .clone()
-                                .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
-                            let device_buffer = uploaded[*source as usize]
-                                .as_ref()
-                                .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
-                            let mut bytes = vec![0u8; byte_len(&column)];
-                            device.download(device_buffer, &mut bytes).map_err(fail)?;
-                            column_from_bytes(&mut column, &bytes);
-                            column.to_f64()
-                        }
-                    };
+                    let source_column =
+                        host_values(device, phase, inputs, &owned, &uploaded, *source)?;
                     let n = *n as usize;
-                    let values: Vec<f64> = (0..layout.responses())
+                    let values = (0..layout.responses())
                         .map(|r| {
                             let tokens = &source_column
                                 [layout.token_offsets[r]..layout.token_offsets[r + 1]];
                             distinct_ngrams(tokens, n)
                         })
                         .collect();
-                    let target_index = *target as usize;
-                    let column = owned[target_index]
-                        .as_mut()
-                        .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
-                    *column = match column {
-                        Column::F32(_) => Column::F32(values.iter().map(|v| *v as f32).collect()),
-                        Column::F64(_) => Column::F64(values),
-                    };
-                    let bytes = column_bytes(column.as_column_ref());
-                    let device_buffer = uploaded[target_index]
-                        .as_mut()
-                        .ok_or_else(|| EvalError("internal: buffer missing".into()))?;
-                    device.write(device_buffer, &bytes).map_err(fail)?;
+                    store_host_values(device, &mut owned, &mut uploaded, *target, values)?;
                 }
                 _ => {
                     return Err(EvalError(format!(

@@ -289,7 +289,9 @@ fn a_few_rows_take_the_matrix_vector_kernel_with_the_same_values() {
             let fused = linear(&x, &w).unwrap();
             assert_eq!(fused.dims(), &[n, out]);
             let err = max_rel(&fused, &plain);
-            assert!(err < 1e-5, "{n} rows × {inp} → {out}: {err}");
+            // f32 sums of up to 576 products in two different orders (gemm's blocks, the kernel's
+            // 16 lanes) differ by up to about 1e-5 relative to the sum (1.03e-5 seen at 32 × 576).
+            assert!(err < 5e-5, "{n} rows × {inp} → {out}: {err}");
             // The same product again: the kernel is deterministic.
             assert_eq!(values(&linear(&x, &w).unwrap()), values(&fused));
             // Each row's products are those of the row alone, bit for bit: a row's logits do not
