@@ -22,3 +22,15 @@ pub fn parse_override(text: &str) -> Result<(String, f64), String> {
     };
     Ok((name.trim().to_string(), value))
 }
+
+/// Every `--set NAME=VALUE` of a command line ([`parse_override`]); on the first bad one, its message on
+/// standard error and the usage exit code (2) for the command to return.
+pub fn parse_overrides(set: &[String]) -> Result<Vec<(String, f64)>, std::process::ExitCode> {
+    set.iter()
+        .map(|s| parse_override(s))
+        .collect::<Result<_, _>>()
+        .map_err(|message| {
+            eprintln!("error: {message}");
+            std::process::ExitCode::from(2)
+        })
+}

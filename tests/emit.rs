@@ -62,3 +62,70 @@ fn clif_of_a_recipe_that_does_not_check_is_an_error() {
     assert!(stdout.is_empty());
     assert!(stderr.contains("a reduction must include it"), "{stderr}");
 }
+
+/// A bad `--set` is a usage error (exit status 2) naming the problem, in `rlxc compile` and `rlx score`
+/// alike (both parse it with `rlx::parse_overrides`).
+#[test]
+fn a_bad_set_is_a_usage_error_in_both_binaries() {
+    let run = |binary: &str, args: &[&str]| {
+        let output = Command::new(binary)
+            .args(args)
+            .current_dir(root())
+            .output()
+            .expect("the binary runs");
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let rlxc = env!("CARGO_BIN_EXE_rlxc");
+    let (code, stderr) = run(
+        rlxc,
+        &[
+            "compile",
+            "recipes/dapo.rlx",
+            "--emit",
+            "ir",
+            "--set",
+            "eps_low",
+        ],
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--set expects NAME=VALUE, got `eps_low`"),
+        "{stderr}"
+    );
+    let (code, stderr) = run(
+        rlxc,
+        &[
+            "compile",
+            "recipes/dapo.rlx",
+            "--emit",
+            "plan",
+            "--set",
+            "eps_low=wide",
+        ],
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--set eps_low: `wide` is not a number"),
+        "{stderr}"
+    );
+    let rlx = env!("CARGO_BIN_EXE_rlx");
+    let (code, stderr) = run(
+        rlx,
+        &[
+            "score",
+            "recipes/grpo.rlx",
+            "--rollouts",
+            "tests/data/grpo_fixture.jsonl",
+            "--set",
+            "x=1=2",
+        ],
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--set x: `1=2` is not a number"),
+        "{stderr}"
+    );
+}

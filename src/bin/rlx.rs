@@ -519,12 +519,9 @@ fn main() -> ExitCode {
 
 /// `rlx bench`: one JSON line per backend on stdout.
 fn bench(recipe: &Path, set: &[String], settings: &rlx_runtime::bench::Settings) -> ExitCode {
-    let overrides: Vec<(String, f64)> = match set.iter().map(|s| rlx::parse_override(s)).collect() {
+    let overrides = match rlx::parse_overrides(set) {
         Ok(overrides) => overrides,
-        Err(message) => {
-            eprintln!("error: {message}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let graph = if rlx_compiler::artifact::is_artifact_path(recipe) {
         match rlx_compiler::artifact::load(recipe)
@@ -822,12 +819,9 @@ fn score(
             return ExitCode::from(1);
         }
     };
-    let overrides: Vec<(String, f64)> = match set.iter().map(|s| rlx::parse_override(s)).collect() {
+    let overrides = match rlx::parse_overrides(set) {
         Ok(overrides) => overrides,
-        Err(message) => {
-            eprintln!("error: {message}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     // The recipe: checked here (`.rlx`) or loaded (`.rlxc`, docs/formats.md).
     let (hir, loaded) = if rlx_compiler::artifact::is_artifact_path(recipe) {

@@ -244,12 +244,9 @@ fn fmt(files: &[PathBuf], check_only: bool) -> ExitCode {
 }
 
 fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
-    let overrides: Vec<(String, f64)> = match set.iter().map(|s| rlx::parse_override(s)).collect() {
+    let overrides = match rlx::parse_overrides(set) {
         Ok(overrides) => overrides,
-        Err(message) => {
-            eprintln!("error: {message}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     match emit {
         Emit::Torch => torch(path, set, None),
@@ -339,12 +336,9 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
 /// `-o FILE.rlxc` without `--emit`: the compiled artifact (docs/formats.md).
 fn artifact(path: &std::path::Path, set: &[String], out: &std::path::Path) -> ExitCode {
     use rlx_compiler::artifact::{Artifact, EXTENSION};
-    let overrides: Vec<(String, f64)> = match set.iter().map(|s| rlx::parse_override(s)).collect() {
+    let overrides = match rlx::parse_overrides(set) {
         Ok(overrides) => overrides,
-        Err(message) => {
-            eprintln!("error: {message}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     if out.extension().is_none_or(|e| e != EXTENSION) {
         eprintln!(
@@ -380,12 +374,9 @@ fn artifact(path: &std::path::Path, set: &[String], out: &std::path::Path) -> Ex
 
 /// `--emit torch`: the recipe as a self-contained PyTorch module (docs/scale.md).
 fn torch(path: &std::path::Path, set: &[String], out: Option<&std::path::Path>) -> ExitCode {
-    let overrides: Vec<(String, f64)> = match set.iter().map(|s| rlx::parse_override(s)).collect() {
+    let overrides = match rlx::parse_overrides(set) {
         Ok(overrides) => overrides,
-        Err(message) => {
-            eprintln!("error: {message}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     if let Some(file) = out {
         if file.extension().is_some_and(|e| e == "rlx") {
