@@ -201,7 +201,7 @@ impl Device for HostDevice {
         buffer.words as u64
     }
 
-    fn launch(
+    unsafe fn launch(
         &self,
         name: &str,
         grid: u32,
@@ -216,7 +216,7 @@ impl Device for HostDevice {
         let launch: libloading::Symbol<HostLaunch> =
             unsafe { library.get(symbol.as_bytes()) }.map_err(|e| e.to_string())?;
         self.launches.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the runner built `table` from buffers sized for a validated layout.
+        // SAFETY: the caller's contract (`Device::launch`): `table` is laid out for a validated layout.
         let status = unsafe { launch(table.words.cast(), g_begin, g_end, grid, block) };
         if status != 0 {
             return Err(format!("host launch of {name} failed with status {status}"));

@@ -541,7 +541,7 @@ mod tests {
         fn address(&self, buffer: &Vec<u8>) -> u64 {
             buffer.as_ptr() as u64
         }
-        fn launch(
+        unsafe fn launch(
             &self,
             _name: &str,
             _grid: u32,

@@ -44,7 +44,14 @@ pub trait Device {
     fn address(&self, buffer: &Self::Buffer) -> u64;
     /// Launch kernel `name` on `grid` blocks of `block` threads with arguments (table address,
     /// g_begin, g_end).
-    fn launch(
+    ///
+    /// # Safety
+    /// The generated kernels load and store through the table without checks: `table` must hold the
+    /// addresses of live buffers of this device laid out as kernel `name`'s phase of the plan expects
+    /// (`Tables::size` of a layout that `Kernel`'s validation accepted, in the plan's buffer order), and
+    /// `g_begin..g_end` must lie within that layout's groups. `DeviceKernel`'s runner is the one caller
+    /// that builds such tables.
+    unsafe fn launch(
         &self,
         name: &str,
         grid: u32,
@@ -416,8 +423,11 @@ impl<D: Device> PhaseRunner for Runner<'_, D> {
                         continue;
                     }
                     let block = if threads { device.block_size() } else { 1 };
-                    device
-                        .launch(&name, grid, block, &table, 0, u64::from(groups))
+                    // SAFETY: `table` holds, in the plan's order, the fixed tables of `layout`
+                    // (validated by `Kernel::run_packed` before any phase runs) and this phase's
+                    // buffers, each uploaded at `Tables::size` for that layout or a resident or
+                    // external input of the same validated batch; 0..groups is the whole layout.
+                    unsafe { device.launch(&name, grid, block, &table, 0, u64::from(groups)) }
                         .map_err(|e| fail(format!("kernel {name}: {e}")))?;
                 }
                 (Pass::Uniform { seed, target, .. }, None) => {
@@ -709,7 +719,7 @@ mod tests {
         fn address(&self, buffer: &Vec<u8>) -> u64 {
             buffer.as_ptr() as u64
         }
-        fn launch(
+        unsafe fn launch(
             &self,
             _name: &str,
             _grid: u32,

@@ -217,7 +217,7 @@ impl Device for CudaDevice {
         pointer
     }
 
-    fn launch(
+    unsafe fn launch(
         &self,
         name: &str,
         grid: u32,
@@ -240,7 +240,7 @@ impl Device for CudaDevice {
         builder.arg(&table).arg(&g_begin).arg(&g_end);
         // SAFETY: the kernel's parameters are (void* const*, u64, u64), matching the three 8-byte
         // arguments; the table holds the addresses of live device buffers sized for the validated
-        // layout (`DeviceKernel`'s runner builds it), which is the generated code's contract.
+        // layout: the caller's contract (`Device::launch`), which is the generated code's.
         unsafe { builder.launch(config) }
             .map(|_| ())
             .map_err(|e| format!("launch: {e}"))
