@@ -54,6 +54,7 @@ def main():
         mask = torch.ones_like(ids)
         with torch.no_grad():
             start = time.perf_counter()
+            cpu_start = time.process_time()
             out = model.generate(
                 input_ids=ids,
                 attention_mask=mask,
@@ -66,10 +67,11 @@ def main():
                 pad_token_id=0,
             )
             seconds = time.perf_counter() - start
+            cpu = time.process_time() - cpu_start
         generated = (out.shape[1] - a.prompt) * a.rows
         print(json.dumps({
             "phase": "sample", "peer": "torch", "rows": a.rows, "new_tokens": a.new_tokens,
-            "tokens": generated, "seconds": seconds, "tokens_per_s": generated / seconds,
+            "tokens": generated, "seconds": seconds, "tokens_per_s": generated / seconds, "cpu_seconds": cpu,
             "peak_rss_bytes": peak_rss(), "threads": threads,
         }), flush=True)
 
@@ -80,9 +82,10 @@ def main():
         optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.wd, foreach=True)
         micro = a.micro_batch or a.rows
         count = a.rows * completion
-        times = []
+        times, cpu_times = [], []
         for _ in range(a.runs):
             start = time.perf_counter()
+            cpu_start = time.process_time()
             for first in range(0, a.rows, micro):
                 rows = ids[first:first + micro]
                 hidden = model.model(input_ids=rows).last_hidden_state
@@ -93,11 +96,13 @@ def main():
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             times.append(time.perf_counter() - start)
+            cpu_times.append(time.process_time() - cpu_start)
         seconds = statistics.median(times)
         print(json.dumps({
             "phase": "train", "peer": "torch", "rows": a.rows, "width": a.width,
             "completion_tokens": count, "micro_batch": micro, "runs": a.runs, "seconds": seconds,
             "seconds_each": times, "tokens_per_s": a.rows * a.width / seconds,
+            "cpu_seconds": statistics.median(cpu_times),
             "peak_rss_bytes": peak_rss(), "threads": threads,
         }), flush=True)
 

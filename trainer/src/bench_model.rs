@@ -18,6 +18,10 @@
 //!   second of step; `sample_seconds`, `score_seconds` (signals and reference log-probs) and
 //!   `train_seconds` (forward, backward, AdamW) are the medians of the step's parts.
 //!
+//! The sample and train phases also give `"cpu_seconds"`: the CPU time of the whole process over the
+//! same span (the median over runs for train), which a shared machine distorts much less than the wall
+//! time when one thread runs (`RAYON_NUM_THREADS=1`); with more threads it includes their waiting spins.
+//!
 //! Every phase line has `"phase"`, `"seconds"`, `"tokens_per_s"`, `"peak_bytes"` (the peak of live heap
 //! bytes during the phase, model weights included, when the binary counts allocations; else null) and
 //! `"peak_rss_bytes"` (the process's peak resident set during the phase, from /proc on Linux; else null).
@@ -168,6 +172,7 @@ pub fn bench_model(
         };
         let mut sample_rng = Rng::new(config.seed ^ 0x5eed);
         let start = Instant::now();
+        let cpu_start = cpu_seconds();
         let (generated, peak, rss) = measured(|| {
             generate_timed(
                 &policy.no_grad(),
@@ -180,6 +185,7 @@ pub fn bench_model(
         });
         let (completions, timing) = generated.map_err(err)?;
         let seconds = start.elapsed().as_secs_f64();
+        let cpu = cpu_seconds() - cpu_start;
         let generated: usize = completions.iter().map(|c| c.tokens.len()).sum();
         // The first token of each row comes from the prefill's logits; the decoding steps make the rest.
         let decoded = generated.saturating_sub(completions.len());
@@ -192,6 +198,7 @@ pub fn bench_model(
                 "tokens": generated,
                 "seconds": seconds,
                 "tokens_per_s": generated as f64 / seconds,
+                "cpu_seconds": cpu,
                 "prompt_tokens": prompt_tokens,
                 "prefill_seconds": timing.prefill_seconds,
                 "decode_seconds": timing.decode_seconds,
@@ -217,9 +224,11 @@ pub fn bench_model(
             );
             let count: usize = tokens.iter().map(Vec::len).sum();
             let mut times = Vec::new();
+            let mut cpu_times = Vec::new();
             let (result, peak, rss) = measured(|| -> Result<(), Error> {
                 for _ in 0..options.runs {
                     let start = Instant::now();
+                    let cpu_start = cpu_seconds();
                     let mut grads = Grads::default();
                     for first in (0..options.rows).step_by(micro) {
                         let last = (first + micro).min(options.rows);
@@ -236,6 +245,7 @@ pub fn bench_model(
                     }
                     opt.step(&grads).map_err(err)?;
                     times.push(start.elapsed().as_secs_f64());
+                    cpu_times.push(cpu_seconds() - cpu_start);
                 }
                 Ok(())
             });
@@ -253,6 +263,7 @@ pub fn bench_model(
                 "seconds": seconds,
                 "seconds_each": times,
                 "tokens_per_s": positions as f64 / seconds,
+                "cpu_seconds": median(&mut cpu_times),
                 "peak_bytes": peak,
                 "peak_rss_bytes": rss,
                 "threads": threads,
@@ -325,4 +336,24 @@ pub fn bench_model(
         }));
     }
     Ok(())
+}
+
+/// The CPU time this process has used so far (all threads), in seconds; 0 where the clock is missing.
+fn cpu_seconds() -> f64 {
+    #[repr(C)]
+    struct Timespec {
+        sec: i64,
+        nsec: i64,
+    }
+    extern "C" {
+        fn clock_gettime(clock: i32, t: *mut Timespec) -> i32;
+    }
+    const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
+    let mut t = Timespec { sec: 0, nsec: 0 };
+    // SAFETY: `t` is a valid, writable timespec of the C layout; the clock id exists on Linux and
+    // elsewhere the call fails and leaves `t` at zero.
+    match unsafe { clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &mut t) } {
+        0 => t.sec as f64 + t.nsec as f64 * 1e-9,
+        _ => 0.0,
+    }
 }

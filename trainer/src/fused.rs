@@ -16,6 +16,8 @@
 //! * SwiGLU: y = silu(a)·b, silu(a) = a·σ(a): ∂a = ∂y·b·σ(a)·(1 + a·(1 − σ(a))), ∂b = ∂y·a·σ(a).
 //! * Rope (Hugging Face's non-interleaved halves x = [x₁, x₂], angle θ per pair):
 //!   y₁ = x₁ cos θ − x₂ sin θ, y₂ = x₂ cos θ + x₁ sin θ; the backward is the rotation by −θ.
+//! * Heads ([`to_heads`], [`from_heads`]): a projection's `[b, t, n, d]` to attention's `[b, n, t, d]`
+//!   (rotated on the way for q and k) and back; the backward is the move the other way (rotated by −θ).
 //! * A frozen weight (LoRA's base, any weight not trained): y = x·Wᵀ, ∂x = ∂y·W and nothing else. candle's
 //!   own matrix product always computes both operands' gradients, so a frozen [out, in] weight would
 //!   cost one more product of the forward's size per projection in every backward pass (a third of a
@@ -718,6 +720,132 @@ impl CustomOp1 for Rope {
         let dx = grad.contiguous()?.apply_op1_no_bwd(&Rope {
             tables: self.tables.clone(),
             inverse: !self.inverse,
+        })?;
+        Ok(Some(dx))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Heads: a projection's positions to per-head blocks and back, with the rotary embedding on the way
+
+/// `x: [b, t, n, d]` (a projection's output: n heads per position) → `[b, n, t, d]` (the per-head blocks
+/// attention reads), each head's positions rotated by `tables` when given: the split into heads and the
+/// rotary embedding as one parallel pass, where `x.transpose(1, 2).contiguous()` then [`rope`] made two
+/// (the first a strided copy on one thread). Values are exactly those of the two ops. On other devices:
+/// those two ops.
+pub fn to_heads(x: &Tensor, tables: Option<&RopeTables>) -> Result<Tensor> {
+    heads_op(x, tables, true)
+}
+
+/// `x: [b, n, t, d]` (attention's per-head output) → `[b, t, n, d]`, back to positions: one parallel pass
+/// instead of `x.transpose(1, 2).contiguous()`. On other devices: that.
+pub fn from_heads(x: &Tensor) -> Result<Tensor> {
+    heads_op(x, None, false)
+}
+
+fn heads_op(x: &Tensor, tables: Option<&RopeTables>, to_heads: bool) -> Result<Tensor> {
+    let what = if to_heads { "to_heads" } else { "from_heads" };
+    check_f32(what, x)?;
+    let (b, t1, t2, d) = x.dims4()?;
+    // Positions are axis 1 going to heads, axis 2 coming back.
+    let (t, n) = if to_heads { (t1, t2) } else { (t2, t1) };
+    if let Some(tables) = tables {
+        if d != 2 * tables.half || t != tables.t {
+            bail!(
+                "{what}: the input has shape {:?}, the tables are for {} positions of {}",
+                x.dims(),
+                tables.t,
+                2 * tables.half
+            )
+        }
+    }
+    if !x.device().is_cpu() {
+        let y = x.transpose(1, 2)?.contiguous()?;
+        return match tables {
+            Some(tables) => plain_rope(&y, tables),
+            None => Ok(y),
+        };
+    }
+    x.contiguous()?.apply_op1(Heads {
+        dims: (b, t, n, d),
+        tables: tables.cloned(),
+        inverse: false,
+        to_heads,
+    })
+}
+
+/// [`to_heads`] / [`from_heads`]; the backward pass is the other direction with the inverse rotation.
+struct Heads {
+    /// Batch rows, positions, heads, head size.
+    dims: (usize, usize, usize, usize),
+    tables: Option<RopeTables>,
+    /// Rotate by −θ (the backward pass of a rotation).
+    inverse: bool,
+    /// `[b, t, n, d]` → `[b, n, t, d]`; else the reverse.
+    to_heads: bool,
+}
+
+impl CustomOp1 for Heads {
+    fn name(&self) -> &'static str {
+        "rlx-heads"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = cpu_f32("heads: input", s, l)?;
+        let (b, t, n, d) = self.dims;
+        let half = d / 2;
+        let sign = if self.inverse { -1f32 } else { 1f32 };
+        // One row of d values, rotated as at position p when there are tables.
+        let put = |y: &mut [f32], x: &[f32], p: usize| match &self.tables {
+            Some(tables) => {
+                let cos = &tables.cos[p * half..(p + 1) * half];
+                let sin = &tables.sin[p * half..(p + 1) * half];
+                let (x1, x2) = x.split_at(half);
+                let (y1, y2) = y.split_at_mut(half);
+                for i in 0..half {
+                    let s = sign * sin[i];
+                    y1[i] = x1[i] * cos[i] - x2[i] * s;
+                    y2[i] = x2[i] * cos[i] + x1[i] * s;
+                }
+            }
+            None => y.copy_from_slice(x),
+        };
+        let mut y = vec![0f32; x.len()];
+        if d > 0 && t > 0 && n > 0 {
+            if self.to_heads {
+                // One task per output block [t, d] (a head of a batch row): reads strided, writes whole.
+                y.par_chunks_mut(t * d).enumerate().for_each(|(k, y)| {
+                    let (row, head) = (k / n, k % n);
+                    for p in 0..t {
+                        let src = ((row * t + p) * n + head) * d;
+                        put(&mut y[p * d..(p + 1) * d], &x[src..src + d], p);
+                    }
+                });
+            } else {
+                // One task per output block [n, d] (a position of a batch row).
+                y.par_chunks_mut(n * d).enumerate().for_each(|(k, y)| {
+                    let (row, p) = (k / t, k % t);
+                    for head in 0..n {
+                        let src = ((row * n + head) * t + p) * d;
+                        put(&mut y[head * d..(head + 1) * d], &x[src..src + d], p);
+                    }
+                });
+            }
+        }
+        let shape = if self.to_heads {
+            Shape::from((b, n, t, d))
+        } else {
+            Shape::from((b, t, n, d))
+        };
+        Ok((CpuStorage::F32(y), shape))
+    }
+
+    fn bwd(&self, _x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let dx = grad.contiguous()?.apply_op1_no_bwd(&Heads {
+            dims: self.dims,
+            tables: self.tables.clone(),
+            inverse: !self.inverse,
+            to_heads: !self.to_heads,
         })?;
         Ok(Some(dx))
     }

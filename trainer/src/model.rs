@@ -545,7 +545,7 @@ pub fn adapter_names(l: usize, module: &str) -> (String, String) {
 }
 
 use crate::attention::causal_attention;
-use crate::fused::{linear, rms_norm, rope, swiglu, RopeTables};
+use crate::fused::{from_heads, linear, rms_norm, swiglu, to_heads, RopeTables};
 
 /// Log-softmax over the last axis, differentiable (detached max).
 pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
@@ -878,14 +878,15 @@ impl Model {
         }
         let hd = c.head_dim();
         let tables = RopeTables::new(&self.inv_freq, offset, t);
-        // [b, t, heads·hd] → [b, heads, t, hd], each head RMS-normed first where the model has it.
-        let heads = |x: Tensor, n: usize, norm: &Option<Tensor>| -> Result<Tensor> {
+        // [b, t, heads·hd] → [b, heads, t, hd], each head RMS-normed first where the model has it and
+        // rotated (q and k) on the way.
+        let heads = |x: Tensor, n: usize, norm: &Option<Tensor>, rotary: Option<&RopeTables>| {
             let x = x.reshape((b, t, n, hd))?;
             let x = match norm {
                 Some(w) => rms_norm(&x, w, c.rms_eps)?,
                 None => x,
             };
-            x.transpose(1, 2)?.contiguous()
+            to_heads(&x, rotary)
         };
         let mut x = self
             .embed
@@ -896,12 +897,14 @@ impl Model {
         }
         for (l, block) in self.blocks.iter().enumerate() {
             let h = rms_norm(&x, &block.attn_norm, c.rms_eps)?;
-            let q = heads(block.q.forward(&h)?, c.heads, &block.q_norm)?;
-            let k = heads(block.k.forward(&h)?, c.kv_heads, &block.k_norm)?;
-            let v = heads(block.v.forward(&h)?, c.kv_heads, &None)?;
-            let q = rope(&q, &tables)?;
-            let mut k = rope(&k, &tables)?;
-            let mut v = v;
+            let q = heads(block.q.forward(&h)?, c.heads, &block.q_norm, Some(&tables))?;
+            let mut k = heads(
+                block.k.forward(&h)?,
+                c.kv_heads,
+                &block.k_norm,
+                Some(&tables),
+            )?;
+            let mut v = heads(block.v.forward(&h)?, c.kv_heads, &None, None)?;
             if let Some(cache) = cache.as_deref_mut() {
                 if let Some((pk, pv)) = &cache.layers[l] {
                     k = Tensor::cat(&[pk, &k], 2)?;
@@ -914,10 +917,7 @@ impl Model {
                 });
             }
             let attn = causal_attention(&q, &k, &v, left_pad, offset)?;
-            let attn = attn
-                .transpose(1, 2)?
-                .contiguous()?
-                .reshape((b, t, c.heads * hd))?;
+            let attn = from_heads(&attn)?.reshape((b, t, c.heads * hd))?;
             x = (x + block.o.forward(&attn)?)?;
             let h = rms_norm(&x, &block.mlp_norm, c.rms_eps)?;
             let act = swiglu(&block.gate.forward(&h)?, &block.up.forward(&h)?)?;

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Result, Tensor, Var};
+use rayon::prelude::*;
 
 /// AdamW's hyper-parameters (candle's `ParamsAdamW` defaults).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -50,7 +51,8 @@ impl Grads {
         Ok(grads)
     }
 
-    /// Add the gradients `store` holds for `vars` (micro-batch accumulation).
+    /// Add the gradients `store` holds for `vars` (micro-batch accumulation), read from the tensors'
+    /// storage and added in parallel chunks (every element independent: the split changes nothing).
     pub fn accumulate(&mut self, vars: &[(String, Var)], store: &GradStore) -> Result<()> {
         if self.values.len() != vars.len() {
             self.values.resize(vars.len(), None);
@@ -59,22 +61,40 @@ impl Grads {
             let Some(g) = store.get(var.as_tensor()) else {
                 continue;
             };
-            let g = g.flatten_all()?.to_vec1::<f32>()?;
-            match slot {
-                None => *slot = Some(g),
-                Some(sum) => sum.iter_mut().zip(&g).for_each(|(s, g)| *s += g),
+            let mut add = |g: &[f32]| match slot {
+                None => *slot = Some(g.par_iter().copied().collect()),
+                Some(sum) => sum
+                    .par_chunks_mut(UPDATE_CHUNK)
+                    .zip(g.par_chunks(UPDATE_CHUNK))
+                    .for_each(|(s, g)| s.iter_mut().zip(g).for_each(|(s, g)| *s += g)),
+            };
+            let (storage, layout) = g.storage_and_layout();
+            match (&*storage, layout.contiguous_offsets()) {
+                (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(data)), Some((a, b))) => {
+                    add(&data[a..b])
+                }
+                _ => {
+                    drop(storage);
+                    add(&g.flatten_all()?.to_vec1::<f32>()?)
+                }
             }
         }
         Ok(())
     }
 
-    /// The global L2 norm (accumulated in f64).
+    /// The global L2 norm (accumulated in f64: per chunk of a fixed size, the chunks' sums added in
+    /// order, so the result does not depend on the number of threads).
     pub fn norm(&self) -> f64 {
         self.values
             .iter()
             .flatten()
-            .flat_map(|g| g.iter())
-            .map(|g| (*g as f64) * (*g as f64))
+            .map(|g| {
+                let parts: Vec<f64> = g
+                    .par_chunks(UPDATE_CHUNK)
+                    .map(|c| c.iter().map(|v| (*v as f64) * (*v as f64)).sum::<f64>())
+                    .collect();
+                parts.into_iter().sum::<f64>()
+            })
             .sum::<f64>()
             .sqrt()
     }
@@ -86,7 +106,7 @@ impl Grads {
         if max_norm > 0.0 && norm > max_norm {
             let scale = (max_norm / (norm + 1e-6)) as f32;
             for g in self.values.iter_mut().flatten() {
-                g.iter_mut().for_each(|v| *v *= scale);
+                g.par_iter_mut().for_each(|v| *v *= scale);
             }
         }
         norm
@@ -95,8 +115,9 @@ impl Grads {
     /// The first parameter (by name) whose gradient has a NaN or an infinity, with that value.
     pub fn first_non_finite(&self, vars: &[(String, Var)]) -> Option<(String, f32)> {
         for ((name, _), g) in vars.iter().zip(&self.values) {
-            if let Some(bad) = g.iter().flatten().find(|v| !v.is_finite()) {
-                return Some((name.clone(), *bad));
+            let Some(g) = g else { continue };
+            if let Some(k) = g.par_iter().position_first(|v| !v.is_finite()) {
+                return Some((name.clone(), g[k]));
             }
         }
         None
@@ -153,7 +174,6 @@ impl candle_core::InplaceOp1 for InPlace<'_> {
         storage: &mut candle_core::CpuStorage,
         layout: &candle_core::Layout,
     ) -> Result<()> {
-        use rayon::prelude::*;
         let candle_core::CpuStorage::F32(data) = storage else {
             candle_core::bail!("AdamW: only f32 parameters are supported")
         };

@@ -4,7 +4,8 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 use rlx_trainer::fused::{
-    linear, plain_rms_norm, plain_rope, plain_swiglu, rms_norm, rope, swiglu, RopeTables,
+    from_heads, linear, plain_rms_norm, plain_rope, plain_swiglu, rms_norm, rope, swiglu, to_heads,
+    RopeTables,
 };
 use rlx_trainer::rng::Rng;
 
@@ -162,6 +163,75 @@ fn rope_matches_the_primitive_version_in_values_and_gradients() {
     let fused = rope(&x, &tables).unwrap();
     let plain = reference_rope(&x.contiguous().unwrap(), &tables);
     assert!(max_rel(&fused, &plain) < 1e-6);
+}
+
+#[test]
+fn heads_are_the_transpose_and_rotation_exactly_in_values_and_gradients() {
+    let mut rng = Rng::new(14);
+    let inv_freq: Vec<f64> = (0..8)
+        .map(|i| 1.0 / 10000f64.powf(i as f64 / 8.0))
+        .collect();
+    // [b, t, n, d] with 3 rows, 7 positions (offset 5, as a decoding step's), 5 heads of 16.
+    let tables = RopeTables::new(&inv_freq, 5, 7);
+    let x = random(&mut rng, &[3, 7, 5, 16], 1.0);
+    let weights = random(&mut rng, &[3, 5, 7, 16], 1.0);
+    for rotary in [Some(&tables), None] {
+        let reference = |x: &Tensor| {
+            let y = x.transpose(1, 2).unwrap().contiguous().unwrap();
+            match rotary {
+                Some(tables) => reference_rope(&y, tables),
+                None => y,
+            }
+        };
+        let fused = to_heads(&x, rotary).unwrap();
+        assert_eq!(fused.dims(), &[3, 5, 7, 16]);
+        // The same f32 operations on each element: equal, not close.
+        assert_eq!(values(&fused), values(&rope_or_copy(&x, rotary)));
+        assert!(max_rel(&fused, &reference(&x)) < 1e-6);
+        let g_fused = gradients(std::slice::from_ref(&x), &weights, |t| {
+            to_heads(&t[0], rotary).unwrap()
+        });
+        let g_plain = gradients(std::slice::from_ref(&x), &weights, |t| reference(&t[0]));
+        assert!(
+            max_rel(&g_fused[0], &g_plain[0]) < 1e-6,
+            "{}",
+            rotary.is_some()
+        );
+    }
+    // And back: from_heads is the transpose, its gradient the transpose of the incoming one.
+    let h = random(&mut rng, &[3, 5, 7, 16], 1.0);
+    let back = from_heads(&h).unwrap();
+    assert_eq!(
+        values(&back),
+        values(&h.transpose(1, 2).unwrap().contiguous().unwrap())
+    );
+    let weights = random(&mut rng, &[3, 7, 5, 16], 1.0);
+    let g = gradients(std::slice::from_ref(&h), &weights, |t| {
+        from_heads(&t[0]).unwrap()
+    });
+    assert_eq!(
+        values(&g[0]),
+        values(&weights.transpose(1, 2).unwrap().contiguous().unwrap())
+    );
+    // A round trip is the identity (a non-contiguous input is made contiguous first).
+    let strided = random(&mut rng, &[3, 5, 7, 16], 1.0)
+        .transpose(1, 2)
+        .unwrap();
+    let round = from_heads(&to_heads(&strided, None).unwrap()).unwrap();
+    assert_eq!(values(&round), values(&strided));
+    // Wrong tables or ranks are errors.
+    assert!(to_heads(&random(&mut rng, &[3, 6, 5, 16], 1.0), Some(&tables)).is_err());
+    assert!(to_heads(&random(&mut rng, &[3, 7, 5, 12], 1.0), Some(&tables)).is_err());
+    assert!(from_heads(&random(&mut rng, &[7, 5, 16], 1.0)).is_err());
+}
+
+/// `rope` after the transpose, the two ops `to_heads` replaces.
+fn rope_or_copy(x: &Tensor, rotary: Option<&RopeTables>) -> Tensor {
+    let y = x.transpose(1, 2).unwrap().contiguous().unwrap();
+    match rotary {
+        Some(tables) => rope(&y, tables).unwrap(),
+        None => y,
+    }
 }
 
 /// Central finite differences of Σ f(x) ⊙ weights at a few coordinates, against the op's gradient
