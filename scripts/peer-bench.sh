@@ -8,7 +8,9 @@
 # CONFIG (default configs/smollm2.toml, with its recipe recipes/darling.rlx) names the model; it is exported once with `rlx export --config`
 # to a temporary Hugging Face folder that transformers loads. Needs the release build of rlx (built here
 # if missing), the assets (scripts/fetch-assets.sh) and the torch environment of scripts/install-torch.sh
-# ($RLX_PYTHON, else ~/.cache/rlx/torch/bin/python); installs nothing.
+# ($RLX_PYTHON, else ~/.cache/rlx/torch/bin/python); installs nothing. The table gives each side's
+# process CPU seconds of the phase too (train: the median run): with RAYON_NUM_THREADS=1 OMP_NUM_THREADS=1
+# they compare the work of one core even on a shared machine, where wall times do not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CONFIG="${1:-configs/smollm2.toml}"
@@ -46,10 +48,12 @@ PY
 import json, sys
 rlx = {l["phase"]: l for l in map(json.loads, open(sys.argv[1]))}
 torch = {l["phase"]: l for l in map(json.loads, open(sys.argv[2]))}
-print(f"{'phase':<8}{'rlx tok/s':>12}{'torch tok/s':>13}{'ratio':>8}{'rlx peak RSS':>15}{'torch peak RSS':>16}")
+print(f"{'phase':<8}{'rlx tok/s':>12}{'torch tok/s':>13}{'ratio':>8}{'rlx peak RSS':>15}{'torch peak RSS':>16}"
+      f"{'rlx CPU s':>11}{'torch CPU s':>13}")
 for phase in ("sample", "train"):
     r, t = rlx[phase], torch[phase]
     gib = lambda b: f"{b / 2**30:.2f} GiB" if b else "n/a"
     print(f"{phase:<8}{r['tokens_per_s']:>12.1f}{t['tokens_per_s']:>13.1f}{r['tokens_per_s'] / t['tokens_per_s']:>7.2f}x"
-          f"{gib(r['peak_rss_bytes']):>15}{gib(t['peak_rss_bytes']):>16}")
+          f"{gib(r['peak_rss_bytes']):>15}{gib(t['peak_rss_bytes']):>16}"
+          f"{r['cpu_seconds']:>11.1f}{t['cpu_seconds']:>13.1f}")
 PY
