@@ -11,7 +11,8 @@
 # 2. src/backprop.rs: the backward pass added every gradient contribution to a fresh tensor of zeros
 #    (`grads.or_insert(x)` then `*sum = sum.add(&g)`), a zero fill and a full pass per node of the graph
 #    even when the node has one consumer, which is most of them; `GradStore::accumulate` stores the
-#    first contribution as it is and adds the later ones (docs/performance.md, item 14). The call sites
+#    first contribution as it is (made contiguous, which copies only a strided view) and adds the later
+#    ones (docs/performance.md, item 14). The call sites
 #    of that exact two-line form are rewritten to it; the others are left as published.
 #
 # The root Cargo.toml `[patch.crates-io]` points candle-core at this copy (candle-nn follows).
@@ -78,9 +79,12 @@ def accumulate(m):
 text = pattern.sub(accumulate, text)
 anchor = "    /// Extend this gradient store with the contents of another."
 assert count == 44 and text.count(anchor) == 1, f"unexpected candle-core backprop.rs ({count} sites)"
-method = """    /// Add `grad` to the gradient of `tensor`. The first contribution is stored as it is, when it has
-    /// the tensor's shape, dtype and device (else it is added to zeros, as `or_insert` would): no zero
-    /// fill and no extra pass for a node with one consumer. (rlx's change, scripts/vendor-candle-core.sh.)
+method = """    /// Add `grad` to the gradient of `tensor`. The first contribution is stored as it is, made
+    /// contiguous (a copy only for a strided or broadcast view: candle's own backward rules, `scatter_add`
+    /// of a gather's, take the stored gradients as contiguous, as the sums with zeros made them), when
+    /// it has the tensor's shape, dtype and device (else it is added to zeros, as `or_insert` would): no
+    /// zero fill and no extra pass for a node with one consumer. (rlx's change,
+    /// scripts/vendor-candle-core.sh.)
     fn accumulate(&mut self, tensor: &Tensor, grad: &Tensor) -> Result<()> {
         match self.0.entry(tensor.id()) {
             Entry::Occupied(mut entry) => {
@@ -92,7 +96,7 @@ method = """    /// Add `grad` to the gradient of `tensor`. The first contributi
                     && grad.dtype() == tensor.dtype()
                     && grad.device().same_device(tensor.device());
                 let first = if fits {
-                    grad.clone()
+                    grad.contiguous()?
                 } else {
                     tensor.zeros_like()?.add(grad)?
                 };

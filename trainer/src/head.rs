@@ -17,6 +17,8 @@
 //! and then ∂hidden = ∂z · W and ∂W = ∂zᵀ · hidden, chunk by chunk.
 
 use candle_core::backend::BackendStorage;
+
+use crate::head_cpu;
 use candle_core::{
     bail, CpuStorage, CudaStorage, CustomOp2, DType, Layout, Shape, Storage, Tensor,
 };
@@ -78,6 +80,27 @@ pub fn fused_logp_entropy(
     for r0 in (0..n).step_by(rows) {
         let rc = rows.min(n - r0);
         let h = hidden_d.narrow(0, r0, rc)?;
+        if head_cpu::applies(&h) {
+            // f32 on the CPU: one parallel pass per chunk (`head_cpu.rs`), the same formulas.
+            if v == 0 {
+                bail!("fused_logp_entropy: empty vocabulary")
+            }
+            let t: Vec<u32> = targets.narrow(0, r0, rc)?.to_vec1()?;
+            let mut states = vec![head_cpu::RowState::default(); rc];
+            for c0 in (0..v).step_by(cols) {
+                let vc = cols.min(v - c0);
+                let z = h.matmul(&weight_d.narrow(0, c0, vc)?.t()?)?;
+                head_cpu::forward_chunk(&z, c0, &t, &mut states)?;
+            }
+            let done = head_cpu::finish(&states);
+            let column = |k: fn(&(f32, f32, f32)) -> f32| {
+                Tensor::from_vec(done.iter().map(k).collect::<Vec<f32>>(), (rc, 1), device)
+            };
+            logp_parts.push(column(|d| d.0)?);
+            lse_parts.push(column(|d| d.1)?);
+            entropy_parts.push(column(|d| d.2)?);
+            continue;
+        }
         let t = targets
             .narrow(0, r0, rc)?
             .unsqueeze(1)?
@@ -255,6 +278,33 @@ fn target_in_chunk(
     Ok((clamped.to_dtype(DType::U32)?, inside))
 }
 
+/// ∂loss/∂z of one chunk of logits, as candle ops (any dtype and device): the chunk of `h` (rows) times
+/// `w` (the vocabulary columns `c0 .. c0 + vc`), its rows' targets, lse, entropy and incoming gradients
+/// (`[rows, 1]` each but the targets, `[rows]`).
+fn chunk_gradient(
+    h: &Tensor,
+    w: &Tensor,
+    (c0, vc): (usize, usize),
+    targets: &Tensor,
+    lse: &Tensor,
+    entropy: &Tensor,
+    (g1, g2): (&Tensor, &Tensor),
+) -> candle_core::Result<Tensor> {
+    let t = targets.unsqueeze(1)?.to_dtype(DType::F32)?;
+    let log_p = h.matmul(&w.t()?)?.broadcast_sub(lse)?;
+    let p = log_p.exp()?;
+    // ∂z = g1·(onehot − p) − g2·p·(log p + H) = g1·onehot − p·(g1 + g2·(log p + H)):
+    // the second term, then g1 added in place at the targets that fall in this chunk.
+    let coeff = log_p
+        .broadcast_add(entropy)?
+        .broadcast_mul(g2)?
+        .broadcast_add(g1)?;
+    let dz = (p * coeff)?.neg()?;
+    let (column, inside) = target_in_chunk(&t, c0, vc, h.dtype())?;
+    dz.scatter_add_set(&column, &(g1 * inside)?, 1)?;
+    Ok(dz)
+}
+
 /// The autograd node of [`fused_logp_entropy`]: its forward pass hands candle the result computed
 /// chunk by chunk, its backward pass recomputes the chunks' logits from the saved lse and entropy.
 struct FusedHead {
@@ -339,6 +389,18 @@ impl CustomOp2 for FusedHead {
         let g1 = grad.narrow(1, 0, 1)?;
         let g2 = grad.narrow(1, 1, 1)?;
         let row_starts: Vec<usize> = (0..n).step_by(self.rows).collect();
+        // f32 on the CPU: ∂z of each chunk in one parallel pass (`head_cpu.rs`) from these rows' values.
+        let cpu = if n > 0 && head_cpu::applies(&h_all) {
+            Some((
+                self.targets.to_vec1::<u32>()?,
+                head_cpu::values(&self.lse)?,
+                head_cpu::values(&self.entropy)?,
+                head_cpu::values(&g1)?,
+                head_cpu::values(&g2)?,
+            ))
+        } else {
+            None
+        };
         let mut d_hidden: Vec<Option<Tensor>> = vec![None; row_starts.len()];
         // ∂weight is written chunk by chunk into one buffer (no concatenation of the whole gradient).
         let d_weight = if want_weight {
@@ -353,25 +415,30 @@ impl CustomOp2 for FusedHead {
             for (k, &r0) in row_starts.iter().enumerate() {
                 let rc = self.rows.min(n - r0);
                 let h = h_all.narrow(0, r0, rc)?;
-                let t = self
-                    .targets
-                    .narrow(0, r0, rc)?
-                    .unsqueeze(1)?
-                    .to_dtype(DType::F32)?;
-                let (g1, g2) = (g1.narrow(0, r0, rc)?, g2.narrow(0, r0, rc)?);
-                let log_p = h
-                    .matmul(&w.t()?)?
-                    .broadcast_sub(&self.lse.narrow(0, r0, rc)?)?;
-                let p = log_p.exp()?;
-                // ∂z = g1·(onehot − p) − g2·p·(log p + H) = g1·onehot − p·(g1 + g2·(log p + H)):
-                // the second term, then g1 added in place at the targets that fall in this chunk.
-                let coeff = log_p
-                    .broadcast_add(&self.entropy.narrow(0, r0, rc)?)?
-                    .broadcast_mul(&g2)?
-                    .broadcast_add(&g1)?;
-                let dz = (p * coeff)?.neg()?;
-                let (column, inside) = target_in_chunk(&t, c0, vc, dtype)?;
-                dz.scatter_add_set(&column, &(g1 * inside)?, 1)?;
+                let dz = match &cpu {
+                    Some((targets, lse, entropy, g1, g2)) => {
+                        let rows = r0..r0 + rc;
+                        head_cpu::backward_chunk(
+                            &h.matmul(&w.t()?)?,
+                            c0,
+                            &targets[rows.clone()],
+                            &lse[rows.clone()],
+                            &entropy[rows.clone()],
+                            &g1[rows.clone()],
+                            &g2[rows],
+                            device,
+                        )?
+                    }
+                    None => chunk_gradient(
+                        &h,
+                        &w,
+                        (c0, vc),
+                        &self.targets.narrow(0, r0, rc)?,
+                        &self.lse.narrow(0, r0, rc)?,
+                        &self.entropy.narrow(0, r0, rc)?,
+                        (&g1.narrow(0, r0, rc)?, &g2.narrow(0, r0, rc)?),
+                    )?,
+                };
                 if want_hidden {
                     let part = dz.matmul(&w)?;
                     d_hidden[k] = Some(match d_hidden[k].take() {

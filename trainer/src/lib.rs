@@ -16,6 +16,7 @@ pub mod export;
 pub mod fused;
 pub mod gguf;
 pub mod head;
+pub mod head_cpu;
 pub mod hf;
 pub mod judge;
 pub mod kinds;

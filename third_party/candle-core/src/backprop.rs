@@ -734,9 +734,12 @@ impl GradStore {
         Ok(grad)
     }
 
-    /// Add `grad` to the gradient of `tensor`. The first contribution is stored as it is, when it has
-    /// the tensor's shape, dtype and device (else it is added to zeros, as `or_insert` would): no zero
-    /// fill and no extra pass for a node with one consumer. (rlx's change, scripts/vendor-candle-core.sh.)
+    /// Add `grad` to the gradient of `tensor`. The first contribution is stored as it is, made
+    /// contiguous (a copy only for a strided or broadcast view: candle's own backward rules, `scatter_add`
+    /// of a gather's, take the stored gradients as contiguous, as the sums with zeros made them), when
+    /// it has the tensor's shape, dtype and device (else it is added to zeros, as `or_insert` would): no
+    /// zero fill and no extra pass for a node with one consumer. (rlx's change,
+    /// scripts/vendor-candle-core.sh.)
     fn accumulate(&mut self, tensor: &Tensor, grad: &Tensor) -> Result<()> {
         match self.0.entry(tensor.id()) {
             Entry::Occupied(mut entry) => {
@@ -748,7 +751,7 @@ impl GradStore {
                     && grad.dtype() == tensor.dtype()
                     && grad.device().same_device(tensor.device());
                 let first = if fits {
-                    grad.clone()
+                    grad.contiguous()?
                 } else {
                     tensor.zeros_like()?.add(grad)?
                 };
