@@ -7,10 +7,16 @@
 //! The printer reads nothing but the parsed [`Module`]: its items, and its
 //! [`Trivia`](crate::syntax::trivia::Trivia) (the comments, doc lines and line breaks between the
 //! tokens, which the parser keeps by position; a comment belongs to the gap between the two tokens
-//! it sits between, so to the nodes that end and start there). A comment keeps its place when it lies between two lines of the layout: between items, between the
-//! entries of a `rubric { }`, `rollout { }` or `{ let … }` block, between the operands of an item's
-//! top-level `+`/`-` (or `and`/`or`) chain, or at the end of such a line. A comment anywhere else
-//! (inside a type, a call, a criterion, …) moves to a line of its own just above its item. No
+//! it sits between, so to the nodes that end and start there).
+//!
+//! A comment keeps its place when it lies between two lines of the layout: between items, between
+//! the entries of a `rubric { }`, `rollout { }` or `{ let … }` block, between the operands of an
+//! item's top-level `+`/`-` (or `and`/`or`) chain, or at the end of such a line. A comment inside
+//! an expression (between a call's arguments, around an operator, in parentheses or an index) or
+//! between a `=` and the value on the next line stays between the same two tokens: it ends its
+//! line, and the code goes on at the next, 4 spaces deeper than the line it started on. A comment
+//! anywhere else (inside an item's head: between a keyword and a name, in a type, a parameter list,
+//! a criterion's attributes, a string list) moves to a line of its own just above its item. No
 //! comment is dropped.
 //!
 //! Layout rules:
@@ -882,11 +888,27 @@ impl<'a> Printer<'a> {
     ) -> String {
         let body_indent = indent + INDENT;
         if hang && self.starts_line(value.span.start as usize) {
+            // The comments between the `=` and the value stay after the `=`.
+            let start = value.span.start as usize;
+            let after_equals = self
+                .trivia
+                .gap_before(start)
+                .map_or(start, |gap| gap.start as usize);
+            let mut prefix = prefix.trim_end().to_string();
+            for (position, index) in self.take(after_equals, start).into_iter().enumerate() {
+                if position == 0 {
+                    prefix.push(' ');
+                } else {
+                    prefix.push('\n');
+                    push_indent(&mut prefix, body_indent);
+                }
+                prefix.push_str(self.comment_text(index));
+            }
             let body = self.expr_line(String::new(), value, body_indent, body_indent, false);
             return hung(&prefix, &body, body_indent);
         }
         let checkpoint = self.placed_log.len();
-        let one_line = format!("{prefix}{}", self.expr(value, indent));
+        // Whether the chain breaks, before printing places the comments inside it.
         let operands = operator_chain(value);
         let split = operands.as_ref().is_some_and(|operands| {
             operands.windows(2).any(|pair| {
@@ -894,6 +916,7 @@ impl<'a> Printer<'a> {
                     || self.operator_starts_line(pair[0].1)
             })
         });
+        let one_line = format!("{prefix}{}", self.expr(value, indent));
         if !split && width(&one_line, indent) <= MAX_WIDTH {
             return one_line;
         }
@@ -947,6 +970,48 @@ impl<'a> Printer<'a> {
     // -----------------------------------------------------------------------------------------
     // Expressions
 
+    /// The unplaced comments in `[from, to)`, a stretch inside an expression, kept where they are:
+    /// each ends a line, and the expression goes on at `indent + 4` on the next. (A comment that was
+    /// on a line of its own joins the end of the line before: it stays between the same tokens.)
+    fn inline_comments(&mut self, out: &mut String, from: usize, to: usize, indent: usize) {
+        let taken = self.take(from, to);
+        if taken.is_empty() {
+            return;
+        }
+        for (position, index) in taken.into_iter().enumerate() {
+            if position > 0 {
+                out.push('\n');
+                push_indent(out, indent + INDENT);
+            } else if !out.is_empty() && !out.ends_with(' ') {
+                out.push(' ');
+            }
+            out.push_str(self.comment_text(index));
+        }
+        out.push('\n');
+        push_indent(out, indent + INDENT);
+    }
+
+    /// A separator token (`written` as printed, `length` bytes in the source) that is the next
+    /// token after `from`, with the comments before it and those after it (up to `to`, the start of
+    /// the next part) kept on their side of it.
+    fn separator(
+        &mut self,
+        out: &mut String,
+        from: usize,
+        (written, length): (&str, usize),
+        to: usize,
+        indent: usize,
+    ) {
+        let at = self.trivia.next_token(from);
+        self.inline_comments(out, from, at, indent);
+        if out.ends_with(' ') {
+            out.push_str(written.trim_start());
+        } else {
+            out.push_str(written);
+        }
+        self.inline_comments(out, at + length, to, indent);
+    }
+
     /// An expression starting on a line indented by `indent` (blocks inside it indent from there).
     fn expr(&mut self, expr: &Expr, indent: usize) -> String {
         match &expr.kind {
@@ -961,41 +1026,89 @@ impl<'a> Printer<'a> {
             ExprKind::Name(name) => name.name.clone(),
             ExprKind::Other(name) => format!("other.{}", name.name),
             ExprKind::Unary { op, operand } => {
-                let operand = self.expr(operand, indent);
-                match op {
-                    UnaryOp::Neg => format!("-{operand}"),
-                    UnaryOp::Not => format!("not {operand}"),
-                }
+                let (mut out, written) = match op {
+                    UnaryOp::Neg => (String::from("-"), "-".len()),
+                    UnaryOp::Not => (String::from("not "), "not".len()),
+                };
+                let op_end = expr.span.start as usize + written;
+                self.inline_comments(&mut out, op_end, operand.span.start as usize, indent);
+                out.push_str(&self.expr(operand, indent));
+                out
             }
             ExprKind::Binary { op, lhs, rhs } => {
-                let lhs = self.expr(lhs, indent);
-                let rhs = self.expr(rhs, indent);
-                format!("{lhs} {} {rhs}", op.symbol())
+                let mut out = self.expr(lhs, indent);
+                let symbol = op.symbol();
+                self.separator(
+                    &mut out,
+                    self.tight_end(lhs.span),
+                    (&format!(" {symbol} "), symbol.len()),
+                    rhs.span.start as usize,
+                    indent,
+                );
+                out.push_str(&self.expr(rhs, indent));
+                out
             }
-            ExprKind::Paren(inner) => format!("({})", self.expr(inner, indent)),
+            ExprKind::Paren(inner) => {
+                let mut out = String::from("(");
+                let open = expr.span.start as usize + 1;
+                self.inline_comments(&mut out, open, inner.span.start as usize, indent);
+                out.push_str(&self.expr(inner, indent));
+                let close = self.tight_end(expr.span).saturating_sub(1);
+                self.inline_comments(&mut out, self.tight_end(inner.span), close, indent);
+                out.push(')');
+                out
+            }
             ExprKind::Call { func, args, over } => {
                 let mut out = format!("{}(", func.name);
+                let mut last = self.trivia.next_token(func.span.end as usize) + 1;
                 for (index, arg) in args.iter().enumerate() {
+                    let start = arg
+                        .name
+                        .as_ref()
+                        .map_or(arg.value.span.start, |name| name.span.start)
+                        as usize;
                     if index > 0 {
-                        out.push_str(", ");
+                        self.separator(&mut out, last, (", ", 1), start, indent);
+                    } else {
+                        self.inline_comments(&mut out, last, start, indent);
                     }
                     if let Some(name) = &arg.name {
                         out.push_str(&name.name);
-                        out.push_str(" = ");
+                        let value = arg.value.span.start as usize;
+                        self.separator(&mut out, name.span.end as usize, (" = ", 1), value, indent);
                     }
                     out.push_str(&self.expr(&arg.value, indent));
+                    last = self.tight_end(arg.value.span);
                     if index == 0 {
                         if let Some(over) = over {
-                            out.push_str(" over ");
-                            out.push_str(&join_idents(&over.axes));
+                            for (position, axis) in over.axes.iter().enumerate() {
+                                let separator = if position == 0 {
+                                    (" over ", "over".len())
+                                } else {
+                                    (", ", 1)
+                                };
+                                let start = axis.span.start as usize;
+                                self.separator(&mut out, last, separator, start, indent);
+                                out.push_str(&axis.name);
+                                last = axis.span.end as usize;
+                            }
                         }
                     }
                 }
+                let close = self.tight_end(expr.span).saturating_sub(1);
+                self.inline_comments(&mut out, last, close, indent);
                 out.push(')');
                 out
             }
             ExprKind::Index { base, criterion } => {
-                format!("{}[{}]", self.expr(base, indent), criterion.name)
+                let mut out = self.expr(base, indent);
+                let start = criterion.span.start as usize;
+                self.separator(&mut out, self.tight_end(base.span), ("[", 1), start, indent);
+                out.push_str(&criterion.name);
+                let close = self.tight_end(expr.span).saturating_sub(1);
+                self.inline_comments(&mut out, criterion.span.end as usize, close, indent);
+                out.push(']');
+                out
             }
             ExprKind::Block { lets, body } => {
                 let inner = indent + INDENT;
@@ -1506,8 +1619,8 @@ param q = 2
 reward = a  // c7 after first operand
        + b  // c8 after second
        - c
-// c9 inside call
-loss   = mean(a over tok)
+loss   = mean(a // c9 inside call
+    over tok)
 
 // c14 inside criterion
 rubric r { // c10 after brace
@@ -1834,7 +1947,7 @@ rollout {
         let text = "fn f(a, b) =\n  a + b\nlet x = // why\n  1\n";
         assert_eq!(
             check(text),
-            "fn f(a, b) =\n    a + b\n\n// why\nlet x =\n    1\n"
+            "fn f(a, b) =\n    a + b\n\nlet x = // why\n    1\n"
         );
 
         // Too wide: a call goes on a line of its own; so does a chain that fits there.

@@ -132,6 +132,11 @@ impl Trivia {
         &self.comments
     }
 
+    /// Every `///` doc line, in source order.
+    pub fn docs(&self) -> &[Span] {
+        &self.docs
+    }
+
     /// The gap that starts at `offset` (the end of a token), if trivia follows it.
     pub fn gap_after(&self, offset: usize) -> Option<Gap> {
         let index = self
