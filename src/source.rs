@@ -78,7 +78,7 @@ impl Source {
         match self {
             Source::Artifact(artifact, _) => artifact
                 .graph_with(overrides)
-                .map(Graph::clone)
+                .cloned()
                 .map_err(|error| Failure::Failed(error.to_string())),
             Source::Recipe(checked) => {
                 let recipe = checked.recipe.as_ref().ok_or(Failure::Reported)?;
