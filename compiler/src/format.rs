@@ -12,12 +12,12 @@
 //! A comment keeps its place when it lies between two lines of the layout: between items, between
 //! the entries of a `rubric { }`, `rollout { }` or `{ let … }` block, between the operands of an
 //! item's top-level `+`/`-` (or `and`/`or`) chain, or at the end of such a line. A comment inside
-//! an expression (between a call's arguments, around an operator, in parentheses or an index) or
-//! between a `=` and the value on the next line stays between the same two tokens: it ends its
-//! line, and the code goes on at the next, 4 spaces deeper than the line it started on. A comment
-//! anywhere else (inside an item's head: between a keyword and a name, in a type, a parameter list,
-//! a criterion's attributes, a string list) moves to a line of its own just above its item. No
-//! comment is dropped.
+//! an expression (between a call's arguments, around an operator, in parentheses or an index),
+//! between a function's parameters, or between a `=` and the value on the next line stays between
+//! the same two tokens: it ends its line, and the code goes on at the next, 4 spaces deeper than the
+//! line it started on. A comment anywhere else (inside an item's head: between a keyword and a
+//! name, in a type, a criterion's attributes, a string list) moves to a line of its own just above
+//! its item. No comment is dropped.
 //!
 //! Layout rules:
 //! - one item per line; a blank line between items of different kinds (`reward`, `advantage`,
@@ -555,21 +555,33 @@ impl<'a> Printer<'a> {
                 line
             }
             ItemKind::Fn(function) => {
+                // Comments between the parameters (around their `,`, `:` and `=`) stay there.
                 let mut head = format!("fn {}(", function.name.name);
+                let mut last = self.trivia.next_token(function.name.span.end as usize) + 1;
                 for (index, param) in function.params.iter().enumerate() {
+                    let start = param.name.span.start as usize;
                     if index > 0 {
-                        head.push_str(", ");
+                        self.separator(&mut head, last, (", ", 1), start, 0);
+                    } else {
+                        self.inline_comments(&mut head, last, start, 0);
                     }
                     head.push_str(&param.name.name);
+                    last = param.name.span.end as usize;
                     if let Some(ty) = &param.ty {
-                        head.push_str(": ");
+                        self.separator(&mut head, last, (": ", 1), ty.span.start as usize, 0);
                         head.push_str(&type_expr(ty));
+                        last = self.tight_end(ty.span);
                     }
                     if let Some(default) = &param.default {
-                        head.push_str(" = ");
+                        let start = default.span.start as usize;
+                        self.separator(&mut head, last, (" = ", 1), start, 0);
                         head.push_str(&self.expr(default, 0));
+                        last = self.tight_end(default.span);
                     }
                 }
+                // before the `)` (or a trailing `,`)
+                let close = self.trivia.next_token(last);
+                self.inline_comments(&mut head, last, close, 0);
                 head.push(')');
                 if let Some(ret) = &function.ret {
                     head.push_str(": ");

@@ -208,6 +208,13 @@ fn comments_inside_expressions_spanning_lines() {
         "reward = a  // first\n       + b  // second\n       - c\n"
     );
 
+    // between a function's parameters
+    let text = "fn f(a, // the first\n  b = 2 // the second\n  ) = a + b\n";
+    assert_eq!(
+        check_in_place(text),
+        "fn f(a, // the first\n    b = 2 // the second\n    ) = a + b\n"
+    );
+
     // between the `=` and a value on the next line
     let text = "let x = // why\n  1\n";
     assert_eq!(check_in_place(text), "let x = // why\n    1\n");
