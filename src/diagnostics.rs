@@ -667,18 +667,3 @@ pub fn report(path: &Path, checked: &Checked) {
         &checked.sources,
     );
 }
-
-/// Check the recipe at `path` and [`report`] its diagnostics; `None` (after printing why) when it
-/// cannot be read. The recipe has errors when `checked.recipe` is `None`.
-pub fn check_reported(path: &Path) -> Option<Checked> {
-    match rlx_compiler::check_path(path) {
-        Ok(checked) => {
-            report(path, &checked);
-            Some(checked)
-        }
-        Err(error) => {
-            eprintln!("error: cannot read {}: {error}", path.display());
-            None
-        }
-    }
-}

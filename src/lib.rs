@@ -1,8 +1,10 @@
 //! Shared pieces of the `rlx` and `rlxc` command lines.
 
 pub mod diagnostics;
+pub mod exit;
 pub mod output;
 pub mod packages;
+pub mod source;
 
 pub use rlx_compiler::files::write_output;
 
@@ -26,11 +28,13 @@ pub fn parse_override(text: &str) -> Result<(String, f64), String> {
 /// Every `--set NAME=VALUE` of a command line ([`parse_override`]); on the first bad one, its message on
 /// standard error and the usage exit code (2) for the command to return.
 pub fn parse_overrides(set: &[String]) -> Result<Vec<(String, f64)>, std::process::ExitCode> {
+    overrides(set).map_err(exit::Failure::report)
+}
+
+/// Every `--set NAME=VALUE` of a command line; the first bad one is a usage error.
+pub fn overrides(set: &[String]) -> Result<Vec<(String, f64)>, exit::Failure> {
     set.iter()
         .map(|s| parse_override(s))
         .collect::<Result<_, _>>()
-        .map_err(|message| {
-            eprintln!("error: {message}");
-            std::process::ExitCode::from(2)
-        })
+        .map_err(exit::Failure::Usage)
 }

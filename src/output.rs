@@ -36,5 +36,5 @@ pub fn failed(error: &std::io::Error) -> ExitCode {
     if error.kind() != std::io::ErrorKind::BrokenPipe {
         eprintln!("error: cannot write to stdout: {error}");
     }
-    ExitCode::from(1)
+    ExitCode::from(crate::exit::FAILED)
 }

@@ -19,7 +19,7 @@ fn finish(dir: &Path, outcome: &Outcome, done: impl FnOnce(&packages::Workspace)
             done(workspace);
             ExitCode::SUCCESS
         }
-        _ => ExitCode::from(1),
+        _ => crate::exit::Failure::Reported.report(),
     }
 }
 

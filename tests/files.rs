@@ -38,15 +38,16 @@ fn a_fifo_or_a_device_is_refused_without_blocking() {
     let fifo = directory.join("pipe.rlx");
     child::mkfifo(&fifo);
     // The recipe itself.
+    // An unreadable input is a failure (1), as in `rlx`, not a usage error (src/exit.rs).
     let output = run_bounded(rlxc().arg("check").arg(&fifo));
-    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
     assert!(
         stderr(&output).contains("not a regular file (a FIFO)"),
         "{}",
         stderr(&output)
     );
     let output = run_bounded(rlxc().arg("check").arg("/dev/zero"));
-    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
     assert!(
         stderr(&output).contains("not a regular file (a character device)"),
         "{}",
@@ -89,7 +90,7 @@ fn a_huge_sparse_file_is_refused_before_it_is_read() {
     let big = directory.join("big.rlx");
     sparse_file(&big, b"", 1 << 30);
     let output = run_bounded(rlxc().arg("check").arg(&big));
-    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
     assert!(
         stderr(&output).contains("the file is 1073741824 bytes; the limit is 1048576"),
         "{}",
@@ -399,4 +400,73 @@ fn a_source_or_an_artifact_that_is_not_a_regular_file_is_refused_without_blockin
         child::peak_child_rss()
     );
     std::fs::remove_dir_all(&directory).ok();
+}
+
+/// One exit status map for both binaries (src/exit.rs): a file named on the command line that cannot
+/// be read is a failure (1) in every command, a bad command line a usage error (2).
+#[test]
+fn every_command_maps_an_unreadable_input_to_1_and_a_usage_error_to_2() {
+    let missing = scratch("exit-codes").join("missing.rlx");
+    let rollouts = root().join("tests/data/grpo_fixture.jsonl");
+    let rlxc_runs: [&[&str]; 5] = [
+        &["check"],
+        &["fmt"],
+        &["compile", "--emit", "ast"],
+        &["compile", "--emit", "ir"],
+        &["compile", "--emit", "torch"],
+    ];
+    for args in rlxc_runs {
+        let output = run_bounded(rlxc().args(args).arg(&missing));
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "rlxc {args:?}: {}",
+            stderr(&output)
+        );
+        assert!(
+            stderr(&output).contains("cannot read"),
+            "{}",
+            stderr(&output)
+        );
+    }
+    let output = run_bounded(
+        rlx()
+            .arg("score")
+            .arg(&missing)
+            .arg("--rollouts")
+            .arg(&rollouts),
+    );
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "rlx score: {}",
+        stderr(&output)
+    );
+    let output = run_bounded(rlx().arg("bench").arg(&missing));
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "rlx bench: {}",
+        stderr(&output)
+    );
+    let artifact = missing.with_extension("rlxc");
+    let output = run_bounded(rlx().arg("bench").arg(&artifact));
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "rlx bench: {}",
+        stderr(&output)
+    );
+
+    // usage errors: a bad `--set`, an option combination, an output name
+    let output = run_bounded(
+        rlxc()
+            .args(["compile", "--emit", "ir", "--set", "x"])
+            .arg(grpo()),
+    );
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    let output = run_bounded(rlxc().arg("compile").arg(grpo()));
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    let output = run_bounded(rlx().args(["bench", "--set", "x"]).arg(grpo()));
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
 }

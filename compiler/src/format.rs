@@ -4,12 +4,20 @@
 //! (`ExprKind::Paren`), numbers as written (`text`), nothing added or dropped. So the output parses
 //! to the same tree, whatever precedence the parser applies.
 //!
-//! Comments are trivia in the grammar, so they are recovered from the source text by position. A
-//! comment keeps its place when it lies between two lines of the layout: between items, between the
-//! entries of a `rubric { }`, `rollout { }` or `{ let … }` block, between the operands of an item's
-//! top-level `+`/`-` (or `and`/`or`) chain, or at the end of such a line. A comment anywhere else
-//! (inside a type, a call, a criterion, …) moves to a line of its own just above its item. No
-//! comment is dropped.
+//! The printer reads nothing but the parsed [`Module`]: its items, and its
+//! [`Trivia`](crate::syntax::trivia::Trivia) (the comments, doc lines and line breaks between the
+//! tokens, which the parser keeps by position; a comment belongs to the gap between the two tokens
+//! it sits between, so to the nodes that end and start there).
+//!
+//! A comment keeps its place when it lies between two lines of the layout: between items, between
+//! the entries of a `rubric { }`, `rollout { }` or `{ let … }` block, between the operands of an
+//! item's top-level `+`/`-` (or `and`/`or`) chain, or at the end of such a line. A comment inside
+//! an expression (between a call's arguments, around an operator, in parentheses or an index),
+//! between a function's parameters, or between a `=` and the value on the next line stays between
+//! the same two tokens: it ends its line, and the code goes on at the next, 4 spaces deeper than the
+//! line it started on. A comment anywhere else (inside an item's head: between a keyword and a
+//! name, in a type, a criterion's attributes, a string list) moves to a line of its own just above
+//! its item. No comment is dropped.
 //!
 //! Layout rules:
 //! - one item per line; a blank line between items of different kinds (`reward`, `advantage`,
@@ -52,6 +60,7 @@ use crate::diagnostic::Diagnostic;
 use crate::source::FileId;
 use crate::syntax::ast::*;
 use crate::syntax::parse_module;
+use crate::syntax::trivia::{Piece, Trivia};
 
 /// Width past which an item's top-level operator chain is broken over several lines.
 pub const MAX_WIDTH: usize = 110;
@@ -66,15 +75,19 @@ const GAP: char = '\u{1f}';
 /// Format one file canonically, or return the parser's diagnostics when it does not parse.
 pub fn format_source(file: FileId, text: &str) -> Result<String, Vec<Diagnostic>> {
     let module = parse_module(file, text)?;
-    Ok(format_module(&module, text))
+    Ok(format_module(&module))
 }
 
-/// Format a parsed module. `text` is the source it was parsed from; it supplies the comments and
-/// the blank lines. A text that does not match the module gives odd comment placement, never a
-/// panic.
-pub fn format_module(module: &Module, text: &str) -> String {
-    let mut printer = Printer::new(text);
-    if text.contains(GAP) || module_mentions(module, GAP) {
+/// Format a parsed module: its items, with the comments and blank lines its trivia keeps. (A
+/// module built by hand has no trivia: then it prints without comments, one block per kind.)
+pub fn format_module(module: &Module) -> String {
+    let mut printer = Printer::new(&module.trivia);
+    let in_comments = printer
+        .trivia
+        .comments()
+        .iter()
+        .any(|comment| comment.text.contains(GAP));
+    if in_comments || module_mentions(module, GAP) {
         printer.gap = ' ';
     }
     let out = printer.module(module);
@@ -103,20 +116,6 @@ fn module_mentions(module: &Module, c: char) -> bool {
                 _ => false,
             }
     })
-}
-
-/// A `//` comment (not a `///` doc line): byte offsets of its text, without trailing blanks.
-#[derive(Clone, Copy, Debug)]
-struct Comment {
-    start: usize,
-    end: usize,
-}
-
-/// Something between two items: a comment (index into `Printer::comments`) or a doc line.
-#[derive(Clone, Copy, Debug)]
-enum Trivia {
-    Comment(usize),
-    Doc,
 }
 
 /// One line (possibly several, for a nested block) of a braced list, with where it was in the
@@ -167,28 +166,22 @@ struct Surroundings {
 }
 
 struct Printer<'a> {
-    text: &'a str,
-    /// Every comment of the file, in source order.
-    comments: Vec<Comment>,
+    /// The comments, doc lines and line breaks of the module.
+    trivia: &'a Trivia,
+    /// Which of the trivia's comments are placed in the output so far.
     placed: Vec<bool>,
     /// Indices placed so far, in order, so a tentative layout can be undone.
     placed_log: Vec<usize>,
-    /// How many multi-line `{ }` blocks were printed so far (tentative layouts included).
-    blocks: usize,
     /// What goes between code and a trailing comment: [`GAP`], or a space when alignment is off.
     gap: char,
 }
 
 impl<'a> Printer<'a> {
-    fn new(text: &'a str) -> Printer<'a> {
-        let comments = scan_comments(text);
-        let placed = vec![false; comments.len()];
+    fn new(trivia: &'a Trivia) -> Printer<'a> {
         Printer {
-            text,
-            comments,
-            placed,
+            trivia,
+            placed: vec![false; trivia.comments().len()],
             placed_log: Vec::new(),
-            blocks: 0,
             gap: GAP,
         }
     }
@@ -197,33 +190,29 @@ impl<'a> Printer<'a> {
     // Source positions and comments
 
     fn comment_text(&self, index: usize) -> &'a str {
-        let comment = self.comments[index];
-        self.text.get(comment.start..comment.end).unwrap_or("//")
+        &self.trivia.comments()[index].text
+    }
+
+    fn comment_span(&self, index: usize) -> (usize, usize) {
+        let span = self.trivia.comments()[index].span;
+        (span.start as usize, span.end as usize)
     }
 
     fn newlines(&self, from: usize, to: usize) -> usize {
-        self.text.as_bytes().get(from..to).map_or(0, |bytes| {
-            bytes.iter().filter(|&&byte| byte == b'\n').count()
-        })
-    }
-
-    /// The first comment starting at or after `offset`.
-    fn first_comment_from(&self, offset: usize) -> usize {
-        self.comments
-            .partition_point(|comment| comment.start < offset)
+        self.trivia.newlines(from, to)
     }
 
     fn has_unplaced(&self, from: usize, to: usize) -> bool {
-        (self.first_comment_from(from)..self.comments.len())
-            .take_while(|&index| self.comments[index].start < to)
+        (self.trivia.first_comment_from(from)..self.placed.len())
+            .take_while(|&index| self.comment_span(index).0 < to)
             .any(|index| !self.placed[index])
     }
 
     /// Take the comments starting in `[from, to)` that are not placed yet, in source order.
     fn take(&mut self, from: usize, to: usize) -> Vec<usize> {
         let mut taken = Vec::new();
-        let mut index = self.first_comment_from(from);
-        while index < self.comments.len() && self.comments[index].start < to {
+        let mut index = self.trivia.first_comment_from(from);
+        while index < self.placed.len() && self.comment_span(index).0 < to {
             if !self.placed[index] {
                 self.mark(index);
                 taken.push(index);
@@ -249,74 +238,30 @@ impl<'a> Printer<'a> {
         }
     }
 
-    /// The end of a span without the whitespace and comments pest may include after the last token.
+    /// The end of a span's last token.
     fn tight_end(&self, span: Span) -> usize {
-        let bytes = self.text.as_bytes();
-        let start = span.start as usize;
-        let mut end = (span.end as usize).min(bytes.len());
-        if end <= start {
-            return start;
-        }
-        loop {
-            while end > start && matches!(bytes[end - 1], b' ' | b'\t' | b'\r' | b'\n') {
-                end -= 1;
-            }
-            let next = self.first_comment_from(end);
-            match next.checked_sub(1).map(|index| self.comments[index]) {
-                Some(comment) if comment.end == end && comment.start >= start => {
-                    end = comment.start
-                }
-                _ => return end,
-            }
-        }
+        self.trivia.tight_end(span)
     }
 
-    /// The comments and doc lines in `[from, to)`, a stretch of source that holds nothing else.
-    fn trivia(&self, from: usize, to: usize) -> Vec<(Trivia, usize, usize)> {
-        let bytes = self.text.as_bytes();
-        let to = to.min(bytes.len());
-        let mut found = Vec::new();
-        let mut index = from;
-        while index < to {
-            if bytes[index] == b'/' && bytes.get(index + 1) == Some(&b'/') {
-                let mut line_end = index;
-                while line_end < bytes.len() && bytes[line_end] != b'\n' {
-                    line_end += 1;
-                }
-                match self
-                    .comments
-                    .binary_search_by_key(&index, |comment| comment.start)
-                {
-                    Ok(comment) => {
-                        found.push((Trivia::Comment(comment), index, self.comments[comment].end))
-                    }
-                    Err(_) => found.push((Trivia::Doc, index, line_end)),
-                }
-                index = line_end;
-            } else {
-                index += 1;
-            }
-        }
-        found
+    /// The comments (with their start and end) and doc lines (`None`) starting in `[from, to)`, a
+    /// stretch of source that holds nothing else.
+    fn trivia(&self, from: usize, to: usize) -> Vec<(Option<usize>, usize, usize)> {
+        self.trivia
+            .pieces(from, to)
+            .into_iter()
+            .map(|(piece, span)| {
+                let comment = match piece {
+                    Piece::Comment(index) => Some(index),
+                    Piece::Doc(_) => None,
+                };
+                (comment, span.start as usize, span.end as usize)
+            })
+            .collect()
     }
 
-    /// The offset just after the `{` that follows `from`, skipping blanks and comments.
+    /// The offset just after the `{` that is the next token after `from`.
     fn after_open_brace(&self, from: usize) -> usize {
-        let bytes = self.text.as_bytes();
-        let mut index = from;
-        while index < bytes.len() {
-            match bytes[index] {
-                b' ' | b'\t' | b'\r' | b'\n' => index += 1,
-                b'/' if bytes.get(index + 1) == Some(&b'/') => {
-                    while index < bytes.len() && bytes[index] != b'\n' {
-                        index += 1;
-                    }
-                }
-                b'{' => return index + 1,
-                _ => break,
-            }
-        }
-        from
+        self.trivia.next_token(from) + 1
     }
 
     // -----------------------------------------------------------------------------------------
@@ -332,15 +277,12 @@ impl<'a> Printer<'a> {
             })
             .collect();
 
-        // Which items hold a multi-line block: a trial layout, undone.
-        let mut talls = Vec::with_capacity(items.len());
-        for (item, &(_, end)) in items.iter().zip(&spans) {
-            let checkpoint = self.placed_log.len();
-            let blocks = self.blocks;
-            self.item(item, end, (0, 0));
-            self.unplace_since(checkpoint);
-            talls.push(self.blocks != blocks);
-        }
+        // Which items hold a multi-line block.
+        let talls: Vec<bool> = items
+            .iter()
+            .zip(&spans)
+            .map(|(item, &(start, end))| self.item_holds_block(item, start, end))
+            .collect();
 
         // The comments, docs and blank lines around each item, and so the blocks.
         let mut around: Vec<Surroundings> = Vec::with_capacity(items.len());
@@ -351,7 +293,7 @@ impl<'a> Printer<'a> {
             let (start, end) = spans[index];
             let mut trivia = self.trivia(cursor, start).into_iter().peekable();
             let mut last = cursor;
-            if let (Some(before), Some(&(Trivia::Comment(comment), from, to))) =
+            if let (Some(before), Some(&(Some(comment), from, to))) =
                 (around.last_mut(), trivia.peek())
             {
                 if self.newlines(cursor, from) == 0 {
@@ -368,13 +310,13 @@ impl<'a> Printer<'a> {
             for (kind, trivia_start, trivia_end) in trivia {
                 let blank = self.newlines(last, trivia_start) >= 2;
                 match kind {
-                    Trivia::Comment(comment) => {
+                    Some(comment) => {
                         self.mark(comment);
                         let text = self.comment_text(comment).to_string();
                         leading.push((blank || pending_blank, text));
                         pending_blank = false;
                     }
-                    Trivia::Doc => {
+                    None => {
                         pending_blank |= blank;
                         saw_doc = true;
                     }
@@ -409,9 +351,12 @@ impl<'a> Printer<'a> {
             cursor = end.max(cursor);
             previous = Some((group, talls[index]));
         }
-        let mut end_trivia = self.trivia(cursor, self.text.len()).into_iter().peekable();
+        let mut end_trivia = self
+            .trivia(cursor, self.trivia.len())
+            .into_iter()
+            .peekable();
         let mut last = cursor;
-        if let (Some(before), Some(&(Trivia::Comment(comment), from, to))) =
+        if let (Some(before), Some(&(Some(comment), from, to))) =
             (around.last_mut(), end_trivia.peek())
         {
             if self.newlines(cursor, from) == 0 {
@@ -493,7 +438,7 @@ impl<'a> Printer<'a> {
         // The comments at the end of the file.
         let mut at_start = items.is_empty();
         for (kind, trivia_start, trivia_end) in end_trivia {
-            let Trivia::Comment(index) = kind else {
+            let Some(index) = kind else {
                 continue;
             };
             self.mark(index);
@@ -508,7 +453,7 @@ impl<'a> Printer<'a> {
             last = trivia_end;
         }
         // Safety net: a comment no rule placed (only possible when `text` does not match `module`).
-        for index in 0..self.comments.len() {
+        for index in 0..self.placed.len() {
             if !self.placed[index] {
                 self.mark(index);
                 if !out.is_empty() {
@@ -525,6 +470,46 @@ impl<'a> Printer<'a> {
 
     // -----------------------------------------------------------------------------------------
     // Items
+
+    /// Whether `item` (whose tokens span `[start, end)`) prints with a multi-line `{ }` block: a
+    /// `{ let … }` expression, or a rubric or rollout block with entries or comments inside.
+    fn item_holds_block(&self, item: &Item, start: usize, end: usize) -> bool {
+        let braced = |open: usize, entries: usize| {
+            let close = end.saturating_sub(1);
+            entries > 0
+                || self
+                    .trivia
+                    .comments()
+                    .get(self.trivia.first_comment_from(open))
+                    .is_some_and(|comment| (comment.span.start as usize) < close)
+        };
+        match &item.kind {
+            ItemKind::Import(_) | ItemKind::Input(_) | ItemKind::Param(_) => false,
+            ItemKind::Fn(function) => {
+                function
+                    .params
+                    .iter()
+                    .filter_map(|param| param.default.as_ref())
+                    .any(holds_block)
+                    || holds_block(&function.body)
+            }
+            ItemKind::Rubric(rubric) => braced(
+                self.after_open_brace(rubric.name.span.end as usize),
+                rubric.entries.len(),
+            ),
+            ItemKind::Rollout(entries) => braced(
+                self.after_open_brace(start + "rollout".len()),
+                entries.len(),
+            ),
+            ItemKind::Let(LetDecl { value, .. })
+            | ItemKind::Reward(value)
+            | ItemKind::Advantage(value)
+            | ItemKind::Loss(value)
+            | ItemKind::Metric { value, .. } => holds_block(value),
+            ItemKind::State(state) => holds_block(&state.update),
+            ItemKind::Keep { condition, .. } => holds_block(condition),
+        }
+    }
 
     /// One item at the left margin, without its doc lines; `end` is the end of its last token. An
     /// item with a column ([`left_side`]) pads the two parts of its left side to `pad`.
@@ -570,21 +555,33 @@ impl<'a> Printer<'a> {
                 line
             }
             ItemKind::Fn(function) => {
+                // Comments between the parameters (around their `,`, `:` and `=`) stay there.
                 let mut head = format!("fn {}(", function.name.name);
+                let mut last = self.trivia.next_token(function.name.span.end as usize) + 1;
                 for (index, param) in function.params.iter().enumerate() {
+                    let start = param.name.span.start as usize;
                     if index > 0 {
-                        head.push_str(", ");
+                        self.separator(&mut head, last, (", ", 1), start, 0);
+                    } else {
+                        self.inline_comments(&mut head, last, start, 0);
                     }
                     head.push_str(&param.name.name);
+                    last = param.name.span.end as usize;
                     if let Some(ty) = &param.ty {
-                        head.push_str(": ");
+                        self.separator(&mut head, last, (": ", 1), ty.span.start as usize, 0);
                         head.push_str(&type_expr(ty));
+                        last = self.tight_end(ty.span);
                     }
                     if let Some(default) = &param.default {
-                        head.push_str(" = ");
+                        let start = default.span.start as usize;
+                        self.separator(&mut head, last, (" = ", 1), start, 0);
                         head.push_str(&self.expr(default, 0));
+                        last = self.tight_end(default.span);
                     }
                 }
+                // before the `)` (or a trailing `,`)
+                let close = self.trivia.next_token(last);
+                self.inline_comments(&mut head, last, close, 0);
                 head.push(')');
                 if let Some(ret) = &function.ret {
                     head.push_str(": ");
@@ -629,7 +626,10 @@ impl<'a> Printer<'a> {
                 let open = self.after_open_brace(item.span.start as usize + "rollout".len());
                 let mut lines = Vec::new();
                 for entry in entries {
-                    let blocks = self.blocks;
+                    let tall = match &entry.value {
+                        RolloutValue::Expr(value) => holds_block(value),
+                        RolloutValue::Strings(_) => false,
+                    };
                     let prefix = format!("{} = ", entry.key.name);
                     let text = match &entry.value {
                         RolloutValue::Strings(strings) => {
@@ -645,7 +645,7 @@ impl<'a> Printer<'a> {
                         entry.key.span.start as usize,
                         self.tight_end(entry.span),
                         text,
-                        self.blocks != blocks,
+                        tall,
                     ));
                 }
                 self.braced(
@@ -814,7 +814,6 @@ impl<'a> Printer<'a> {
             }
         }
         if wrote {
-            self.blocks += 1;
             out.push('\n');
             push_indent(&mut out, indent);
         }
@@ -835,8 +834,8 @@ impl<'a> Printer<'a> {
     ) -> bool {
         let taken = self.take(*last, to);
         for (position, &index) in taken.iter().enumerate() {
-            let comment = self.comments[index];
-            let gap = self.newlines(*last, comment.start);
+            let (comment_start, comment_end) = self.comment_span(index);
+            let gap = self.newlines(*last, comment_start);
             let text = self.comment_text(index).to_string();
             let same_line = position == 0 && gap == 0;
             match rows.last_mut() {
@@ -850,7 +849,7 @@ impl<'a> Printer<'a> {
                 _ => rows.push((!*first && gap >= 2, Row::Comment(text))),
             }
             *first = false;
-            *last = comment.end.max(*last);
+            *last = comment_end.max(*last);
         }
         !taken.is_empty()
     }
@@ -867,8 +866,8 @@ impl<'a> Printer<'a> {
     ) -> bool {
         let taken = self.take(*last, to);
         for (position, &index) in taken.iter().enumerate() {
-            let comment = self.comments[index];
-            let gap = self.newlines(*last, comment.start);
+            let (comment_start, comment_end) = self.comment_span(index);
+            let gap = self.newlines(*last, comment_start);
             if position == 0 && gap == 0 {
                 out.push(self.gap);
             } else {
@@ -880,7 +879,7 @@ impl<'a> Printer<'a> {
             }
             out.push_str(self.comment_text(index));
             *first = false;
-            *last = comment.end.max(*last);
+            *last = comment_end.max(*last);
         }
         !taken.is_empty()
     }
@@ -901,18 +900,35 @@ impl<'a> Printer<'a> {
     ) -> String {
         let body_indent = indent + INDENT;
         if hang && self.starts_line(value.span.start as usize) {
+            // The comments between the `=` and the value stay after the `=`.
+            let start = value.span.start as usize;
+            let after_equals = self
+                .trivia
+                .gap_before(start)
+                .map_or(start, |gap| gap.start as usize);
+            let mut prefix = prefix.trim_end().to_string();
+            for (position, index) in self.take(after_equals, start).into_iter().enumerate() {
+                if position == 0 {
+                    prefix.push(' ');
+                } else {
+                    prefix.push('\n');
+                    push_indent(&mut prefix, body_indent);
+                }
+                prefix.push_str(self.comment_text(index));
+            }
             let body = self.expr_line(String::new(), value, body_indent, body_indent, false);
             return hung(&prefix, &body, body_indent);
         }
         let checkpoint = self.placed_log.len();
-        let one_line = format!("{prefix}{}", self.expr(value, indent));
+        // Whether the chain breaks, before printing places the comments inside it.
         let operands = operator_chain(value);
         let split = operands.as_ref().is_some_and(|operands| {
             operands.windows(2).any(|pair| {
                 self.has_unplaced(pair[0].1.span.end as usize, pair[1].1.span.start as usize)
-                    || self.operator_starts_line(pair[0].1, pair[1].1)
+                    || self.operator_starts_line(pair[0].1)
             })
         });
+        let one_line = format!("{prefix}{}", self.expr(value, indent));
         if !split && width(&one_line, indent) <= MAX_WIDTH {
             return one_line;
         }
@@ -955,40 +971,58 @@ impl<'a> Printer<'a> {
 
     /// Whether only blanks precede `offset` on its line of the source.
     fn starts_line(&self, offset: usize) -> bool {
-        let Some(before) = self.text.as_bytes().get(..offset) else {
-            return false;
-        };
-        before
-            .iter()
-            .rev()
-            .find(|byte| !matches!(byte, b' ' | b'\t' | b'\r'))
-            .is_some_and(|&byte| byte == b'\n')
+        self.trivia.starts_line(offset)
     }
 
     /// Whether, in the source, a line break comes between `before` and the operator after it.
-    fn operator_starts_line(&self, before: &Expr, after: &Expr) -> bool {
-        let bytes = self.text.as_bytes();
-        let mut index = self.tight_end(before.span);
-        let to = (after.span.start as usize).min(bytes.len());
-        let mut newline = false;
-        while index < to {
-            match bytes[index] {
-                b'\n' => newline = true,
-                b' ' | b'\t' | b'\r' => {}
-                b'/' if bytes.get(index + 1) == Some(&b'/') => {
-                    while index + 1 < bytes.len() && bytes[index + 1] != b'\n' {
-                        index += 1;
-                    }
-                }
-                _ => return newline,
-            }
-            index += 1;
-        }
-        false
+    fn operator_starts_line(&self, before: &Expr) -> bool {
+        self.trivia.breaks_after(self.tight_end(before.span))
     }
 
     // -----------------------------------------------------------------------------------------
     // Expressions
+
+    /// The unplaced comments in `[from, to)`, a stretch inside an expression, kept where they are:
+    /// each ends a line, and the expression goes on at `indent + 4` on the next. (A comment that was
+    /// on a line of its own joins the end of the line before: it stays between the same tokens.)
+    fn inline_comments(&mut self, out: &mut String, from: usize, to: usize, indent: usize) {
+        let taken = self.take(from, to);
+        if taken.is_empty() {
+            return;
+        }
+        for (position, index) in taken.into_iter().enumerate() {
+            if position > 0 {
+                out.push('\n');
+                push_indent(out, indent + INDENT);
+            } else if !out.is_empty() && !out.ends_with(' ') {
+                out.push(' ');
+            }
+            out.push_str(self.comment_text(index));
+        }
+        out.push('\n');
+        push_indent(out, indent + INDENT);
+    }
+
+    /// A separator token (`written` as printed, `length` bytes in the source) that is the next
+    /// token after `from`, with the comments before it and those after it (up to `to`, the start of
+    /// the next part) kept on their side of it.
+    fn separator(
+        &mut self,
+        out: &mut String,
+        from: usize,
+        (written, length): (&str, usize),
+        to: usize,
+        indent: usize,
+    ) {
+        let at = self.trivia.next_token(from);
+        self.inline_comments(out, from, at, indent);
+        if out.ends_with(' ') {
+            out.push_str(written.trim_start());
+        } else {
+            out.push_str(written);
+        }
+        self.inline_comments(out, at + length, to, indent);
+    }
 
     /// An expression starting on a line indented by `indent` (blocks inside it indent from there).
     fn expr(&mut self, expr: &Expr, indent: usize) -> String {
@@ -1004,47 +1038,94 @@ impl<'a> Printer<'a> {
             ExprKind::Name(name) => name.name.clone(),
             ExprKind::Other(name) => format!("other.{}", name.name),
             ExprKind::Unary { op, operand } => {
-                let operand = self.expr(operand, indent);
-                match op {
-                    UnaryOp::Neg => format!("-{operand}"),
-                    UnaryOp::Not => format!("not {operand}"),
-                }
+                let (mut out, written) = match op {
+                    UnaryOp::Neg => (String::from("-"), "-".len()),
+                    UnaryOp::Not => (String::from("not "), "not".len()),
+                };
+                let op_end = expr.span.start as usize + written;
+                self.inline_comments(&mut out, op_end, operand.span.start as usize, indent);
+                out.push_str(&self.expr(operand, indent));
+                out
             }
             ExprKind::Binary { op, lhs, rhs } => {
-                let lhs = self.expr(lhs, indent);
-                let rhs = self.expr(rhs, indent);
-                format!("{lhs} {} {rhs}", op.symbol())
+                let mut out = self.expr(lhs, indent);
+                let symbol = op.symbol();
+                self.separator(
+                    &mut out,
+                    self.tight_end(lhs.span),
+                    (&format!(" {symbol} "), symbol.len()),
+                    rhs.span.start as usize,
+                    indent,
+                );
+                out.push_str(&self.expr(rhs, indent));
+                out
             }
-            ExprKind::Paren(inner) => format!("({})", self.expr(inner, indent)),
+            ExprKind::Paren(inner) => {
+                let mut out = String::from("(");
+                let open = expr.span.start as usize + 1;
+                self.inline_comments(&mut out, open, inner.span.start as usize, indent);
+                out.push_str(&self.expr(inner, indent));
+                let close = self.tight_end(expr.span).saturating_sub(1);
+                self.inline_comments(&mut out, self.tight_end(inner.span), close, indent);
+                out.push(')');
+                out
+            }
             ExprKind::Call { func, args, over } => {
                 let mut out = format!("{}(", func.name);
+                let mut last = self.trivia.next_token(func.span.end as usize) + 1;
                 for (index, arg) in args.iter().enumerate() {
+                    let start = arg
+                        .name
+                        .as_ref()
+                        .map_or(arg.value.span.start, |name| name.span.start)
+                        as usize;
                     if index > 0 {
-                        out.push_str(", ");
+                        self.separator(&mut out, last, (", ", 1), start, indent);
+                    } else {
+                        self.inline_comments(&mut out, last, start, indent);
                     }
                     if let Some(name) = &arg.name {
                         out.push_str(&name.name);
-                        out.push_str(" = ");
+                        let value = arg.value.span.start as usize;
+                        self.separator(&mut out, name.span.end as usize, (" = ", 1), value, indent);
                     }
                     out.push_str(&self.expr(&arg.value, indent));
+                    last = self.tight_end(arg.value.span);
                     if index == 0 {
                         if let Some(over) = over {
-                            out.push_str(" over ");
-                            out.push_str(&join_idents(&over.axes));
+                            for (position, axis) in over.axes.iter().enumerate() {
+                                let separator = if position == 0 {
+                                    (" over ", "over".len())
+                                } else {
+                                    (", ", 1)
+                                };
+                                let start = axis.span.start as usize;
+                                self.separator(&mut out, last, separator, start, indent);
+                                out.push_str(&axis.name);
+                                last = axis.span.end as usize;
+                            }
                         }
                     }
                 }
+                let close = self.tight_end(expr.span).saturating_sub(1);
+                self.inline_comments(&mut out, last, close, indent);
                 out.push(')');
                 out
             }
             ExprKind::Index { base, criterion } => {
-                format!("{}[{}]", self.expr(base, indent), criterion.name)
+                let mut out = self.expr(base, indent);
+                let start = criterion.span.start as usize;
+                self.separator(&mut out, self.tight_end(base.span), ("[", 1), start, indent);
+                out.push_str(&criterion.name);
+                let close = self.tight_end(expr.span).saturating_sub(1);
+                self.inline_comments(&mut out, criterion.span.end as usize, close, indent);
+                out.push(']');
+                out
             }
             ExprKind::Block { lets, body } => {
                 let inner = indent + INDENT;
                 let mut entries = Vec::new();
                 for binding in lets {
-                    let blocks = self.blocks;
                     // Columns: `let NAME`, then `= VALUE`, so the `=`s of a block line up.
                     let columns = vec![
                         format!("let {}", binding.name.name),
@@ -1054,24 +1135,38 @@ impl<'a> Printer<'a> {
                         binding.name.span.start as usize,
                         binding.value.span.end as usize,
                         columns.join(" "),
-                        self.blocks != blocks,
+                        holds_block(&binding.value),
                     );
                     entry.columns = Some(columns);
                     entries.push(entry);
                 }
-                let blocks = self.blocks;
                 let text = self.expr(body, inner);
                 entries.push(Entry::new(
                     body.span.start as usize,
                     body.span.end as usize,
                     text,
-                    self.blocks != blocks,
+                    holds_block(body),
                 ));
                 let open = expr.span.start as usize + 1;
                 let close = (expr.span.end as usize).saturating_sub(1);
                 self.braced("{".to_string(), open, close, entries, indent)
             }
         }
+    }
+}
+
+/// Whether `expr` holds a `{ let … }` block (which always prints over several lines).
+fn holds_block(expr: &Expr) -> bool {
+    match &expr.kind {
+        ExprKind::Block { .. } => true,
+        ExprKind::Number { .. } | ExprKind::Bool(_) | ExprKind::Name(_) | ExprKind::Other(_) => {
+            false
+        }
+        ExprKind::Unary { operand, .. } => holds_block(operand),
+        ExprKind::Binary { lhs, rhs, .. } => holds_block(lhs) || holds_block(rhs),
+        ExprKind::Paren(inner) => holds_block(inner),
+        ExprKind::Call { args, .. } => args.iter().any(|arg| holds_block(&arg.value)),
+        ExprKind::Index { base, .. } => holds_block(base),
     }
 }
 
@@ -1392,41 +1487,6 @@ fn width(text: &str, indent: usize) -> usize {
         .unwrap_or(indent)
 }
 
-/// Every `//` comment of `text` that is not a `///` doc line, skipping string literals.
-fn scan_comments(text: &str) -> Vec<Comment> {
-    let bytes = text.as_bytes();
-    let mut comments = Vec::new();
-    let mut index = 0;
-    while index < bytes.len() {
-        match bytes[index] {
-            b'/' if bytes.get(index + 1) == Some(&b'/') => {
-                let start = index;
-                while index < bytes.len() && bytes[index] != b'\n' {
-                    index += 1;
-                }
-                let is_doc =
-                    bytes.get(start + 2) == Some(&b'/') && bytes.get(start + 3) != Some(&b'/');
-                if !is_doc {
-                    let mut end = index;
-                    while end > start + 2 && matches!(bytes[end - 1], b' ' | b'\t' | b'\r') {
-                        end -= 1;
-                    }
-                    comments.push(Comment { start, end });
-                }
-            }
-            b'"' => {
-                index += 1;
-                while index < bytes.len() && bytes[index] != b'"' && bytes[index] != b'\n' {
-                    index += if bytes[index] == b'\\' { 2 } else { 1 };
-                }
-                index += 1;
-            }
-            _ => index += 1,
-        }
-    }
-    comments
-}
-
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -1571,8 +1631,8 @@ param q = 2
 reward = a  // c7 after first operand
        + b  // c8 after second
        - c
-// c9 inside call
-loss   = mean(a over tok)
+loss   = mean(a // c9 inside call
+    over tok)
 
 // c14 inside criterion
 rubric r { // c10 after brace
@@ -1636,9 +1696,10 @@ rollout {
     }
 
     fn comment_texts(text: &str) -> Vec<String> {
-        let mut texts: Vec<String> = scan_comments(text)
+        let mut texts: Vec<String> = Trivia::scan(text)
+            .comments()
             .iter()
-            .map(|comment| text[comment.start..comment.end].to_string())
+            .map(|comment| comment.text.clone())
             .collect();
         texts.sort();
         texts
@@ -1654,7 +1715,7 @@ rollout {
             without_spans(&reparsed),
             "formatting changed the tree:\n{formatted}"
         );
-        let again = format_module(&reparsed, &formatted);
+        let again = format_module(&reparsed);
         assert_eq!(again, formatted, "formatting is not idempotent");
         assert_eq!(
             comment_texts(text),
@@ -1898,7 +1959,7 @@ rollout {
         let text = "fn f(a, b) =\n  a + b\nlet x = // why\n  1\n";
         assert_eq!(
             check(text),
-            "fn f(a, b) =\n    a + b\n\n// why\nlet x =\n    1\n"
+            "fn f(a, b) =\n    a + b\n\nlet x = // why\n    1\n"
         );
 
         // Too wide: a call goes on a line of its own; so does a chain that fits there.
@@ -2014,11 +2075,18 @@ rollout {
         assert!(!errors.is_empty());
     }
 
+    /// A module built without trivia (no comments, no line breaks known) still formats to the
+    /// same tree.
     #[test]
-    fn a_module_with_foreign_text_does_not_panic() {
-        let module = parse(EVERYTHING);
-        for text in ["", "// x\n", COMMENTS, "\"// unterminated", "é//ü\n"] {
-            let formatted = format_module(&module, text);
+    fn a_module_without_trivia_formats() {
+        for text in [EVERYTHING, COMMENTS] {
+            let mut module = parse(text);
+            module.trivia = Trivia::default();
+            let formatted = format_module(&module);
+            assert!(
+                Trivia::scan(&formatted).comments().is_empty(),
+                "{formatted}"
+            );
             assert_eq!(without_spans(&parse(&formatted)), without_spans(&module));
         }
     }
@@ -2314,8 +2382,9 @@ rollout {
                     kind: ItemKind::Reward(expr),
                     span: Span::default(),
                 }],
+                trivia: Trivia::default(),
             };
-            let formatted = format_module(&module, "");
+            let formatted = format_module(&module);
             let reparsed = parse_module(FILE, &formatted);
             prop_assert!(reparsed.is_ok(), "does not parse: {:?}\n{}", reparsed.err(), formatted);
             let reparsed = reparsed.unwrap_or_else(|_| unreachable!());

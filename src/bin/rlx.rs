@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use rlx::diagnostics::check_reported;
+use rlx::exit::Failure;
 
 /// The rlx runtime: apply compiled recipes to rollouts.
 #[derive(Parser)]
@@ -325,8 +325,10 @@ fn main() -> ExitCode {
                 (BackendArg::Jit, Device::Cpu) => rlx_runtime::score::Backend::Jit,
                 (BackendArg::Jit, Device::Cuda(n)) => rlx_runtime::score::Backend::Cuda(n),
                 (BackendArg::Interp, Device::Cuda(_)) => {
-                    eprintln!("error: --backend interp runs on the CPU; drop --device cuda");
-                    return ExitCode::from(2);
+                    return Failure::Usage(
+                        "--backend interp runs on the CPU; drop --device cuda".to_string(),
+                    )
+                    .report();
                 }
             };
             let mut names: Vec<String> = Vec::new();
@@ -374,10 +376,7 @@ fn main() -> ExitCode {
                     );
                     ExitCode::SUCCESS
                 }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
+                Err(e) => Failure::Failed(e.to_string()).report(),
             }
         }
         Command::Export {
@@ -417,10 +416,7 @@ fn main() -> ExitCode {
                     );
                     ExitCode::SUCCESS
                 }
-                Err(message) => {
-                    eprintln!("error: {message}");
-                    ExitCode::from(1)
-                }
+                Err(message) => Failure::Failed(message.to_string()).report(),
             }
         }
         Command::Run {
@@ -441,8 +437,7 @@ fn main() -> ExitCode {
             };
             if let Some(dir) = &export_hf {
                 if let Err(message) = rlx_trainer::hf::check_output_dir(dir) {
-                    eprintln!("error: --export-hf {message}");
-                    return ExitCode::from(2);
+                    return Failure::Usage(format!("--export-hf {message}")).report();
                 }
             }
             run(
@@ -485,8 +480,10 @@ fn main() -> ExitCode {
             let gpu = match (backend, device) {
                 (_, Device::Cpu) => None,
                 (BenchBackend::Interp, Device::Cuda(_)) => {
-                    eprintln!("error: --backend interp runs on the CPU; drop --device cuda");
-                    return ExitCode::from(2);
+                    return Failure::Usage(
+                        "--backend interp runs on the CPU; drop --device cuda".to_string(),
+                    )
+                    .report();
                 }
                 (_, Device::Cuda(n)) => Some(n),
             };
@@ -519,31 +516,11 @@ fn main() -> ExitCode {
 
 /// `rlx bench`: one JSON line per backend on stdout.
 fn bench(recipe: &Path, set: &[String], settings: &rlx_runtime::bench::Settings) -> ExitCode {
-    let overrides = match rlx::parse_overrides(set) {
-        Ok(overrides) => overrides,
-        Err(code) => return code,
-    };
-    let graph = if rlx_compiler::artifact::is_artifact_path(recipe) {
-        match rlx_compiler::artifact::load(recipe)
-            .and_then(|artifact| Ok(artifact.graph_with(&overrides)?.clone()))
-        {
-            Ok(graph) => graph,
-            Err(error) => {
-                eprintln!("error: {error}");
-                return ExitCode::from(1);
-            }
-        }
-    } else {
-        let Some(hir) = checked_recipe(recipe) else {
-            return ExitCode::from(1);
-        };
-        match rlx_compiler::compile_graph(&hir, &overrides) {
-            Ok(graph) => graph,
-            Err(message) => {
-                eprintln!("error: {}: {message}", recipe.display());
-                return ExitCode::from(1);
-            }
-        }
+    let graph = match rlx::overrides(set).and_then(|overrides| {
+        rlx::source::load(recipe).and_then(|source| source.graph(&overrides, recipe))
+    }) {
+        Ok(graph) => graph,
+        Err(failure) => return failure.report(),
     };
     let name = recipe.display().to_string();
     match rlx_runtime::bench::run(&graph, &name, settings) {
@@ -555,16 +532,8 @@ fn bench(recipe: &Path, set: &[String], settings: &rlx_runtime::bench::Settings)
             }
             ExitCode::SUCCESS
         }
-        Err(message) => {
-            eprintln!("error: {}: {message}", recipe.display());
-            ExitCode::from(1)
-        }
+        Err(message) => Failure::Failed(format!("{}: {message}", recipe.display())).report(),
     }
-}
-
-/// Check the recipe, printing its diagnostics; `None` when it has errors or cannot be read.
-fn checked_recipe(recipe: &Path) -> Option<rlx_compiler::hir::Recipe> {
-    check_reported(recipe)?.recipe
 }
 
 /// The recipe (checked `.rlx` or loaded `.rlxc`) and the config of `rlx run` (and `rlx bench-model`),
@@ -580,53 +549,21 @@ fn prepare_run(
     resume: Option<PathBuf>,
     gpu: Option<usize>,
 ) -> Result<rlx_trainer::cli::Prepared, ExitCode> {
-    let (hir, artifact);
+    let loaded = rlx::source::load(recipe).map_err(Failure::report)?;
     // The files the run directory records (with their sha256): the one given, then its imports.
-    let mut recipe_files = Vec::new();
-    let source: rlx_trainer::cli::Source = if rlx_compiler::artifact::is_artifact_path(recipe) {
-        artifact = match rlx_compiler::artifact::load(recipe) {
-            Ok(artifact) => artifact,
-            Err(error) => {
-                eprintln!("error: {error}");
-                return Err(ExitCode::from(1));
-            }
-        };
-        // Through the untrusted reader, at the size bound `load` applies.
-        match rlx_compiler::files::read_text(recipe, rlx_compiler::artifact::MAX_ARTIFACT_BYTES) {
-            Ok(text) => recipe_files.push(rlx_trainer::run_dir::RecipeFile {
-                path: recipe.to_path_buf(),
-                text,
-            }),
-            Err(error) => {
-                eprintln!("error: cannot read {}: {error}", recipe.display());
-                return Err(ExitCode::from(1));
-            }
-        }
-        (&artifact).into()
-    } else {
-        let Some(checked) = check_reported(recipe) else {
-            return Err(ExitCode::from(1));
-        };
-        recipe_files.extend(checked.disk_files().into_iter().map(|(path, text)| {
-            rlx_trainer::run_dir::RecipeFile {
-                path: path.to_path_buf(),
-                text: text.to_string(),
-            }
-        }));
-        let Some(checked) = checked.recipe else {
-            return Err(ExitCode::from(1));
-        };
-        hir = checked;
-        (&hir).into()
-    };
+    let recipe_files = loaded.recorded_files().map_err(Failure::report)?;
+    let source = loaded.for_trainer().map_err(Failure::report)?;
     let config_text = match config {
         None => None,
         Some(path) => {
             match rlx_compiler::files::read_text(path, rlx_trainer::config::MAX_CONFIG_BYTES) {
                 Ok(text) => Some(text),
                 Err(error) => {
-                    eprintln!("error: cannot read {}: {error}", path.display());
-                    return Err(ExitCode::from(1));
+                    return Err(Failure::Failed(format!(
+                        "cannot read {}: {error}",
+                        path.display()
+                    ))
+                    .report());
                 }
             }
         }
@@ -645,10 +582,8 @@ fn prepare_run(
         gpu,
         recipe_files,
     };
-    rlx_trainer::cli::prepare(source, &args).map_err(|message| {
-        eprintln!("error: {message}");
-        ExitCode::from(1)
-    })
+    rlx_trainer::cli::prepare(source, &args)
+        .map_err(|message| Failure::Failed(message.to_string()).report())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -705,15 +640,11 @@ fn bench_model(
         }
     });
     if let Some(e) = write_error {
-        eprintln!("error: cannot write to stdout: {e}");
-        return ExitCode::from(1);
+        return Failure::Failed(format!("cannot write to stdout: {e}")).report();
     }
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("error: {message}");
-            ExitCode::from(1)
-        }
+        Err(message) => Failure::Failed(message.to_string()).report(),
     }
 }
 
@@ -741,10 +672,7 @@ fn run(
                 Ok(()) => ExitCode::SUCCESS,
                 Err(code) => code,
             },
-            Err(message) => {
-                eprintln!("error: {message}");
-                ExitCode::from(1)
-            }
+            Err(message) => Failure::Failed(message.to_string()).report(),
         };
     }
     for note in &prepared.notes {
@@ -786,17 +714,13 @@ fn run(
                         );
                     }
                     Err(message) => {
-                        eprintln!("error: --export-hf: {message}");
-                        return ExitCode::from(1);
+                        return Failure::Failed(format!("--export-hf: {message}")).report();
                     }
                 }
             }
             ExitCode::SUCCESS
         }
-        Err(message) => {
-            eprintln!("error: {message}");
-            ExitCode::from(1)
-        }
+        Err(message) => Failure::Failed(message.to_string()).report(),
     }
 }
 
@@ -815,44 +739,27 @@ fn score(
     let state = match state_file.map(read_state).transpose() {
         Ok(state) => state.unwrap_or_default(),
         Err(message) => {
-            eprintln!("error: {message}");
-            return ExitCode::from(1);
+            return Failure::Failed(message.to_string()).report();
         }
     };
-    let overrides = match rlx::parse_overrides(set) {
-        Ok(overrides) => overrides,
-        Err(code) => return code,
-    };
-    // The recipe: checked here (`.rlx`) or loaded (`.rlxc`, docs/formats.md).
-    let (hir, loaded) = if rlx_compiler::artifact::is_artifact_path(recipe) {
-        // The artifact's own errors (an override that does not repeat a compiled param, invalid
-        // declarations) before the rollouts are read.
-        let loaded = rlx_compiler::artifact::load(recipe).and_then(|loaded| {
-            loaded.graph_with(&overrides)?;
-            loaded.declarations()?;
-            Ok(loaded)
-        });
-        match loaded {
-            Ok(loaded) => (None, Some(loaded)),
-            Err(error) => {
-                eprintln!("error: {error}");
-                return ExitCode::from(1);
-            }
-        }
-    } else {
-        let Some(hir) = checked_recipe(recipe) else {
-            return ExitCode::from(1);
-        };
-        (Some(hir), None)
+    // The recipe, checked here (`.rlx`) or loaded (`.rlxc`, docs/formats.md), with the artifact's
+    // own errors before the rollouts are read.
+    let loaded = rlx::overrides(set).and_then(|overrides| {
+        let loaded = rlx::source::load(recipe)?;
+        loaded.validate(&overrides)?;
+        Ok((loaded, overrides))
+    });
+    let (loaded, overrides) = match loaded {
+        Ok(loaded) => loaded,
+        Err(failure) => return failure.report(),
     };
     let text = match rlx_runtime::rollouts::read_file(rollouts) {
         Ok(text) => text,
         Err(message) => {
-            eprintln!("error: {message}");
-            return ExitCode::from(1);
+            return Failure::Failed(message.to_string()).report();
         }
     };
-    let scored = match (&hir, &loaded) {
+    let scored = match (loaded.recipe(), loaded.artifact()) {
         (Some(hir), _) => rlx_runtime::score::score_at_with_state(
             hir, &text, &overrides, grad, backend, show, context, &state,
         ),
@@ -865,25 +772,19 @@ fn score(
         Ok(scored) => {
             if let Some(path) = state_file {
                 let Some(updated) = scored.document.get("state") else {
-                    eprintln!(
-                        "error: --state {}: {} declares no `state` (docs/language.md, \"State across steps\")",
+                    return Failure::Failed(format!("--state {}: {} declares no `state` (docs/language.md, \"State across steps\")",
                         path.display(),
-                        recipe.display()
-                    );
-                    return ExitCode::from(1);
+                        recipe.display())).report();
                 };
                 let text = format!("{updated}\n");
                 if let Err(error) = rlx::write_output(path, text.as_bytes()) {
-                    eprintln!("error: cannot write {}: {error}", path.display());
-                    return ExitCode::from(1);
+                    return Failure::Failed(format!("cannot write {}: {error}", path.display()))
+                        .report();
                 }
             }
             write_scored(recipe, rollouts, &scored, out)
         }
-        Err(message) => {
-            eprintln!("error: {}: {message}", rollouts.display());
-            ExitCode::from(1)
-        }
+        Err(message) => Failure::Failed(format!("{}: {message}", rollouts.display())).report(),
     }
 }
 
@@ -932,8 +833,8 @@ fn write_scored(
         }
         Some(path) => {
             if let Err(error) = rlx::write_output(path, (document + "\n").as_bytes()) {
-                eprintln!("error: cannot write {}: {error}", path.display());
-                return ExitCode::from(1);
+                return Failure::Failed(format!("cannot write {}: {error}", path.display()))
+                    .report();
             }
         }
     }

@@ -6,15 +6,15 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::json;
 
-use rlx::diagnostics::{check_reported, report, report_diagnostics, to_json_all};
+use rlx::diagnostics::{report, report_diagnostics, to_json_all};
+use rlx::exit::Failure;
 use rlx::output::print_status;
 use rlx_compiler::syntax::parser::MAX_SOURCE_BYTES;
 
 /// Read a recipe or module named on the command line (a regular file of at most `MAX_SOURCE_BYTES`).
 fn read_source(path: &Path) -> Result<String, ExitCode> {
     rlx_compiler::files::read_text(path, MAX_SOURCE_BYTES as u64).map_err(|error| {
-        eprintln!("error: cannot read {}: {error}", path.display());
-        ExitCode::from(2)
+        Failure::Failed(format!("cannot read {}: {error}", path.display())).report()
     })
 }
 
@@ -30,7 +30,8 @@ struct Cli {
 enum Command {
     /// Check recipes and modules: syntax, names, levels, types, differentiability.
     ///
-    /// Exit status: 0 when every file is clean, 1 when any has an error, 2 on a usage or I/O error.
+    /// Exit status: 0 when every file is clean, 1 when any has an error or cannot be read, 2 on a
+    /// usage error.
     Check {
         /// Files to check; a folder is a package (docs/sharing.md): its dependencies are verified
         /// against rlx.lock and every `.rlx` file it provides is checked.
@@ -42,8 +43,8 @@ enum Command {
     },
     /// Rewrite files in the canonical layout (or, with --check, report which are not).
     ///
-    /// Exit status: 0 when done (or already formatted), 1 when --check finds a file to reformat or a
-    /// file does not parse, 2 on a usage or I/O error.
+    /// Exit status: 0 when done (or already formatted), 1 when --check finds a file to reformat, a
+    /// file does not parse, or a file cannot be read or written, 2 on a usage error.
     Fmt {
         #[arg(required = true)]
         files: Vec<PathBuf>,
@@ -107,17 +108,11 @@ fn main() -> ExitCode {
         Command::Doc { package: None } => print_status(&rlx_compiler::docgen::stdlib_markdown()),
         Command::Doc { package: Some(dir) } => match rlx_compiler::docgen::package_markdown(&dir) {
             Ok(text) => print_status(&text),
-            Err(message) => {
-                eprintln!("error: {message}");
-                ExitCode::from(2)
-            }
+            Err(message) => Failure::Failed(message).report(),
         },
         Command::Lsp => match rlx_lsp::run_stdio() {
             Ok(()) => ExitCode::SUCCESS,
-            Err(error) => {
-                eprintln!("error: {error}");
-                ExitCode::FAILURE
-            }
+            Err(error) => Failure::Failed(error.to_string()).report(),
         },
         Command::Compile {
             file,
@@ -132,14 +127,10 @@ fn main() -> ExitCode {
             out: Some(out),
         } => artifact(&file, &set, &out),
         Command::Compile { emit: None, .. } => {
-            eprintln!(
-                "error: give `--emit FORM`, or `-o FILE.rlxc` to write the compiled artifact"
-            );
-            ExitCode::from(2)
+            Failure::Usage("give `--emit FORM`, or `-o FILE.rlxc` to write the compiled artifact".to_string()).report()
         }
         Command::Compile { out: Some(_), .. } => {
-            eprintln!("error: `-o` is supported with `--emit torch` and for the artifact (no --emit); redirect standard output");
-            ExitCode::from(2)
+            Failure::Usage("`-o` is supported with `--emit torch` and for the artifact (no --emit); redirect standard output".to_string()).report()
         }
         Command::Compile {
             file,
@@ -201,10 +192,8 @@ fn check(files: &[PathBuf], format: Format) -> ExitCode {
             return written;
         }
     }
-    if io_error {
-        ExitCode::from(2)
-    } else if any_error {
-        ExitCode::from(1)
+    if io_error || any_error {
+        ExitCode::from(rlx::exit::FAILED)
     } else {
         ExitCode::SUCCESS
     }
@@ -226,16 +215,16 @@ fn fmt(files: &[PathBuf], check_only: bool) -> ExitCode {
         match rlx_compiler::format::format_source(file, &text) {
             Err(diagnostics) => {
                 report_diagnostics(&path.display().to_string(), &diagnostics, &sources);
-                status = status.max(1);
+                status = status.max(rlx::exit::FAILED);
             }
             Ok(formatted) if formatted == text => {}
             Ok(formatted) => {
                 if check_only {
                     eprintln!("{} is not formatted", path.display());
-                    status = status.max(1);
+                    status = status.max(rlx::exit::FAILED);
                 } else if let Err(error) = rlx::write_output(path, formatted.as_bytes()) {
-                    eprintln!("error: cannot write {}: {error}", path.display());
-                    return ExitCode::from(2);
+                    let message = format!("cannot write {}: {error}", path.display());
+                    return Failure::Failed(message).report();
                 }
             }
         }
@@ -265,7 +254,7 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
                 Ok(module) => print_json(&module),
                 Err(diagnostics) => {
                     report_diagnostics(&path.display().to_string(), &diagnostics, &sources);
-                    ExitCode::from(1)
+                    Failure::Reported.report()
                 }
             }
         }
@@ -275,20 +264,17 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
         | Emit::Plan
         | Emit::PlanJson
         | Emit::Cuda
-        | Emit::Clif => match check_reported(path) {
-            None => ExitCode::from(2),
-            Some(checked) => {
+        | Emit::Clif => match rlx::source::check(path) {
+            Err(failure) => failure.report(),
+            Ok(checked) => {
                 let Some(recipe) = &checked.recipe else {
-                    return ExitCode::from(1);
+                    return Failure::Reported.report();
                 };
                 if emit == Emit::Hir {
                     return print_json(recipe);
                 }
                 match rlx_compiler::compile_graph(recipe, &overrides) {
-                    Err(message) => {
-                        eprintln!("error: {message}");
-                        ExitCode::from(1)
-                    }
+                    Err(message) => Failure::Failed(message.to_string()).report(),
                     Ok(graph) if emit == Emit::Ir => {
                         print_status(&rlx_compiler::ir::print::to_text(&graph))
                     }
@@ -309,18 +295,14 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
                             });
                         match code {
                             Ok(code) => print_status(&code),
-                            Err(message) => {
-                                eprintln!("error: {message}");
-                                ExitCode::from(1)
-                            }
+                            Err(message) => Failure::Failed(message.to_string()).report(),
                         }
                     }
                     Ok(graph) if matches!(emit, Emit::Plan | Emit::PlanJson) => {
                         let options = rlx_compiler::backend::Options::default();
                         match rlx_compiler::backend::plan::plan(&graph, &options) {
                             Err(error) => {
-                                eprintln!("error: no kernel plan: {error}");
-                                ExitCode::from(1)
+                                Failure::Failed(format!("no kernel plan: {error}")).report()
                             }
                             Ok(plan) if emit == Emit::Plan => print_status(&plan.to_text(&graph)),
                             Ok(plan) => print_json(&plan),
@@ -341,18 +323,16 @@ fn artifact(path: &std::path::Path, set: &[String], out: &std::path::Path) -> Ex
         Err(code) => return code,
     };
     if out.extension().is_none_or(|e| e != EXTENSION) {
-        eprintln!(
-            "error: {}: an artifact's name must end in `.{EXTENSION}` (for another form, give --emit)",
+        return Failure::Usage(format!(
+            "{}: an artifact's name must end in `.{EXTENSION}` (for another form, give --emit)",
             out.display()
-        );
-        return ExitCode::from(2);
+        ))
+        .report();
     }
-    let Some(checked) = check_reported(path) else {
-        return ExitCode::from(2);
+    let checked = match rlx::source::check(path) {
+        Ok(checked) => checked,
+        Err(failure) => return failure.report(),
     };
-    if checked.recipe.is_none() {
-        return ExitCode::from(1);
-    }
     if let Err(code) = refuse_overwriting_sources(out, &checked) {
         return code;
     }
@@ -365,10 +345,7 @@ fn artifact(path: &std::path::Path, set: &[String], out: &std::path::Path) -> Ex
         .and_then(|artifact| artifact.save(out));
     match written {
         Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {}: {error}", path.display());
-            ExitCode::from(1)
-        }
+        Err(error) => Failure::Failed(format!("{}: {error}", path.display())).report(),
     }
 }
 
@@ -380,18 +357,19 @@ fn torch(path: &std::path::Path, set: &[String], out: Option<&std::path::Path>) 
     };
     if let Some(file) = out {
         if file.extension().is_some_and(|e| e == "rlx") {
-            eprintln!(
-                "error: {}: `--emit torch` writes Python, not a recipe; name the output `.py`",
+            return Failure::Usage(format!(
+                "{}: `--emit torch` writes Python, not a recipe; name the output `.py`",
                 file.display()
-            );
-            return ExitCode::from(2);
+            ))
+            .report();
         }
     }
-    let Some(checked) = check_reported(path) else {
-        return ExitCode::from(2);
+    let checked = match rlx::source::check(path) {
+        Ok(checked) => checked,
+        Err(failure) => return failure.report(),
     };
     let Some(recipe) = &checked.recipe else {
-        return ExitCode::from(1);
+        return Failure::Reported.report();
     };
     if let Some(file) = out {
         if let Err(code) = refuse_overwriting_sources(file, &checked) {
@@ -408,8 +386,7 @@ fn torch(path: &std::path::Path, set: &[String], out: Option<&std::path::Path>) 
     let module = match rlx_compiler::export::recipe_to_torch(recipe, &overrides, &info) {
         Ok(module) => module,
         Err(error) => {
-            eprintln!("error: {error}");
-            return ExitCode::from(1);
+            return Failure::Failed(error.to_string()).report();
         }
     };
     match out {
@@ -417,8 +394,7 @@ fn torch(path: &std::path::Path, set: &[String], out: Option<&std::path::Path>) 
         Some(file) => match rlx::write_output(file, module.as_bytes()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
-                eprintln!("error: cannot write {}: {error}", file.display());
-                ExitCode::from(2)
+                Failure::Failed(format!("cannot write {}: {error}", file.display())).report()
             }
         },
     }
@@ -429,12 +405,12 @@ fn refuse_overwriting_sources(out: &Path, checked: &rlx_compiler::Checked) -> Re
     for (_, file) in checked.sources.files() {
         if let rlx_compiler::Origin::Path(source) = &file.origin {
             if rlx_compiler::files::is_same_file(out, source) {
-                eprintln!(
-                    "error: {}: refusing to overwrite {}, a source of the recipe",
+                return Err(Failure::Usage(format!(
+                    "{}: refusing to overwrite {}, a source of the recipe",
                     out.display(),
                     file.name
-                );
-                return Err(ExitCode::from(2));
+                ))
+                .report());
             }
         }
     }
@@ -444,9 +420,6 @@ fn refuse_overwriting_sources(out: &Path, checked: &rlx_compiler::Checked) -> Re
 fn print_json<T: serde::Serialize>(value: &T) -> ExitCode {
     match serde_json::to_string_pretty(value) {
         Ok(text) => print_status(&(text + "\n")),
-        Err(error) => {
-            eprintln!("error: cannot serialise: {error}");
-            ExitCode::from(2)
-        }
+        Err(error) => Failure::Failed(format!("cannot serialise: {error}")).report(),
     }
 }

@@ -54,6 +54,10 @@ pub struct Ident {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Module {
     pub items: Vec<Item>,
+    /// The comments, doc lines and line breaks between the tokens, by position (the formatter's
+    /// input besides the items; not part of the tree's meaning, so not serialised).
+    #[serde(skip)]
+    pub trivia: super::trivia::Trivia,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -92,8 +92,9 @@ fn parse_module_here(file: FileId, text: &str) -> Result<Module, Vec<Diagnostic>
         file,
         errors: Vec::new(),
     };
-    let module = builder.file(pairs);
+    let mut module = builder.file(pairs);
     if builder.errors.is_empty() {
+        module.trivia = super::trivia::Trivia::scan(text);
         Ok(module)
     } else {
         Err(builder.errors)
@@ -514,7 +515,10 @@ impl Builder {
             .filter(|pair| pair.as_rule() == Rule::item)
             .map(|pair| self.item(pair))
             .collect();
-        Module { items }
+        Module {
+            items,
+            trivia: Default::default(),
+        }
     }
 
     fn item(&mut self, pair: Pair<'_, Rule>) -> Item {
