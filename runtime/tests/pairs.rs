@@ -425,3 +425,68 @@ fn packed_and_square_arrays_give_the_same_batch() {
         "{error}"
     );
 }
+
+/// Under `keep resp`, a pair input seen after the filter holds the kept responses' pairs only: the
+/// advantage `mean(sim over others)` of a kept response is the mean of its values with the other kept
+/// responses of its group (computed here from the batch), on the interpreter and the JIT.
+#[test]
+fn a_filter_keeps_the_pairs_of_the_kept_responses() {
+    let text = "input q : f32[resp]\ninput sim : f32[pair]\nreward = q\n\
+                keep resp when q > 0.4\nadvantage = mean(sim over others)\n";
+    let graph = graph("filtered.rlx", text);
+    let kernel = Kernel::compile(&graph, &Options::default()).expect("JIT");
+    for seed in 1..=5 {
+        let batch = synthetic::batch(
+            &graph,
+            &Spec {
+                groups: 4,
+                responses: 5,
+                seed,
+                ..Spec::default()
+            },
+        );
+        let (q, sim) = (&batch.inputs[0], &batch.inputs[1]);
+        let geometry = Geometry::new(batch.layout.clone(), Vec::new());
+        let kept: Vec<bool> = q.iter().map(|&x| x > 0.4).collect();
+        let expected: Vec<f64> = (0..batch.layout.responses())
+            .map(|i| {
+                let mine: Vec<f64> = geometry
+                    .pairs
+                    .iter()
+                    .zip(sim)
+                    .filter(|((a, b), _)| *a == i && kept[*b])
+                    .map(|(_, &v)| v)
+                    .collect();
+                if !kept[i] || mine.is_empty() {
+                    0.0
+                } else {
+                    mine.iter().sum::<f64>() / mine.len() as f64
+                }
+            })
+            .collect();
+        let interp = evaluate(&graph, &batch, &Context::default()).expect("interpreter");
+        assert_eq!(interp.kept, kept);
+        let advantage = interp.advantage.expect("advantages");
+        for (a, b) in advantage.iter().zip(&expected) {
+            assert!(
+                (a - b).abs() < 1e-12,
+                "seed {seed}: {advantage:?} vs {expected:?}"
+            );
+        }
+        let rounded = {
+            let mut b = batch.clone();
+            for v in &mut b.inputs {
+                v.iter_mut().for_each(|x| *x = f64::from(*x as f32));
+            }
+            b
+        };
+        let jit = kernel.run(&rounded, &Context::default()).expect("JIT");
+        let interp = evaluate(&graph, &rounded, &Context::default()).expect("interpreter");
+        for (a, b) in jit.advantage.unwrap().iter().zip(interp.advantage.unwrap()) {
+            assert!(
+                (a - b).abs() < 1e-6,
+                "seed {seed}: JIT {a} vs interpreter {b}"
+            );
+        }
+    }
+}
