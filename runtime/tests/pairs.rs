@@ -330,10 +330,10 @@ fn bad_pair_values_are_errors_naming_the_line() {
         "{}{{\"group\": \"solo\", \"quality\": 2, \"same\": [true], \"sim\": []}}\n",
         good
     );
-    let error = read_rollouts(&not_empty, &recipe)
-        .err()
-        .expect("refused")
-        .to_string();
+    let error = match read_rollouts(&not_empty, &recipe) {
+        Ok(_) => panic!("a pair value on a line alone in its group was accepted"),
+        Err(error) => error.to_string(),
+    };
     assert!(
         error.contains("line 4, key `same`") && error.contains("(n − 1 = 0)"),
         "{error}"

@@ -43,7 +43,7 @@ pub enum Level {
     Batch,
     Group,
     Resp,
-    /// Ordered pairs of distinct responses of one group (inside `… over others`).
+    /// Ordered pairs of distinct responses of one group (inside `… over others`, pair inputs).
     Pair,
     Tok,
 }
