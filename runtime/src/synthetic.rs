@@ -122,7 +122,16 @@ pub fn batch(graph: &Graph, spec: &Spec) -> Batch {
         .collect();
     // Pair verdicts: the same class (three per batch, drawn per response) with a tenth of them flipped,
     // so that a verdict and its reverse sometimes disagree and classes vary in size.
-    let classes: Vec<usize> = (0..layout.responses()).map(|_| rng.int(0, 2)).collect();
+    // (Drawn only for a recipe with such an input, so every other recipe's batch is unchanged.)
+    let pair_verdicts = graph
+        .inputs
+        .iter()
+        .any(|i| i.shape.level == Level::Pair && i.elem == Elem::Bool);
+    let classes: Vec<usize> = if pair_verdicts {
+        (0..layout.responses()).map(|_| rng.int(0, 2)).collect()
+    } else {
+        Vec::new()
+    };
     let inputs = graph
         .inputs
         .iter()
