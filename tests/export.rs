@@ -116,7 +116,8 @@ enum Rows {
     /// A batch-level input: its value (or feature vector).
     Batch(Vec<f64>),
     /// One row per response: its tokens, its criteria, its feature vector or its value; group-level
-    /// inputs repeat the group's row on each of its responses.
+    /// inputs repeat the group's row on each of its responses; a pair input's row is the response's
+    /// pairs with the other responses of its group, in order (as a rollout line gives it).
     PerResponse(Vec<Vec<f64>>),
 }
 
@@ -129,6 +130,8 @@ struct Padded {
     crits: Vec<usize>,
     dim: usize,
     inputs: Vec<Rows>,
+    /// Which inputs are at the pair level.
+    pair: Vec<bool>,
 }
 
 fn feature_len(shape: &Shape, dim: usize) -> usize {
@@ -189,7 +192,20 @@ impl Padded {
                                 .collect(),
                         )
                     }
-                    Level::Pair => panic!("an input at pair level"),
+                    Level::Pair => Rows::PerResponse(
+                        (0..responses)
+                            .map(|r| {
+                                let g = groups[r];
+                                let first = layout.group_offsets[g];
+                                let n = layout.group_size(g);
+                                let before: usize = (0..g)
+                                    .map(|h| layout.group_size(h) * (layout.group_size(h) - 1))
+                                    .sum();
+                                let start = before + (r - first) * (n - 1);
+                                values[start..start + n - 1].to_vec()
+                            })
+                            .collect(),
+                    ),
                 }
             })
             .collect();
@@ -199,6 +215,11 @@ impl Padded {
             crits: (0..layout.groups()).map(|g| layout.crit_count(g)).collect(),
             dim: layout.dim,
             inputs,
+            pair: graph
+                .inputs
+                .iter()
+                .map(|i| i.shape.level == Level::Pair)
+                .collect(),
         }
     }
 
@@ -217,13 +238,29 @@ impl Padded {
             inputs: self
                 .inputs
                 .iter()
-                .map(|rows_of| match rows_of {
+                .zip(&self.pair)
+                .map(|(rows_of, &pair)| match rows_of {
                     Rows::Batch(v) => Rows::Batch(v.clone()),
+                    // A pair row keeps its pairs with the responses kept.
+                    Rows::PerResponse(all) if pair => Rows::PerResponse(
+                        rows.iter()
+                            .map(|&r| {
+                                let others = (0..self.groups.len())
+                                    .filter(|&j| j != r && self.groups[j] == self.groups[r]);
+                                others
+                                    .zip(&all[r])
+                                    .filter(|(j, _)| rows.contains(j))
+                                    .map(|(_, v)| *v)
+                                    .collect()
+                            })
+                            .collect(),
+                    ),
                     Rows::PerResponse(all) => {
                         Rows::PerResponse(rows.iter().map(|&r| all[r].clone()).collect())
                     }
                 })
                 .collect(),
+            pair: self.pair.clone(),
         }
     }
 

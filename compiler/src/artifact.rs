@@ -451,8 +451,11 @@ impl Artifact {
             ));
         }
         for input in &self.inputs {
-            if input.shape.level == Level::Pair
-                || (input.shape.feature.is_some() && input.shape.level == Level::Tok)
+            // A pair input (one value per ordered pair) has no feature axis, as a token input, and
+            // is data, never differentiable.
+            if (input.shape.feature.is_some()
+                && matches!(input.shape.level, Level::Tok | Level::Pair))
+                || (input.shape.level == Level::Pair && input.differentiable)
             {
                 return Err(invalid(format!(
                     "input `{}` has a shape no batch can hold",
@@ -619,7 +622,7 @@ impl Artifact {
                 Level::Group => TyLevel::Group,
                 Level::Resp => TyLevel::Resp,
                 Level::Tok => TyLevel::Tok,
-                Level::Pair => return Err(invalid(format!("input `{}` is per pair", input.name))),
+                Level::Pair => TyLevel::Pair,
             };
             let feature = match &input.shape.feature {
                 None => None,

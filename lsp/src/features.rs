@@ -427,6 +427,18 @@ fn level_items(analysis: &Analysis, with_others: bool) -> Vec<CompletionItem> {
             )
         })
         .collect();
+    if !with_others {
+        // A type's level (`bool[pair]`); in an `over` list, pairs reduce as `others`.
+        items.insert(
+            1,
+            item(
+                Level::Pair.name(),
+                CompletionItemKind::ENUM_MEMBER,
+                "level".into(),
+                &[],
+            ),
+        );
+    }
     if with_others {
         items.push(item(
             "others",

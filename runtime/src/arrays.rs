@@ -8,6 +8,7 @@
 //! | `T[resp]` | `[R]` | |
 //! | `T[group]` | `[G]` | `[R]`: per response, the same within a group |
 //! | `T` (batch) | `[]` or `[1]` | |
+//! | `T[pair]` | `[P]`, P = Σ_g n_g(n_g − 1): for each response i, the pairs (i, j) with the other responses j of its group in order | `[R, R]`: element `[i, j]` for each other response j of i's group (the torch export's layout); the others are not read |
 //! | `T[L, dim]`, `T[L, RUBRIC]` | `[size(L), K]` | group level also `[R, K]` |
 //! | `T[L, crit]` | | `[size(L), C]` (group level also `[R, C]`), with `crit_counts` `[G]`: the first `crit_counts[g]` columns are group g's criteria |
 //!
@@ -961,7 +962,29 @@ pub fn from_arrays_with<'a>(
                 }
                 None
             }
-            Level::Pair => return Err(bad_shape("a pair-level value (not an input)".into())),
+            Level::Pair => match array.shape.as_slice() {
+                [_] => None,
+                [rows, columns] if *rows == responses && *columns == responses => {
+                    let mut map = Vec::new();
+                    for g in 0..group_count {
+                        let members = layout.group_offsets[g]..layout.group_offsets[g + 1];
+                        for i in members.clone() {
+                            map.extend(
+                                members
+                                    .clone()
+                                    .filter(|&j| j != i)
+                                    .map(|j| i * responses + j),
+                            );
+                        }
+                    }
+                    Some(Placement::Map(map))
+                }
+                _ => {
+                    return Err(bad_shape(format!(
+                        "[P] with P = Σ n·(n − 1) over the groups, or [R, R] with R = {responses}"
+                    )))
+                }
+            },
         };
         let size = input_size(&layout, info);
         let count_placed = placement
@@ -1092,7 +1115,9 @@ fn input_size(layout: &Layout, info: &InputInfo) -> usize {
         Level::Group => layout.groups(),
         Level::Resp => layout.responses(),
         Level::Tok => layout.tokens(),
-        Level::Pair => 0,
+        Level::Pair => (0..layout.groups())
+            .map(|g| layout.group_size(g) * layout.group_size(g).saturating_sub(1))
+            .sum(),
     };
     match &info.shape.feature {
         None => base,

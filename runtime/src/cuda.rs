@@ -19,8 +19,8 @@ use rlx_compiler::ir::NodeId;
 use crate::batch::{Batch, Layout};
 use crate::interp::{Context, EvalError, Outcome};
 use crate::kernel::{
-    distinct_ngrams, ranks, Column, ColumnRef, Kernel, PackedBatch, PackedOutcome, PhaseRunner,
-    Tables,
+    components, distinct_ngrams, ranks, Column, ColumnRef, Kernel, PackedBatch, PackedOutcome,
+    PhaseRunner, Tables,
 };
 
 #[cfg(feature = "cuda")]
@@ -465,6 +465,12 @@ impl<D: Device> PhaseRunner for Runner<'_, D> {
                         level,
                         *within,
                     );
+                    store_host_values(device, &mut owned, &mut uploaded, *target, values)?;
+                }
+                (Pass::Components { source, target, .. }, None) => {
+                    // On the host: union-find (the JIT's function).
+                    let verdicts = host_values(device, phase, inputs, &owned, &uploaded, *source)?;
+                    let values = components(&verdicts, layout);
                     store_host_values(device, &mut owned, &mut uploaded, *target, values)?;
                 }
                 (

@@ -359,13 +359,25 @@ impl Selection {
                 .flat_map(|&r| full.layout.token_offsets[r]..full.layout.token_offsets[r + 1])
                 .collect(),
             Level::Pair => {
-                let position = |pairs: &[(usize, usize)], i: usize, j: usize| {
-                    pairs.iter().position(|p| *p == (i, j))
-                };
+                // Pair (i, j) of group g is at g's first pair + (i − first)·(n − 1) + (j − first),
+                // less one when j is after i (no pair (i, i)).
+                let layout = &full.layout;
+                let mut first_pair = Vec::with_capacity(layout.groups());
+                let mut pairs = 0;
+                for g in 0..layout.groups() {
+                    first_pair.push(pairs);
+                    let n = layout.group_size(g);
+                    pairs += n * n.saturating_sub(1);
+                }
                 sub.pairs
                     .iter()
-                    .filter_map(|&(i, j)| {
-                        position(&full.pairs, self.kept_responses[i], self.kept_responses[j])
+                    .map(|&(i, j)| {
+                        let (i, j) = (self.kept_responses[i], self.kept_responses[j]);
+                        let g = full.response_group[i];
+                        let first = layout.group_offsets[g];
+                        let n = layout.group_size(g);
+                        let (a, b) = (i - first, j - first);
+                        first_pair[g] + a * (n - 1) + b - usize::from(b > a)
                     })
                     .collect()
             }
@@ -712,6 +724,29 @@ impl<'g> Evaluator<'g> {
                     }
                 }
                 out
+            }
+            Op::Components => {
+                // Labels start at each response's position in its group; every pair whose verdict
+                // holds lowers both ends to the smaller label, until nothing changes: each response
+                // ends with the smallest position reachable from it.
+                let verdicts = self.value(node.args[0]);
+                let layout = &self.geometry.layout;
+                let mut label: Vec<f64> = (0..layout.responses())
+                    .map(|r| (r - layout.group_offsets[self.geometry.response_group[r]]) as f64)
+                    .collect();
+                let mut changed = true;
+                while changed {
+                    changed = false;
+                    for (pair, &(i, j)) in self.geometry.pairs.iter().enumerate() {
+                        if verdicts[pair] != 0.0 && label[i] != label[j] {
+                            let low = label[i].min(label[j]);
+                            label[i] = low;
+                            label[j] = low;
+                            changed = true;
+                        }
+                    }
+                }
+                label
             }
             Op::DistinctNgrams { n } => {
                 let ids = self.value(node.args[0]);

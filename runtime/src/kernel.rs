@@ -969,6 +969,17 @@ impl Kernel {
                         target.set(i, rank);
                     }
                 }
+                Pass::Components { source, target, .. } => {
+                    let verdicts = match phase.buffers[*source as usize].kind {
+                        BufferKind::Input(i) => inputs[i as usize].to_f64(),
+                        _ => column(&owned, *source)?.to_f64(),
+                    };
+                    let classes = components(&verdicts, layout);
+                    let target = column_mut(&mut owned, *target)?;
+                    for (r, class) in classes.into_iter().enumerate() {
+                        target.set(r, class);
+                    }
+                }
                 Pass::Ngrams {
                     n, source, target, ..
                 } => {
@@ -1016,6 +1027,52 @@ impl Kernel {
             unsafe { function(pointer, begin, end) };
         });
     }
+}
+
+/// `components` on the host (the JIT's and the CUDA runtime's pass): union-find over each group's
+/// pairs (`verdicts` in the pair order of `rlx_compiler::ir`: for each response i, each other response j
+/// of its group), joining i and j where the verdict is non-zero; each response's class is its smallest
+/// member's 0-based position in the group. Groups are independent and run in parallel.
+pub(crate) fn components(verdicts: &[f64], layout: &Layout) -> Vec<f64> {
+    let mut pair_starts = Vec::with_capacity(layout.groups() + 1);
+    let mut pairs = 0usize;
+    for g in 0..layout.groups() {
+        pair_starts.push(pairs);
+        let n = layout.group_size(g);
+        pairs += n * n.saturating_sub(1);
+    }
+    let per_group: Vec<Vec<f64>> = (0..layout.groups())
+        .into_par_iter()
+        .map(|g| {
+            let n = layout.group_size(g);
+            let base = pair_starts[g];
+            let mut parent: Vec<usize> = (0..n).collect();
+            fn root(parent: &mut [usize], mut x: usize) -> usize {
+                while parent[x] != x {
+                    parent[x] = parent[parent[x]];
+                    x = parent[x];
+                }
+                x
+            }
+            for i in 0..n {
+                for k in 0..n.saturating_sub(1) {
+                    if verdicts[base + i * (n - 1) + k] == 0.0 {
+                        continue;
+                    }
+                    let j = if k < i { k } else { k + 1 };
+                    let (a, b) = (root(&mut parent, i), root(&mut parent, j));
+                    // The smaller root stays the root: a class's root is its smallest member.
+                    if a < b {
+                        parent[b] = a;
+                    } else if b < a {
+                        parent[a] = b;
+                    }
+                }
+            }
+            (0..n).map(|i| root(&mut parent, i) as f64).collect()
+        })
+        .collect();
+    per_group.into_iter().flatten().collect()
 }
 
 /// The order `rank` sorts by: descending, NaN above every number, `-0` equal to `0` (as IEEE

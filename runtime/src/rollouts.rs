@@ -25,6 +25,7 @@
 //! | `T[group]` | a number (or boolean); the same on every line of the group |
 //! | `T[resp]` | a number (or boolean) |
 //! | `T[tok]` | an array, one element per token; all token arrays of a line have the same length, the response's token count (0 when the recipe has no token-level input) |
+//! | `T[pair]` | an array of `n − 1` values, `n` the group's response count: the value of the pair (this response, j) for each other response j of the group, in the group's order (file order), this response left out |
 //! | `T[resp, crit]` | an array of the group's criterion count `C_g` |
 //! | `T[group, crit]` | an array of length `C_g`; the same on every line of the group |
 //! | `T[L, dim]` | an array of length `D`, one `D` for the whole file |
@@ -48,6 +49,7 @@
 //! | `[group]` | G | groups |
 //! | `[resp]` | R | packed responses |
 //! | `[tok]` | T | tokens of packed responses, concatenated |
+//! | `[pair]` | Σ_g n_g(n_g − 1) | for each packed response i, its line's n_g − 1 values (the pairs (i, j), j ≠ i in group order) |
 //! | `[group, crit]` | Σ_g C_g | for each group, its C_g criteria |
 //! | `[resp, crit]` | Σ_r C_{g(r)} | for each packed response, its group's C_g criteria |
 //! | `[L, dim]` | size(L) × D | row-major: for each element of level L, its D values |
@@ -148,6 +150,12 @@ pub fn input_len(layout: &Layout, ty: &Ty, rubric_len: impl Fn(&str) -> usize) -
         Level::Group => groups,
         Level::Resp => responses,
         Level::Tok => tokens,
+        Level::Pair => (0..groups)
+            .map(|group| {
+                let n = span(&layout.group_offsets, group);
+                n.saturating_mul(n.saturating_sub(1))
+            })
+            .fold(0usize, usize::saturating_add),
     };
     match &ty.feature {
         None => size,
@@ -155,7 +163,7 @@ pub fn input_len(layout: &Layout, ty: &Ty, rubric_len: impl Fn(&str) -> usize) -
         Some(Feature::Rubric(name)) => size.saturating_mul(rubric_len(name)),
         Some(Feature::Crit) => match ty.level {
             Level::Batch | Level::Group => layout.crit_offsets.last().copied().unwrap_or(0),
-            Level::Resp | Level::Tok => {
+            Level::Resp | Level::Tok | Level::Pair => {
                 let mut total = 0usize;
                 for group in 0..groups {
                     let crits = span(&layout.crit_offsets, group);
@@ -250,7 +258,7 @@ struct Slot<'r> {
 impl Slot<'_> {
     /// Whether the value on a line is an array (rather than one number).
     fn is_array(&self) -> bool {
-        !matches!(self.axis, Axis::Plain) || self.ty.level == Level::Tok
+        !matches!(self.axis, Axis::Plain) || matches!(self.ty.level, Level::Tok | Level::Pair)
     }
 }
 
@@ -280,6 +288,9 @@ fn slots(recipe: &hir::Recipe) -> Result<Vec<Slot<'_>>, RolloutError> {
             None => Axis::Plain,
             Some(_) if input.ty.level == Level::Tok => {
                 return unsupported("a token-level value has no feature axis")
+            }
+            Some(_) if input.ty.level == Level::Pair => {
+                return unsupported("a pair-level value has no feature axis")
             }
             Some(Feature::Crit) if input.ty.level == Level::Batch => {
                 return unsupported("criterion lists are per group")
@@ -628,7 +639,38 @@ pub fn read_rollouts(text: &str, recipe: &hir::Recipe) -> Result<Rollouts, Rollo
         }
     }
 
-    let sizes = Sizes { crits, dim };
+    // A pair input lists one value per other response of the line's group.
+    let group_sizes: Vec<usize> = members.iter().map(Vec::len).collect();
+    for (index, slot) in slots.iter().enumerate() {
+        if slot.ty.level != Level::Pair {
+            continue;
+        }
+        for line in &lines {
+            let Some(Some(values)) = line.values.get(index) else {
+                continue;
+            };
+            let n = group_sizes.get(line.group).copied().unwrap_or(0);
+            if values.len() + 1 != n {
+                return Err(RolloutError::new(
+                    Some(line.number),
+                    Some(slot.name),
+                    format!(
+                        "pair input `{}` has {} values, but group {} has {n} responses: a pair input lists one value per other response of the group (n − 1 = {}), in the group's order, leaving this response out",
+                        slot.name,
+                        values.len(),
+                        show_group(&groups, line.group),
+                        n.saturating_sub(1)
+                    ),
+                ));
+            }
+        }
+    }
+
+    let sizes = Sizes {
+        crits,
+        dim,
+        group_sizes,
+    };
     let value_at = |line, index| value_of(line, index, &slots, &sizes);
 
     // Group- and batch-level inputs agree across the lines they repeat on.
@@ -641,7 +683,7 @@ pub fn read_rollouts(text: &str, recipe: &hir::Recipe) -> Result<Rollouts, Rollo
                 .map(|(g, list)| (Some(g), list.as_slice()))
                 .collect(),
             Level::Batch => vec![(None, everything.as_slice())],
-            Level::Resp | Level::Tok => continue,
+            Level::Resp | Level::Tok | Level::Pair => continue,
         };
         for (group, list) in scopes {
             let mut rows = list.iter().filter_map(|&i| lines.get(i));
@@ -708,7 +750,9 @@ pub fn read_rollouts(text: &str, recipe: &hir::Recipe) -> Result<Rollouts, Rollo
                 .iter()
                 .filter_map(|list| list.first().and_then(|&i| lines.get(i)))
                 .collect(),
-            Level::Resp | Level::Tok => order.iter().filter_map(|&i| lines.get(i)).collect(),
+            Level::Resp | Level::Tok | Level::Pair => {
+                order.iter().filter_map(|&i| lines.get(i)).collect()
+            }
         };
         let mut flat = Vec::new();
         for line in rows {
@@ -880,6 +924,8 @@ fn refuse_padding_masks(
 struct Sizes {
     crits: Vec<usize>,
     dim: usize,
+    /// Responses per group.
+    group_sizes: Vec<usize>,
 }
 
 impl Sizes {
@@ -887,6 +933,12 @@ impl Sizes {
     fn needed(&self, slot: &Slot, group: usize, tokens: usize) -> usize {
         match &slot.axis {
             Axis::Plain if slot.ty.level == Level::Tok => tokens,
+            Axis::Plain if slot.ty.level == Level::Pair => self
+                .group_sizes
+                .get(group)
+                .copied()
+                .unwrap_or(0)
+                .saturating_sub(1),
             Axis::Plain => 1,
             Axis::Crit => self.crits.get(group).copied().unwrap_or(0),
             Axis::Dim => self.dim,
@@ -1072,7 +1124,9 @@ fn parse_array(value: &Value, elem: Elem) -> Result<Vec<f64>, String> {
 fn parse_input(slot: &Slot, value: &Value) -> Result<Vec<f64>, String> {
     let elem = slot.ty.elem;
     match &slot.axis {
-        Axis::Plain if slot.ty.level == Level::Tok => parse_array(value, elem),
+        Axis::Plain if matches!(slot.ty.level, Level::Tok | Level::Pair) => {
+            parse_array(value, elem)
+        }
         Axis::Plain => parse_elem(value, elem).map(|x| vec![x]),
         Axis::Crit | Axis::Dim => parse_array(value, elem),
         Axis::Rubric { name, criteria } => match value {

@@ -618,7 +618,8 @@ fn run(
 /// filter dropped the element) as `rlx score` prints it (docs/formats.md), responses in input order
 /// (`by_line`: the packed responses by line): a batch-level value is one number; a group-level value
 /// one entry per group, groups in order of first appearance; a response-level value one entry per
-/// response; a token-level value one array per response, one entry per token. With a feature axis
+/// response; a token-level value one array per response, one entry per token; a pair-level value one
+/// array per response, one entry per other response of its group (in order). With a feature axis
 /// (`crit`, `dim`, a rubric), each entry is the array of that element's feature values.
 fn present(
     values: &[Option<f64>],
@@ -672,6 +673,27 @@ fn present(
                 })
                 .collect(),
         ),
-        Level::Pair => return Err("a value per pair of responses has no printed form".into()),
+        // As a rollout line gives a pair input: per response, its pairs with the others of its group.
+        Level::Pair => {
+            let mut first_pair = Vec::with_capacity(layout.groups());
+            let mut pairs = 0usize;
+            for g in 0..layout.groups() {
+                first_pair.push(pairs);
+                let n = layout.group_size(g);
+                pairs += n * n.saturating_sub(1);
+            }
+            let groups = layout.response_groups();
+            Value::Array(
+                by_line
+                    .iter()
+                    .map(|&r| {
+                        let g = groups[r];
+                        let n = layout.group_size(g);
+                        let start = first_pair[g] + (r - layout.group_offsets[g]) * (n - 1);
+                        Value::Array(entries.get(start..start + n - 1).unwrap_or(&[]).to_vec())
+                    })
+                    .collect(),
+            )
+        }
     })
 }

@@ -120,11 +120,33 @@ pub fn batch(graph: &Graph, spec: &Spec) -> Batch {
     let base: Vec<f64> = (0..layout.tokens())
         .map(|_| rng.range(-2.5, -0.2))
         .collect();
+    // Pair verdicts: the same class (three per batch, drawn per response) with a tenth of them flipped,
+    // so that a verdict and its reverse sometimes disagree and classes vary in size.
+    // (Drawn only for a recipe with such an input, so every other recipe's batch is unchanged.)
+    let pair_verdicts = graph
+        .inputs
+        .iter()
+        .any(|i| i.shape.level == Level::Pair && i.elem == Elem::Bool);
+    let classes: Vec<usize> = if pair_verdicts {
+        (0..layout.responses()).map(|_| rng.int(0, 2)).collect()
+    } else {
+        Vec::new()
+    };
     let inputs = graph
         .inputs
         .iter()
         .map(|input| {
             let size = geometry.size(&input.shape);
+            if input.shape.level == Level::Pair && input.elem == Elem::Bool {
+                return geometry
+                    .pairs
+                    .iter()
+                    .map(|&(i, j)| {
+                        let same = classes[i] == classes[j];
+                        f64::from(u8::from(same != (rng.uniform() < 0.1)))
+                    })
+                    .collect();
+            }
             let log_prob = input.name.contains("logp") && input.shape.level == Level::Tok;
             (0..size)
                 .map(|element| match input.elem {
@@ -187,6 +209,14 @@ pub fn to_jsonl(graph: &Graph, batch: &Batch) -> String {
                 continue;
             }
             let mine: Vec<Value> = match input.shape.level {
+                // This response's pairs (response, j), in order.
+                Level::Pair => geometry
+                    .pairs
+                    .iter()
+                    .zip(values)
+                    .filter(|((i, _), _)| *i == response)
+                    .map(|(_, x)| value(input.elem, *x))
+                    .collect(),
                 Level::Tok => {
                     let tokens = batch.layout.token_offsets[response]
                         ..batch.layout.token_offsets[response + 1];
@@ -206,7 +236,9 @@ pub fn to_jsonl(graph: &Graph, batch: &Batch) -> String {
                         .collect()
                 }
             };
-            let entry = if input.shape.level == Level::Tok || input.shape.feature.is_some() {
+            let entry = if matches!(input.shape.level, Level::Tok | Level::Pair)
+                || input.shape.feature.is_some()
+            {
                 Value::Array(mine)
             } else {
                 mine.into_iter().next().unwrap_or(Value::Null)

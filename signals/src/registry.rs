@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value};
 use crate::answer::{self, parse_number};
 use crate::data::Prompt;
 use crate::judge::{self, format_conversation, render, Embed, YesNo};
-use crate::partition::partition;
+use crate::partition::{cosine, partition};
 use crate::program::Program;
 use crate::spec::{Kind, SignalSpec, TextSource};
 use crate::text::{measure, within};
@@ -243,9 +243,12 @@ impl Registry {
 
     /// Whether some signal needs an [`Embed`] model.
     pub fn needs_embedder(&self) -> bool {
-        self.signals
-            .iter()
-            .any(|s| matches!(s.kind, Kind::Partition { .. } | Kind::Embedding { .. }))
+        self.signals.iter().any(|s| {
+            matches!(
+                s.kind,
+                Kind::Partition { .. } | Kind::Embedding { .. } | Kind::Similarity { .. }
+            )
+        })
     }
 
     /// Computes every signal on `groups` (responses in packed order: groups in order, the
@@ -479,6 +482,36 @@ impl Registry {
                     r += n;
                 }
                 Raw::Resp(out)
+            }
+            Kind::Similarity { threshold, text } => {
+                // Per response, its pairs with the other responses of its group, in order: the
+                // packed order of a pair input.
+                let embs = embed_all(groups, *text, models)?;
+                let mut rows = Vec::with_capacity(embs.len());
+                let mut r = 0;
+                for g in groups {
+                    let n = g.completions.len();
+                    for i in r..r + n {
+                        let mut row = Vec::with_capacity(n.saturating_sub(1));
+                        for j in (r..r + n).filter(|&j| j != i) {
+                            let cos = cosine(&embs[i], &embs[j]).map_err(|e| {
+                                format!(
+                                    "prompt `{}`, responses {} and {}: {e}",
+                                    g.prompt.id,
+                                    i - r,
+                                    j - r
+                                )
+                            })?;
+                            row.push(match threshold {
+                                Some(t) => b(cos >= *t),
+                                None => cos,
+                            });
+                        }
+                        rows.push(row);
+                    }
+                    r += n;
+                }
+                Raw::RespRows(rows)
             }
             Kind::Embedding { text } => {
                 let embs = embed_all(groups, *text, models)?;

@@ -147,6 +147,12 @@ pub enum SignalSpec {
         #[serde(default)]
         text: TextSource,
     },
+    Similarity {
+        #[serde(default)]
+        threshold: Option<f64>,
+        #[serde(default)]
+        text: TextSource,
+    },
     Judge {
         #[serde(default)]
         criteria: Option<Vec<JudgeCriterion>>,
@@ -217,6 +223,12 @@ pub(crate) enum Kind {
     Embedding {
         text: TextSource,
     },
+    /// Per ordered pair of a group's responses, the cosine similarity of their embeddings (`None`) or
+    /// whether it reaches the threshold (`Some(t)`).
+    Similarity {
+        threshold: Option<f64>,
+        text: TextSource,
+    },
     Judge {
         /// Fixed criteria (name, text); `None`: the prompt's rubric.
         criteria: Option<Vec<(String, String)>>,
@@ -234,7 +246,7 @@ pub(crate) enum Kind {
 }
 
 /// The documented names of the kinds, for messages.
-pub const KINDS: [&str; 12] = [
+pub const KINDS: [&str; 13] = [
     "exact_answer",
     "numeric_answer",
     "regex",
@@ -243,6 +255,7 @@ pub const KINDS: [&str; 12] = [
     "ifeval",
     "partition",
     "embedding",
+    "similarity",
     "judge",
     "points",
     "wrong_script",
@@ -281,6 +294,7 @@ impl SignalSpec {
             SignalSpec::Length { .. } => "length",
             SignalSpec::Ifeval { .. } => "ifeval",
             SignalSpec::Partition { .. } => "partition",
+            SignalSpec::Similarity { .. } => "similarity",
             SignalSpec::Embedding { .. } => "embedding",
             SignalSpec::Judge { .. } => "judge",
             SignalSpec::Points {} => "points",
@@ -432,6 +446,30 @@ impl SignalSpec {
                         text: *text,
                     },
                     resp(Elem::I32),
+                )
+            }
+            SignalSpec::Similarity { threshold, text } => {
+                if let Some(t) = threshold {
+                    if !(t.is_finite() && (-1.0..=1.0).contains(t)) {
+                        return Err(format!(
+                            "`threshold` is a cosine similarity in [-1, 1], got {t}"
+                        ));
+                    }
+                }
+                (
+                    Kind::Similarity {
+                        threshold: *threshold,
+                        text: *text,
+                    },
+                    OutType {
+                        elem: if threshold.is_some() {
+                            Elem::Bool
+                        } else {
+                            Elem::F32
+                        },
+                        level: Level::Pair,
+                        feature: OutFeature::None,
+                    },
                 )
             }
             SignalSpec::Embedding { text } => (

@@ -20,6 +20,8 @@ pub enum Level {
     Group,
     Resp,
     Tok,
+    /// Ordered pairs (i, j ≠ i) of the responses of a group (a `bool[pair]`/`f32[pair]` input).
+    Pair,
 }
 
 /// The feature axis of a value.
@@ -93,6 +95,7 @@ impl fmt::Display for Level {
             Level::Group => "group",
             Level::Resp => "resp",
             Level::Tok => "tok",
+            Level::Pair => "pair",
         })
     }
 }

@@ -518,6 +518,74 @@ fn partition_and_embedding_per_group() {
     );
 }
 
+/// `similarity` fills a pair input: per response, its n − 1 values with the others of its group.
+#[test]
+fn similarity_fills_pair_inputs_in_the_packed_pair_order() {
+    let p1 = Prompt::user("p1", "x");
+    let p2 = Prompt::user("p2", "y");
+    let g1 = [c("aa", 1), c("bb", 1), c("aaa", 1)];
+    let g2 = [c("b", 1)];
+    let groups = [
+        Group {
+            prompt: &p1,
+            completions: &g1,
+        },
+        Group {
+            prompt: &p2,
+            completions: &g2,
+        },
+    ];
+    let inputs = [
+        decl("same", Elem::Bool, Level::Pair, Feature::None),
+        decl("sim", Elem::F32, Level::Pair, Feature::None),
+    ];
+    let reg = Registry::from_toml(
+        "[signals.same]\nkind = \"similarity\"\nthreshold = 0.99\n[signals.sim]\nkind = \"similarity\"\n",
+        &inputs,
+    )
+    .unwrap();
+    let models = Models {
+        judge: None,
+        embedder: Some(&LetterEmbed),
+    };
+    let out = reg.compute(&groups, &models).unwrap();
+    // "aa" and "aaa" are parallel, "bb" is orthogonal to both; the singleton group has no pair.
+    assert_eq!(
+        out.get("same").unwrap().data,
+        vec![0.0, 1.0, 0.0, 0.0, 1.0, 0.0]
+    );
+    let sim = &out.get("sim").unwrap().data;
+    assert_eq!(sim.len(), 6);
+    let (aa, bb) = ([2.01f64, 0.0], [0.01f64, 2.0]);
+    let cos = (aa[0] * bb[0] + aa[1] * bb[1])
+        / ((aa[0] * aa[0] + aa[1] * aa[1]) * (bb[0] * bb[0] + bb[1] * bb[1])).sqrt();
+    assert!((sim[0] - cos).abs() < 1e-6, "{sim:?}");
+    assert!((sim[1] - 1.0).abs() < 1e-12, "{sim:?}");
+    assert_eq!(sim[0], sim[2], "the cosine is symmetric");
+    // A pair signal does not fit a response input, and a cosine is no verdict.
+    let error = Registry::from_toml(
+        "[signals.q]\nkind = \"similarity\"\n",
+        &[resp("q", Elem::F32)],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        error.contains("f32[pair]") && error.contains("f32[resp]"),
+        "{error}"
+    );
+    let error = Registry::from_toml("[signals.same]\nkind = \"similarity\"\n", &inputs[..1])
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("does not convert"), "{error}");
+    let error = Registry::from_toml(
+        "[signals.same]\nkind = \"similarity\"\nthreshold = 2\n",
+        &inputs[..1],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("[-1, 1]"), "{error}");
+}
+
 #[test]
 fn messages_format_like_healthbench() {
     let m = vec![

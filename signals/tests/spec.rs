@@ -98,7 +98,7 @@ fn unknown_kind_and_keys_are_errors() {
     let e = error("[signals.correct]\nkind = \"exact\"\n");
     assert!(e.starts_with("signal config: "), "{e}");
     assert!(
-        e.contains("unknown variant `exact`, expected one of `exact_answer`, `numeric_answer`, `regex`, `contains`, `length`, `ifeval`, `partition`, `embedding`, `judge`, `points`, `wrong_script`"),
+        e.contains("unknown variant `exact`, expected one of `exact_answer`, `numeric_answer`, `regex`, `contains`, `length`, `ifeval`, `partition`, `embedding`, `similarity`, `judge`, `points`, `wrong_script`"),
         "{e}"
     );
     let e = error("[signals.correct]\nkind = \"regex\"\npatern = \"a\"\n");

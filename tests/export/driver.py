@@ -65,6 +65,16 @@ def build(module, case, rows=None):
                 tensor = torch.full((B, T), math.nan, dtype=DT)
                 for i, row in enumerate(selected):
                     tensor[i, : len(row)] = torch.tensor(row, dtype=DT)
+            elif level == "pair":
+                # [B, B]: row r's values are its pairs with the other responses of its group (of the
+                # whole batch, in order); pairs with responses left out, and non-pairs, stay NaN.
+                tensor = torch.full((B, B), math.nan, dtype=DT)
+                position = {r: i for i, r in enumerate(keep)}
+                for i, r in enumerate(keep):
+                    others = [j for j in range(len(lengths)) if j != r and groups[j] == groups[r]]
+                    for j, v in zip(others, value[r]):
+                        if j in position:
+                            tensor[i, position[j]] = v
             elif feature == "crit":
                 tensor = torch.full((B, C), math.nan, dtype=DT)
                 for i, row in enumerate(selected):
@@ -282,7 +292,7 @@ def run_case(module, case):
             value = data["inputs"][name]
             if level == "batch":
                 columns[name] = [value] * len(data["lengths"])
-            elif feature is not None:
+            elif feature is not None or level == "pair":
                 columns[name] = value
             elif level != "tok":
                 columns[name] = [row[0] for row in value]

@@ -147,8 +147,8 @@ pub fn input_decl(graph: &Graph, index: usize) -> InputDecl {
         IrLevel::Batch => Level::Batch,
         IrLevel::Group => Level::Group,
         IrLevel::Resp => Level::Resp,
-        // Pair values are never recipe inputs; tok is the closest description for messages.
-        IrLevel::Tok | IrLevel::Pair => Level::Tok,
+        IrLevel::Tok => Level::Tok,
+        IrLevel::Pair => Level::Pair,
     };
     let feature = match input.shape.feature {
         None => Feature::None,

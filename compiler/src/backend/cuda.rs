@@ -257,9 +257,10 @@ pub fn generate(graph: &Graph, plan: &KernelPlan) -> Result<CudaSource, String> 
                         threads: false,
                     }));
                 }
-                Pass::Ngrams { .. } | Pass::Rank { .. } | Pass::Uniform { .. } => {
-                    phase_launches.push(None)
-                }
+                Pass::Ngrams { .. }
+                | Pass::Rank { .. }
+                | Pass::Uniform { .. }
+                | Pass::Components { .. } => phase_launches.push(None),
             }
         }
         launches.push(phase_launches);

@@ -379,6 +379,14 @@ pub enum Pass {
         mask: Option<BufferId>,
         target: BufferId,
     },
+    /// `components` of each group's pairs, on the host (union-find): each response's smallest class
+    /// member's position in its group.
+    Components {
+        stage: u32,
+        node: NodeId,
+        source: BufferId,
+        target: BufferId,
+    },
     /// `uniform` at every element of the node's level, on the host (the same function as the
     /// interpreter's), keyed by the batch-level seed in `seed`.
     Uniform {
@@ -558,6 +566,8 @@ fn filter_variant(graph: &Graph) -> Vec<bool> {
             Op::Value(Value::N) | Op::Value(Value::RespIndex) | Op::SumByOther => true,
             Op::Rank { within } => *within != Level::Resp,
             Op::Uniform => node.shape.level != Level::Batch,
+            // A dropped response can be the only link between two others, and positions shift.
+            Op::Components => true,
             Op::ReduceSum | Op::ReduceMax | Op::ReduceMin | Op::Count => {
                 let from = graph.node(node.args[0]).shape.level;
                 let to = node.shape.level;
@@ -692,6 +702,17 @@ fn validate(graph: &Graph) -> Result<(), PlanError> {
                     return fail(index, "expected a batch-level seed");
                 }
             }
+            Op::Components => {
+                let ok = arity(1)
+                    && node.shape == Shape::new(Level::Resp)
+                    && arg_shape(0) == Some(&Shape::new(Level::Pair));
+                if !ok {
+                    return fail(
+                        index,
+                        "expected classes per response of a pair-level condition",
+                    );
+                }
+            }
             Op::Rank { within } => {
                 let ok = (arity(1) || arity(2))
                     && node.shape.feature.is_none()
@@ -784,7 +805,7 @@ fn indirect_operand(graph: &Graph, index: usize) -> Option<NodeId> {
         Op::Other => shape.level == Level::Resp,
         Op::Index(_) => matches!(shape.feature, Some(Feature::Rubric { .. })),
         Op::Shift { .. } => shape.level == Level::Tok,
-        Op::DistinctNgrams { .. } | Op::Rank { .. } | Op::Uniform => true,
+        Op::DistinctNgrams { .. } | Op::Rank { .. } | Op::Uniform | Op::Components => true,
         _ => false,
     };
     indirect.then_some(arg)
@@ -800,6 +821,7 @@ enum Kind {
     Ngrams,
     Rank,
     Uniform,
+    Components,
     /// An element-wise node stored because another node reads it at other elements.
     Stored,
 }
@@ -845,6 +867,7 @@ fn plan_phase(
                 Op::DistinctNgrams { .. } => Kind::Ngrams,
                 Op::Rank { .. } => Kind::Rank,
                 Op::Uniform => Kind::Uniform,
+                Op::Components => Kind::Components,
                 _ => Kind::Inline,
             }
         })
@@ -869,7 +892,12 @@ fn plan_phase(
         }
         if matches!(
             kind[index],
-            Kind::Inline | Kind::Ngrams | Kind::Rank | Kind::Uniform | Kind::Stored
+            Kind::Inline
+                | Kind::Ngrams
+                | Kind::Rank
+                | Kind::Uniform
+                | Kind::Components
+                | Kind::Stored
         ) {
             if let Some(operand) = indirect_operand(graph, index) {
                 if kind[operand.0 as usize] == Kind::Inline {
@@ -947,7 +975,7 @@ fn plan_phase(
                         kind: BufferKind::Value(id),
                         shape: node.shape.clone(),
                         // Ranks are integers up to the batch's token count: exact in f64.
-                        storage: if matches!(other, Kind::Rank | Kind::Uniform) {
+                        storage: if matches!(other, Kind::Rank | Kind::Uniform | Kind::Components) {
                             Precision::F64
                         } else {
                             ft
@@ -999,6 +1027,7 @@ fn plan_phase(
             | Kind::Ngrams
             | Kind::Rank
             | Kind::Uniform
+            | Kind::Components
             | Kind::Stored => {
                 stage_of[index] = latest(&node.args);
                 readable[index] = stage_of[index] + 1;
@@ -1013,9 +1042,12 @@ fn plan_phase(
         let domain = match kind[index] {
             _ if !needed[index] => continue,
             Kind::Reduce(_) => graph.node(graph.nodes[index].args[0]).shape.clone(),
-            Kind::Scan | Kind::Stored | Kind::Ngrams | Kind::Rank | Kind::Uniform => {
-                graph.nodes[index].shape.clone()
-            }
+            Kind::Scan
+            | Kind::Stored
+            | Kind::Ngrams
+            | Kind::Rank
+            | Kind::Uniform
+            | Kind::Components => graph.nodes[index].shape.clone(),
             Kind::Inline | Kind::Input | Kind::Carried => continue,
         };
         let reverse = match graph.nodes[index].op {
@@ -1028,7 +1060,10 @@ fn plan_phase(
                 producer: Producer::Materialize(NodeId(index as u32)),
                 domain,
                 reverse,
-                host: matches!(kind[index], Kind::Ngrams | Kind::Rank | Kind::Uniform),
+                host: matches!(
+                    kind[index],
+                    Kind::Ngrams | Kind::Rank | Kind::Uniform | Kind::Components
+                ),
             },
         ));
     }
@@ -1263,6 +1298,21 @@ fn plan_phase(
             let Producer::Materialize(id) = item.producer else {
                 unreachable!("only distinct_ngrams and rank run on the host")
             };
+            if graph.node(id).op == Op::Components {
+                let source = roles[graph.node(id).args[0].0 as usize]
+                    .buffer()
+                    .ok_or_else(|| PlanError("internal: components without a buffer".into()))?;
+                let target = roles[id.0 as usize]
+                    .buffer()
+                    .ok_or_else(|| PlanError("internal: components without a buffer".into()))?;
+                passes.push(Pass::Components {
+                    stage,
+                    node: id,
+                    source,
+                    target,
+                });
+                continue;
+            }
             if graph.node(id).op == Op::Uniform {
                 let seed = roles[graph.node(id).args[0].0 as usize]
                     .buffer()
@@ -1834,6 +1884,20 @@ fn phase_text(out: &mut String, graph: &Graph, phase: &Phase) {
                     out,
                     "  pass {number} (stage {stage}): uniform numbers keyed by {} → %{} in {} (host)",
                     buffer_text(graph, phase, *seed),
+                    node.0,
+                    buffer_text(graph, phase, *target)
+                );
+            }
+            Pass::Components {
+                stage,
+                node,
+                source,
+                target,
+            } => {
+                let _ = writeln!(
+                    out,
+                    "  pass {number} (stage {stage}): classes of the pairs {} (union-find per group) → %{} in {} (host)",
+                    buffer_text(graph, phase, *source),
                     node.0,
                     buffer_text(graph, phase, *target)
                 );

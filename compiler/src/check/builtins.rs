@@ -359,6 +359,10 @@ pub const AXIS_OPS: &[(&str, &str)] = &[
         "uniform(seed over LEVEL): a pseudo-random number in [0, 1) per element of LEVEL, keyed by the seed and the element's position (splitmix64; the same bits on every backend)",
     ),
     (
+        "components",
+        "components(same over others): the classes of the transitive closure of a pairwise verdict (a pair joins when either direction holds), as i32[resp]: each response's smallest class member's 0-based position in its group (no gradient)",
+    ),
+    (
         "quantile",
         "quantile(x over AXES, q = 0.5, mask = c): the q-quantile of the elements (where c holds), linearly interpolated as torch.quantile (no gradient)",
     ),

@@ -168,6 +168,9 @@ impl<'p> Checker<'p> {
         if name == "shift" || name == "distinct_ngrams" {
             return self.token_op(env, func, args, over, span);
         }
+        if name == "components" {
+            return self.components_op(env, func, args, over, span);
+        }
         if name == "uniform" {
             return self.uniform_op(env, func, args, over, span);
         }

@@ -20,7 +20,10 @@ impl<'p> Checker<'p> {
                         file,
                         format!("`{}` is not a level", axis.name),
                     )
-                    .label(axis.span, "expected `tok`, `resp`, `group` or `batch`");
+                    .label(
+                        axis.span,
+                        "expected `tok`, `pair`, `resp`, `group` or `batch`",
+                    );
                     if let Some(close) = closest_level(&axis.name) {
                         d = d.help(format!("did you mean `{close}`?"));
                     } else {
@@ -57,6 +60,18 @@ impl<'p> Checker<'p> {
                         }
                     },
                 };
+                if level == Level::Pair {
+                    self.error(
+                        Diagnostic::error(
+                            "rlx::feature_at_pair_level",
+                            file,
+                            "a pair-level value cannot carry a feature axis",
+                        )
+                        .label(ty.span, "one number per ordered pair of responses")
+                        .help("declare one input per feature, e.g. `bool[pair]`"),
+                    );
+                    return None;
+                }
                 if level == Level::Tok {
                     self.error(
                         Diagnostic::error(
@@ -120,6 +135,18 @@ impl<'p> Checker<'p> {
                     format!("a differentiable input must be f32, not {}", ty.elem.name()),
                 )
                 .label(type_span(&decl.ty), "not f32"),
+            );
+            return None;
+        }
+        if decl.role.is_some() && ty.level == Level::Pair {
+            self.error(
+                Diagnostic::error(
+                    "rlx::policy_type",
+                    file,
+                    "a pair input is data (a classifier's verdicts), not a model output",
+                )
+                .label(type_span(&decl.ty), "per pair of responses")
+                .help("differentiable inputs are per token or per response; drop `policy`/`value`"),
             );
             return None;
         }

@@ -304,6 +304,21 @@ impl<'p> Checker<'p> {
             );
             return None;
         }
+        if value.ty.level == Level::Pair {
+            self.error(
+                Diagnostic::error(
+                    "rlx::pairwise_level",
+                    file,
+                    format!("`other.{}` reads a pair value", name.name),
+                )
+                .label(span, format!("this is {}", value.ty))
+                .help(format!(
+                    "a pair value already belongs to the pair (this response, the other): write `{}`",
+                    name.name
+                )),
+            );
+            return None;
+        }
         let (ty, grad) = (
             value.ty.with_level(value.ty.level.max(Level::Resp)),
             value.grad,
@@ -323,6 +338,33 @@ impl<'p> Checker<'p> {
             .map(|p| p.ty.level)
             .max()
             .unwrap_or(Level::Batch);
+        // `tok` and `pair` are siblings below `resp`: neither broadcasts to the other, and a pair
+        // value has no feature axis (its pairwise term is one number per pair).
+        if level == Level::Pair {
+            let pair = parts.iter().find(|p| p.ty.level == Level::Pair).copied();
+            let other = parts
+                .iter()
+                .find(|p| p.ty.level == Level::Tok || p.ty.feature.is_some())
+                .copied();
+            if let (Some(pair), Some(other)) = (pair, other) {
+                let help = if other.ty.level == Level::Tok {
+                    "a pair of responses has no tokens: reduce them first, e.g. `mean(x over tok)`"
+                } else {
+                    "a pair value is one number per pair: reduce the feature axis first"
+                };
+                self.error(
+                    Diagnostic::error(
+                        "rlx::level_mismatch",
+                        file,
+                        format!("cannot combine {} with {}", pair.ty, other.ty),
+                    )
+                    .label(pair.span, format!("this is {}", pair.ty))
+                    .label(other.span, format!("this is {}", other.ty))
+                    .help(help),
+                );
+                return None;
+            }
+        }
         let mut feature: Option<(&Feature, &Expr)> = None;
         for part in parts {
             if let Some(f) = &part.ty.feature {

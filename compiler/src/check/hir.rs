@@ -297,6 +297,11 @@ pub enum ExprKind {
     Uniform {
         seed: Box<Expr>,
     },
+    /// `components(same over others)`: per response, the smallest 0-based position in its group of a
+    /// response joined to it by the closure of the verdict `arg` (read at each pair).
+    Components {
+        arg: Box<Expr>,
+    },
     /// Local bindings: a block, an inlined call of `function`, or a rubric's scoring (`function` is then
     /// the rubric's name).
     Let {
@@ -335,6 +340,7 @@ impl Expr {
             ExprKind::Shift { arg, fill, .. } => vec![arg, fill],
             ExprKind::DistinctNgrams { arg, .. } => vec![arg],
             ExprKind::Uniform { seed } => vec![seed],
+            ExprKind::Components { arg } => vec![arg],
             ExprKind::Rank { arg, mask, .. } => {
                 [&**arg].into_iter().chain(mask.as_deref()).collect()
             }

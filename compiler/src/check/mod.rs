@@ -10,6 +10,7 @@
 
 pub mod builtins;
 mod calls;
+mod components;
 mod decls;
 mod expr;
 pub mod hir;
@@ -403,7 +404,7 @@ fn type_span(ty: &ast::TypeExpr) -> Span {
 
 /// The level a mistyped level name means: a near miss (`rsep`) or a spelled-out one (`token`).
 fn closest_level(name: &str) -> Option<&'static str> {
-    const LEVELS: [&str; 4] = ["tok", "resp", "group", "batch"];
+    const LEVELS: [&str; 5] = ["tok", "pair", "resp", "group", "batch"];
     closest_name(name, LEVELS).or_else(|| LEVELS.into_iter().find(|level| name.starts_with(level)))
 }
 
@@ -413,6 +414,7 @@ fn suggest_axis(ty: &Ty) -> &'static str {
         (_, Some(Feature::Crit)) => "crit",
         (_, Some(Feature::Dim)) => "dim",
         (Level::Tok, _) => "tok",
+        (Level::Pair, _) => "others",
         (Level::Resp, _) => "resp",
         _ => "batch",
     }
@@ -433,6 +435,9 @@ fn reduction_help(ty: &Ty, op: &str) -> String {
         }
         (None, Level::Group) => format!("e.g. `{op}(x over batch)`"),
         (None, Level::Batch) => "a batch-level value has no axis left".to_string(),
+        (None, Level::Pair) => format!(
+            "a pair value reduces over the other responses first: `{op}(x over others)` per response"
+        ),
     }
 }
 
@@ -464,6 +469,7 @@ fn section_help(ty: &Ty, target: Level) -> String {
             }
             (Level::Tok, Level::Group) => "reduce it, e.g. `mean(x over tok, resp)`".into(),
             (Level::Resp, Level::Group) => "reduce it, e.g. `mean(x over resp)`".into(),
+            (Level::Pair, _) => "reduce the pairs of each response, e.g. `mean(x over others)`, or take their classes with `components(x over others)`".into(),
             _ => "reduce it to a coarser level".into(),
         };
     }

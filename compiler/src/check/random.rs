@@ -20,7 +20,7 @@ impl Checker<'_> {
         let file = self.file_of(env);
         let slots = self.match_args(file, func, &["seed"], 1, args, span)?;
         let level = over.and_then(|o| match o.axes.as_slice() {
-            [axis] => Level::from_name(&axis.name),
+            [axis] => Level::from_name(&axis.name).filter(|l| *l != Level::Pair),
             _ => None,
         });
         let Some(level) = level else {

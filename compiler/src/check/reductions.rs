@@ -106,6 +106,28 @@ impl<'p> Checker<'p> {
             };
         }
         let own = value.ty.level;
+        let pair_named = levels.iter().find(|(l, _)| *l == Level::Pair);
+        if own == Level::Pair || pair_named.is_some() {
+            let mut d = Diagnostic::error(
+                "rlx::pair_axis",
+                file,
+                if own == Level::Pair {
+                    format!(
+                        "{} varies over the other responses of its group; `over others` reduces that axis",
+                        value.ty
+                    )
+                } else {
+                    "`pair` is a level of values, not an axis to reduce".to_string()
+                },
+            )
+            .label(over.span, "reduce a pair value over `others`")
+            .label(value.span, format!("this is {}", value.ty));
+            d = d.help(format!(
+                "`{op_name}(x over others)` gives one value per response (over its pairs with the others); nest for coarser levels, e.g. `mean({op_name}(x over others) over batch)`"
+            ));
+            self.error(d);
+            return None;
+        }
         if own == Level::Batch {
             self.error(
                 Diagnostic::error(
@@ -438,7 +460,7 @@ impl<'p> Checker<'p> {
                     file,
                 )?,
             };
-            if !decay.ty.is_numeric() || decay.ty.level == Level::Tok || decay.ty.feature.is_some()
+            if !decay.ty.is_numeric() || decay.ty.level > Level::Resp || decay.ty.feature.is_some()
             {
                 self.type_error(
                     &decay,

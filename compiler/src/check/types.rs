@@ -1,5 +1,5 @@
-//! Value types: an element type, a level (`batch` < `group` < `resp` < `tok`) and at most one feature
-//! axis attached at the group or response level.
+//! Value types: an element type, a level (`batch` < `group` < `resp` < `tok`, and `pair` below `resp`
+//! beside `tok`) and at most one feature axis attached at the group or response level.
 
 use std::fmt;
 
@@ -15,6 +15,10 @@ pub enum Level {
     Group,
     Resp,
     Tok,
+    /// Ordered pairs (i, j ≠ i) of responses of one group: a pair input (`f32[pair]`, `bool[pair]`),
+    /// or what is computed from one. Below `resp` beside `tok` (neither is below the other); last in
+    /// the order so that no pair value fits a slot of another level.
+    Pair,
 }
 
 impl Level {
@@ -24,6 +28,7 @@ impl Level {
             Level::Group => "group",
             Level::Resp => "resp",
             Level::Tok => "tok",
+            Level::Pair => "pair",
         }
     }
 
@@ -33,14 +38,25 @@ impl Level {
             "group" => Level::Group,
             "resp" => Level::Resp,
             "tok" => Level::Tok,
+            "pair" => Level::Pair,
             _ => return None,
         })
+    }
+
+    /// Whether values at `self` broadcast to `finer`: a coarser level to a finer one along the tree
+    /// batch → group → resp → {tok, pair}; `tok` and `pair` never to each other.
+    pub fn broadcasts_to(self, finer: Level) -> bool {
+        match (self, finer) {
+            (a, b) if a == b => true,
+            (Level::Tok | Level::Pair, _) => false,
+            (a, b) => a < b,
+        }
     }
 
     /// The level one step coarser (what a reduction over this level's axis yields).
     pub fn coarser(self) -> Level {
         match self {
-            Level::Tok => Level::Resp,
+            Level::Tok | Level::Pair => Level::Resp,
             Level::Resp => Level::Group,
             Level::Group | Level::Batch => Level::Batch,
         }
@@ -119,7 +135,7 @@ impl Ty {
             || (target.elem == Elem::F32 && self.elem != Elem::F32)
             || (target.elem == Elem::I32 && self.elem == Elem::Bool);
         let feature_ok = self.feature.is_none() || self.feature == target.feature;
-        elem_ok && self.level <= target.level && feature_ok
+        elem_ok && self.level.broadcasts_to(target.level) && feature_ok
     }
 }
 
@@ -163,5 +179,17 @@ mod tests {
         assert!(!resp.fits(&group));
         assert!(Ty::new(Elem::Bool, Level::Resp).fits(&resp));
         assert!(!resp.fits(&Ty::new(Elem::Bool, Level::Resp)));
+    }
+
+    #[test]
+    fn pair_and_tok_are_siblings_below_resp() {
+        let pair = Ty::new(Elem::Bool, Level::Pair);
+        let tok = Ty::new(Elem::F32, Level::Tok);
+        assert!(Ty::new(Elem::F32, Level::Resp).fits(&Ty::new(Elem::F32, Level::Pair)));
+        assert!(!pair.fits(&tok));
+        assert!(!tok.fits(&Ty::new(Elem::F32, Level::Pair)));
+        assert!(!pair.fits(&Ty::new(Elem::Bool, Level::Resp)));
+        assert_eq!(Level::Pair.coarser(), Level::Resp);
+        assert_eq!(pair.to_string(), "bool[pair]");
     }
 }

@@ -191,6 +191,7 @@ fn params_to_inputs(expr: &mut Expr, base: u32) {
             params_to_inputs(arg, base)
         }
         ExprKind::Uniform { seed } => params_to_inputs(seed, base),
+        ExprKind::Components { arg } => params_to_inputs(arg, base),
         ExprKind::Rank { arg, mask, .. } => {
             params_to_inputs(arg, base);
             mask.iter_mut().for_each(|m| params_to_inputs(m, base));

@@ -343,6 +343,22 @@ def _other(L, x):
     return torch.where(mask, value, value.detach())
 
 
+def _components(L, x):
+    """The classes of the transitive closure of the pair condition `x` [B, B] (pair (i, j) joins i
+    and j when it is non-zero, so either direction suffices): each response's smallest class member's
+    position in its group. Labels start at the positions; each round lowers every label to the
+    smallest among the responses joined to it, until nothing changes. No gradient."""
+    joined = (_t(L, x).detach() != 0) & L.pmask
+    joined = joined | joined.T
+    labels = L.resp_index.to(torch.float64)
+    while True:
+        lowest = torch.where(joined, labels[None, :], math.inf).amin(1)
+        lowered = torch.minimum(labels, lowest)
+        if torch.equal(lowered, labels):
+            return labels.to(L.dtype)
+        labels = lowered
+
+
 def _sum_by_other(L, x):
     """For each response j, Σ over the pairs (i, j)."""
     mask = L.pmask if x.dim() == 2 else L.pmask[..., None]
@@ -685,6 +701,9 @@ def _input(L, batch, name):
         value = value[L.first_resp]
     if level == "tok":
         value = _fill_tok(L, value)
+    if level == "pair":
+        # Only (i, j) with j another response of i's group exists (a classifier's verdicts).
+        value = torch.where(L.pmask, value, torch.zeros_like(value))
     if feature == "crit":
         value = _fill_crit(L, value, level)
     return value
@@ -1159,6 +1178,22 @@ def _trl_batch_of(inputs_fn, prompts, completions, completion_ids, kwargs, token
                         f"whose completion_ids have {count} tokens"
                     )
             batch[name] = [values + [0.0] * (longest - len(values)) for values in rows]
+        elif level == "pair":  # per completion: its value with each other completion of its prompt
+            rows = [list(row) for row in column]
+            if len(rows) != size:
+                raise ValueError(f"the pair input `{name}` has {len(rows)} rows for {size} completions")
+            keys = batch["index"]
+            matrix = [[0.0] * size for _ in range(size)]
+            for i, values in enumerate(rows):
+                others = [j for j in range(size) if j != i and keys[j] == keys[i]]
+                if len(values) != len(others):
+                    raise ValueError(
+                        f"the pair input `{name}` has {len(values)} values for completion {i}, whose prompt has "
+                        f"{len(others)} other completions (one value per other completion, in order)"
+                    )
+                for j, value in zip(others, values):
+                    matrix[i][j] = float(value)
+            batch[name] = matrix
         elif feature == "crit":  # ragged: pad, and say which criteria each prompt has
             rows = [list(row) for row in column]
             width = max((len(row) for row in rows), default=0)

@@ -400,6 +400,7 @@ impl<'a> Emitter<'a> {
             ),
             Op::DistinctNgrams { n } => format!("_distinct_ngrams(L, {}, {n})", a(0)),
             Op::Uniform => format!("_uniform(L, {}, \"{dst}\")", self.atom(args[0])),
+            Op::Components => format!("_components(L, {})", a(0)),
             Op::Rank { within } => format!(
                 "_rank(L, {}, \"{}\", \"{dst}\", \"{}\"{})",
                 self.atom(args[0]),
@@ -532,6 +533,9 @@ impl<'a> Emitter<'a> {
                 Op::Value(Value::N) => return Some("`n`".into()),
                 Op::Value(Value::RespIndex) => return Some("`resp_index`".into()),
                 Op::Other | Op::SumByOther => return Some("a term `over others`".into()),
+                Op::Components => {
+                    return Some("`components` (classes of the group's pairs)".into())
+                }
                 Op::Rank { within } if *within != Level::Resp => {
                     return Some(format!("a rank within each {}", within.name()))
                 }

@@ -628,6 +628,22 @@ impl Lowerer<'_> {
                     Elem::F32,
                 )
             }
+            ExprKind::Components { arg } => {
+                // The verdict at every pair (a coarser one, e.g. a folded constant, raised to it).
+                let value = self.expr(arg);
+                let shape = self.shape(value);
+                let value = if shape.level == Level::Pair {
+                    value
+                } else {
+                    self.copy_to(value, Shape::new(Level::Pair))
+                };
+                self.builder.add(
+                    Op::Components,
+                    vec![value],
+                    Shape::new(Level::Resp),
+                    Elem::I32,
+                )
+            }
             ExprKind::Uniform { seed } => {
                 let seed = self.expr(seed);
                 let shape = self.shape_of(&expr.ty);

@@ -43,7 +43,7 @@ pub enum Level {
     Batch,
     Group,
     Resp,
-    /// Ordered pairs of distinct responses of one group (inside `… over others`).
+    /// Ordered pairs of distinct responses of one group (inside `… over others`, pair inputs).
     Pair,
     Tok,
 }
@@ -79,6 +79,7 @@ impl From<crate::check::types::Level> for Level {
             L::Group => Level::Group,
             L::Resp => Level::Resp,
             L::Tok => Level::Tok,
+            L::Pair => Level::Pair,
         }
     }
 }
@@ -201,6 +202,10 @@ pub enum Op {
     /// A pseudo-random number in [0, 1) per element of this node's level, keyed by the operand (the
     /// seed, batch-level) and the element's position (`uniform`); no gradient.
     Uniform,
+    /// For each response, the smallest 0-based position in its group of a response joined to it by
+    /// the transitive closure of the operand (a pair-level condition: pair (i, j) joins i and j when
+    /// it is non-zero, so either direction suffices); no gradient. Resp-level, i32.
+    Components,
     /// Sum of the operand's elements that map to each element of this node.
     ReduceSum,
     ReduceMax,
@@ -242,6 +247,7 @@ impl Op {
                 | Op::DistinctNgrams { .. }
                 | Op::Rank { .. }
                 | Op::Uniform
+                | Op::Components
         )
     }
 
