@@ -613,16 +613,11 @@ impl Compiled {
             .inputs
             .iter()
             .map(|input| {
-                let feature = input.shape.feature.as_ref().map(|f| match f {
-                    Feature::Crit => "crit".to_string(),
-                    Feature::Dim => "dim".to_string(),
-                    Feature::Rubric { index, .. } => self
-                        .graph
-                        .rubrics
-                        .get(*index as usize)
-                        .map(|r| r.name.clone())
-                        .unwrap_or_default(),
-                });
+                let feature = input
+                    .shape
+                    .feature
+                    .as_ref()
+                    .map(|f| rlx_compiler::ir::print::feature_text(&self.graph, f));
                 let ty = match &feature {
                     None => format!("{}[{}]", input.elem.name(), input.shape.level.name()),
                     Some(f) => format!("{}[{}, {f}]", input.elem.name(), input.shape.level.name()),

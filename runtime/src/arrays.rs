@@ -760,13 +760,27 @@ pub fn from_arrays_with<'a>(
     };
     let mut dim: Option<(usize, &str)> = None;
     for info in &graph.inputs {
-        if info.shape.feature != Some(Feature::Dim) {
-            continue;
-        }
+        // The array axis that gives the dim length: the feature column of a vector, a matrix's rows
+        // or columns (counted from the end: a batch-level matrix has no leading axis).
+        let from_end = match &info.shape.feature {
+            Some(Feature::Dim) => 1,
+            Some(Feature::Matrix { rows, .. }) if **rows == Feature::Dim => 2,
+            Some(Feature::Matrix { cols, .. }) if **cols == Feature::Dim => 1,
+            _ => continue,
+        };
         let Some(array) = given(&info.name) else {
             continue;
         };
-        let d = array.shape.get(1).copied().unwrap_or(0);
+        let d = match info.shape.feature {
+            Some(Feature::Dim) => array.shape.get(1).copied().unwrap_or(0),
+            _ => array
+                .shape
+                .len()
+                .checked_sub(from_end)
+                .and_then(|axis| array.shape.get(axis))
+                .copied()
+                .unwrap_or(0),
+        };
         match dim {
             None => dim = Some((d, &info.name)),
             Some((other, first)) if other != d => {
@@ -783,7 +797,12 @@ pub fn from_arrays_with<'a>(
         None => match graph
             .inputs
             .iter()
-            .find(|i| i.shape.feature == Some(Feature::Dim))
+            .find(|i| {
+                i.shape.feature == Some(Feature::Dim)
+                    || i.shape.feature.as_ref().and_then(|f| f.matrix()).is_some_and(|(r, c)| {
+                        *r == Feature::Dim || *c == Feature::Dim
+                    })
+            })
         {
             Some(info) => {
                 return Err(error(
@@ -850,10 +869,19 @@ pub fn from_arrays_with<'a>(
                 Some(Feature::Crit) => crits[g],
                 Some(Feature::Dim) => dim,
                 Some(Feature::Rubric { len, .. }) => *len as usize,
+                Some(feature @ Feature::Matrix { .. }) => feature.fixed_len(dim).unwrap_or(0),
             }
         };
         let columns = |wanted: &str| -> Result<usize, ArrayError> {
             match (&shape.feature, array.shape.len()) {
+                (Some(Feature::Matrix { rows, cols }), 3) => {
+                    let want = (rows.fixed_len(dim), cols.fixed_len(dim));
+                    if want == (Some(array.shape[1]), Some(array.shape[2])) {
+                        Ok(array.shape[1] * array.shape[2])
+                    } else {
+                        Err(bad_shape(wanted.to_string()))
+                    }
+                }
                 (None, 1) => Ok(1),
                 (Some(Feature::Crit), 2) => {
                     let c = array.shape[1];
@@ -952,12 +980,27 @@ pub fn from_arrays_with<'a>(
                 let width = match &shape.feature {
                     None => 1,
                     Some(Feature::Rubric { len, .. }) => *len as usize,
+                    Some(feature @ Feature::Matrix { .. }) => feature.fixed_len(dim).unwrap_or(0),
                     Some(_) => 0,
                 };
-                if array.shape.iter().product::<usize>() != width || array.shape.len() > 1 {
-                    return Err(bad_shape(format!(
-                        "one value per batch (shape [] or [{width}])"
-                    )));
+                let matrix = shape.feature.as_ref().and_then(|f| f.matrix());
+                let fits = match matrix {
+                    Some((rows, cols)) => {
+                        array.shape.len() == 2
+                            && Some(array.shape[0]) == rows.fixed_len(dim)
+                            && Some(array.shape[1]) == cols.fixed_len(dim)
+                    }
+                    None => array.shape.iter().product::<usize>() == width && array.shape.len() <= 1,
+                };
+                if !fits {
+                    return Err(bad_shape(match matrix {
+                        Some((rows, cols)) => format!(
+                            "one matrix per batch (shape [{}, {}])",
+                            rows.fixed_len(dim).unwrap_or(0),
+                            cols.fixed_len(dim).unwrap_or(0)
+                        ),
+                        None => format!("one value per batch (shape [] or [{width}])"),
+                    }));
                 }
                 None
             }
@@ -1098,6 +1141,7 @@ fn input_size(layout: &Layout, info: &InputInfo) -> usize {
         None => base,
         Some(Feature::Dim) => base * layout.dim,
         Some(Feature::Rubric { len, .. }) => base * *len as usize,
+        Some(feature @ Feature::Matrix { .. }) => base * feature.fixed_len(layout.dim).unwrap_or(0),
         Some(Feature::Crit) => match info.shape.level {
             Level::Group => layout.crit_offsets[layout.groups()],
             Level::Resp => (0..layout.groups())

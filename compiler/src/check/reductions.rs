@@ -309,21 +309,6 @@ impl<'p> Checker<'p> {
                 );
                 return None;
             }
-            if value.ty.feature.is_some() {
-                self.error(
-                    Diagnostic::error(
-                        "rlx::pairwise_level",
-                        file,
-                        format!(
-                            "a pairwise term must be one number per pair; this is {}",
-                            value.ty
-                        ),
-                    )
-                    .label(value.span, format!("this is {}", value.ty))
-                    .help("compare vectors with `cos(emb, other.emb)` or reduce the feature axis"),
-                );
-                return None;
-            }
         }
         let elem = match op {
             ReduceOp::Sum
