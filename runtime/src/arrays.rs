@@ -794,16 +794,14 @@ pub fn from_arrays_with<'a>(
     }
     let dim = match dim {
         Some((d, _)) => d,
-        None => match graph
-            .inputs
-            .iter()
-            .find(|i| {
-                i.shape.feature == Some(Feature::Dim)
-                    || i.shape.feature.as_ref().and_then(|f| f.matrix()).is_some_and(|(r, c)| {
-                        *r == Feature::Dim || *c == Feature::Dim
-                    })
-            })
-        {
+        None => match graph.inputs.iter().find(|i| {
+            i.shape.feature == Some(Feature::Dim)
+                || i.shape
+                    .feature
+                    .as_ref()
+                    .and_then(|f| f.matrix())
+                    .is_some_and(|(r, c)| *r == Feature::Dim || *c == Feature::Dim)
+        }) {
             Some(info) => {
                 return Err(error(
                     &info.name,
@@ -990,7 +988,9 @@ pub fn from_arrays_with<'a>(
                             && Some(array.shape[0]) == rows.fixed_len(dim)
                             && Some(array.shape[1]) == cols.fixed_len(dim)
                     }
-                    None => array.shape.iter().product::<usize>() == width && array.shape.len() <= 1,
+                    None => {
+                        array.shape.iter().product::<usize>() == width && array.shape.len() <= 1
+                    }
                 };
                 if !fits {
                     return Err(bad_shape(match matrix {
@@ -1312,6 +1312,65 @@ mod tests {
         let gradient = [1.0, 2.0, 3.0, 4.0, 5.0];
         let spread = batch.spread(0, ColumnRef::F64(&gradient)).expect("padded");
         assert_eq!(spread, Column::F64(vec![1.0, 2.0, 0.0, 3.0, 4.0, 5.0]));
+    }
+
+    #[test]
+    fn matrices_are_given_as_rows_and_columns() {
+        let source = "
+            rubric style {
+                criterion voice
+                criterion grounded
+            }
+            input judged : f32[resp, style]
+            input a      : f32[batch, style, style]
+            input w      : f32[group, dim, style]
+            input emb    : f32[resp, dim]
+            reward = dot(dot(judged, a), judged) + dot(dot(emb, w), judged)
+        ";
+        let checked = rlx_compiler::check_source("m.rlx", source);
+        let graph =
+            rlx_compiler::compile_graph(&checked.recipe.expect("checks"), &[]).expect("lowers");
+        let judged = [1.0f64, 0.0, 0.5, 0.5];
+        let a = [1.0f64, 2.0, 3.0, 4.0];
+        let w = [1.0f64, 0.0, 0.0, 1.0, 1.0, 1.0];
+        let emb = [1.0f64, 0.0, 0.0, 0.0, 1.0, 0.0];
+        let arrays = |a_shape: &[usize], w_shape: &[usize]| Arrays {
+            inputs: vec![
+                ("judged".into(), array(Elements::F64(&judged), &[2, 2])),
+                ("a".into(), array(Elements::F64(&a), a_shape)),
+                ("w".into(), array(Elements::F64(&w), w_shape)),
+                ("emb".into(), array(Elements::F64(&emb), &[2, 3])),
+            ],
+            index: Some(array(Elements::I64(&[0, 0]), &[2])),
+            ..Arrays::default()
+        };
+        // One group: w given once per group ([G, D, K]).
+        let given = arrays(&[2, 2], &[1, 3, 2]);
+        let batch = from_arrays(&graph, &given, Precision::F64).expect("a batch");
+        assert_eq!(batch.layout.dim, 3);
+        let run = Kernel::compile(&graph, &Options::default())
+            .expect("compiles")
+            .run_view(&batch.layout, &batch.columns(), &Context::default())
+            .expect("runs");
+        // Response 1: xᵀAx = 1; e = [1, 0, 0]: e·w = [1, 0], ·x = 1. Response 2: x = [0.5, 0.5]:
+        // xᵀAx = 0.25·(1 + 2 + 3 + 4) = 2.5; e = [0, 1, 0]: e·w = [0, 1], ·x = 0.5.
+        assert_eq!(run.reward, Some(vec![2.0, 3.0]));
+        for (a_shape, w_shape, wanted) in [
+            (
+                vec![4],
+                vec![1, 3, 2],
+                "one matrix per batch (shape [2, 2])",
+            ),
+            (vec![2, 2], vec![1, 6], "[G] or [G, K]"),
+            (vec![2, 2], vec![1, 2, 3], "[G] or [G, K]"),
+        ] {
+            let given = arrays(&a_shape, &w_shape);
+            let message = match from_arrays(&graph, &given, Precision::F64) {
+                Ok(_) => panic!("{a_shape:?} {w_shape:?}: accepted"),
+                Err(error) => error.to_string(),
+            };
+            assert!(message.contains(wanted), "{message}\nwanted: {wanted}");
+        }
     }
 
     #[test]

@@ -103,8 +103,7 @@ pub fn batch(graph: &Graph, spec: &Spec) -> Batch {
     };
     let uses_dim = graph.inputs.iter().any(|i| {
         i.shape.feature == Some(Feature::Dim)
-            || i
-                .shape
+            || i.shape
                 .feature
                 .as_ref()
                 .and_then(|f| f.matrix())

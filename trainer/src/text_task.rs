@@ -186,7 +186,10 @@ pub fn bind_signals(
         .map(|i| input_decl(graph, i))
         .collect();
     if let Some(input) = graph.inputs.iter().find(|i| {
-        i.shape.feature.as_ref().is_some_and(|f| f.matrix().is_some())
+        i.shape
+            .feature
+            .as_ref()
+            .is_some_and(|f| f.matrix().is_some())
             && (specs.contains_key(&i.name) || i.default.is_none())
     }) {
         return Err(format!(

@@ -771,7 +771,8 @@ impl Gen<'_> {
             Op::SpreadRows | Op::SpreadCols => {
                 let operand = node.args[0];
                 let shape = graph.node(operand).shape.clone();
-                let k = self.matrix_coordinate(node.shape.feature.as_ref(), node.op == Op::SpreadRows)?;
+                let k =
+                    self.matrix_coordinate(node.shape.feature.as_ref(), node.op == Op::SpreadRows)?;
                 let index = self.index(&shape, false, Some(&k))?;
                 self.load_node(operand, &index)?
             }

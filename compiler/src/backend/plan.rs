@@ -800,7 +800,9 @@ fn validate(graph: &Graph) -> Result<(), PlanError> {
         let axes: Vec<&Feature> = match &shape.feature {
             Some(Feature::Matrix { rows, cols }) => {
                 if rows.matrix().is_some() || cols.matrix().is_some() {
-                    return Err(PlanError(format!("internal: a matrix of matrices ({shape})")));
+                    return Err(PlanError(format!(
+                        "internal: a matrix of matrices ({shape})"
+                    )));
                 }
                 vec![rows, cols]
             }
@@ -1220,7 +1222,8 @@ fn plan_phase(
                                 let depth = shape_path(&from).len();
                                 let to = node.shape.clone();
                                 let parallel = path.first() == Some(&LoopKind::Group);
-                                let partial = to.level == Level::Batch && parallel && !op.in_memory();
+                                let partial =
+                                    to.level == Level::Batch && parallel && !op.in_memory();
                                 let (target_value, target_count, target_depth) = if partial {
                                     let partial_value = add(
                                         &mut buffers,

@@ -232,7 +232,11 @@ impl<'p> Checker<'p> {
             }
         }
         let name = if func == Func::Dot { "dot" } else { "outer" };
-        let level = args.iter().map(|a| a.ty.level).max().unwrap_or(Level::Batch);
+        let level = args
+            .iter()
+            .map(|a| a.ty.level)
+            .max()
+            .unwrap_or(Level::Batch);
         if level == Level::Tok {
             let token = args.iter().find(|a| a.ty.level == Level::Tok)?;
             self.error(
@@ -286,7 +290,10 @@ impl<'p> Checker<'p> {
                 (None, _) | (_, None) => {
                     axes_error(
                         self,
-                        format!("`dot` contracts a feature axis; {} and {} do not both have one", a.ty, b.ty),
+                        format!(
+                            "`dot` contracts a feature axis; {} and {} do not both have one",
+                            a.ty, b.ty
+                        ),
                         "multiply element by element with `*`",
                     );
                     return None;

@@ -103,9 +103,13 @@ impl<'p> Checker<'p> {
         }
         if level == Level::Batch && features.first().is_some_and(|(f, _)| *f == Feature::Crit) {
             self.error(
-                Diagnostic::error("rlx::ragged_feature", file, "`crit` lists differ per prompt")
-                    .label(ty.span, "a batch-level value cannot have a `crit` axis")
-                    .help("use `group` for per-prompt criteria: `f32[group, crit]`"),
+                Diagnostic::error(
+                    "rlx::ragged_feature",
+                    file,
+                    "`crit` lists differ per prompt",
+                )
+                .label(ty.span, "a batch-level value cannot have a `crit` axis")
+                .help("use `group` for per-prompt criteria: `f32[group, crit]`"),
             );
             return None;
         }

@@ -182,6 +182,21 @@ def _axis_width(L, axis):
     return L.D if axis == "dim" else int(axis.rpartition("/")[2])
 
 
+def _matrix_dim(feature, shape, level):
+    """The `dim` length a matrix input of `shape` gives ([.., R, C] or flat [.., R*C]); 0 if none."""
+    rows, cols = feature.split("*")
+    if "dim" not in (rows, cols):
+        return 0
+    nested = len(shape) == (0 if level == "batch" else 1) + 2
+    if nested:
+        return int(shape[-2] if rows == "dim" else shape[-1])
+    width = int(shape[-1]) if len(shape) else 0
+    if rows == "dim" and cols == "dim":
+        return math.isqrt(width)
+    other = cols if rows == "dim" else rows
+    return width // int(other.rpartition("/")[2])
+
+
 def _spread(L, x, matrix, rows):
     """A vector [.., A] spread over a matrix `matrix` ("ROWS*COLS", flat row-major): y[a, b] = x[a]
     along the rows (`rows`), else y[a, b] = x[b] (`SpreadRows`, `SpreadCols`)."""
@@ -672,11 +687,7 @@ def _layout(batch, needed, tokens):
         if feature == "dim":
             dim = int(shape[-1])
         elif feature is not None and "*" in feature:
-            rows, cols = feature.split("*")
-            if cols == "dim":
-                dim = int(shape[-1])
-            elif rows == "dim":
-                dim = int(shape[-2])
+            dim = _matrix_dim(feature, shape, _parse(INPUTS[name][0])[0]) or dim
     if crit_mask is not None:
         crit_mask = torch.as_tensor(crit_mask, device=device) != 0
     return _Layout(
@@ -708,13 +719,10 @@ def _input(L, batch, name):
     if level == "group":
         expected = (L.B,) + expected[1:]
     if feature is not None and "*" in feature:
-        # A matrix is given as [.., R, C] and laid out flat, row-major, [.., R*C].
+        # A matrix is given as [.., R, C] (or already flat, row-major, [.., R*C]) and laid out flat.
         rows, cols = (_axis_width(L, axis) for axis in feature.split("*"))
-        if tuple(value.shape) != tuple(expected[:-1]) + (rows, cols):
-            raise ValueError(
-                f"input `{name}` ({shape}) has shape {tuple(value.shape)}; this batch needs {tuple(expected[:-1]) + (rows, cols)}"
-            )
-        value = value.reshape(expected)
+        if tuple(value.shape) == tuple(expected[:-1]) + (rows, cols):
+            value = value.reshape(expected)
     if level == "batch" and feature is None and value.numel() == 1:
         value = value.reshape(())
     if tuple(value.shape) != tuple(expected):

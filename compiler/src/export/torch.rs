@@ -98,7 +98,11 @@ fn feature_atom(graph: &Graph, feature: &Feature) -> String {
             format!("{name}/{len}")
         }
         Feature::Matrix { rows, cols } => {
-            format!("{}*{}", feature_atom(graph, rows), feature_atom(graph, cols))
+            format!(
+                "{}*{}",
+                feature_atom(graph, rows),
+                feature_atom(graph, cols)
+            )
         }
     }
 }

@@ -293,13 +293,17 @@ impl Lowerer<'_> {
     /// A matrix summed over its rows (`ContractRows`) or columns (`ContractCols`), at its own level.
     fn contract(&mut self, op: Op, m: NodeId) -> NodeId {
         let shape = self.shape(m);
-        let feature = shape.feature.as_ref().and_then(|f| f.matrix()).map(|(rows, cols)| {
-            if op == Op::ContractRows {
-                cols.clone()
-            } else {
-                rows.clone()
-            }
-        });
+        let feature = shape
+            .feature
+            .as_ref()
+            .and_then(|f| f.matrix())
+            .map(|(rows, cols)| {
+                if op == Op::ContractRows {
+                    cols.clone()
+                } else {
+                    rows.clone()
+                }
+            });
         self.builder.add(
             op,
             vec![m],

@@ -109,7 +109,9 @@ impl Feature {
             Feature::Crit => None,
             Feature::Dim => Some(dim),
             Feature::Rubric { len, .. } => Some(*len as usize),
-            Feature::Matrix { rows, cols } => rows.fixed_len(dim)?.checked_mul(cols.fixed_len(dim)?),
+            Feature::Matrix { rows, cols } => {
+                rows.fixed_len(dim)?.checked_mul(cols.fixed_len(dim)?)
+            }
         }
     }
 

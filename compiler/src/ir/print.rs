@@ -20,7 +20,11 @@ pub fn feature_text(graph: &Graph, feature: &Feature) -> String {
             .map(|r| r.name.clone())
             .unwrap_or_else(|| "?".into()),
         Feature::Matrix { rows, cols } => {
-            format!("{}, {}", feature_text(graph, rows), feature_text(graph, cols))
+            format!(
+                "{}, {}",
+                feature_text(graph, rows),
+                feature_text(graph, cols)
+            )
         }
         other => other.to_string(),
     }
