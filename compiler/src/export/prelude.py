@@ -718,6 +718,9 @@ def _input(L, batch, name):
     expected = L.shape(shape)
     if level == "group":
         expected = (L.B,) + expected[1:]
+    if level == "batch" and feature is not None and value.dim() > len(expected) and value.shape[0] == 1:
+        # One row of a batch-level vector or matrix (verl's per-sample `compute_score` wraps each value).
+        value = value[0]
     if feature is not None and "*" in feature:
         # A matrix is given as [.., R, C] (or already flat, row-major, [.., R*C]) and laid out flat.
         rows, cols = (_axis_width(L, axis) for axis in feature.split("*"))
