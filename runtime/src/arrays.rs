@@ -771,6 +771,13 @@ pub fn from_arrays_with<'a>(
         let Some(array) = given(&info.name) else {
             continue;
         };
+        let matrix_rank = usize::from(info.shape.level != Level::Batch) + 2;
+        if from_end == 2 || info.shape.feature != Some(Feature::Dim) {
+            // A matrix of the wrong rank gives no dim; its shape error names it below.
+            if array.shape.len() != matrix_rank {
+                continue;
+            }
+        }
         let d = match info.shape.feature {
             Some(Feature::Dim) => array.shape.get(1).copied().unwrap_or(0),
             _ => array
@@ -1346,7 +1353,7 @@ mod tests {
         };
         // One group: w given once per group ([G, D, K]).
         let given = arrays(&[2, 2], &[1, 3, 2]);
-        let batch = from_arrays(&graph, &given, Precision::F64).expect("a batch");
+        let batch = from_arrays(&graph, &given, Precision::F32).expect("a batch");
         assert_eq!(batch.layout.dim, 3);
         let run = Kernel::compile(&graph, &Options::default())
             .expect("compiles")
@@ -1362,10 +1369,11 @@ mod tests {
                 "one matrix per batch (shape [2, 2])",
             ),
             (vec![2, 2], vec![1, 6], "[G] or [G, K]"),
-            (vec![2, 2], vec![1, 2, 3], "[G] or [G, K]"),
+            // Rows and columns swapped: w's rows say D = 2, emb's columns D = 3.
+            (vec![2, 2], vec![1, 2, 3], "one dim length per batch"),
         ] {
             let given = arrays(&a_shape, &w_shape);
-            let message = match from_arrays(&graph, &given, Precision::F64) {
+            let message = match from_arrays(&graph, &given, Precision::F32) {
                 Ok(_) => panic!("{a_shape:?} {w_shape:?}: accepted"),
                 Err(error) => error.to_string(),
             };
