@@ -271,7 +271,7 @@ impl Axis<'_> {
             (Axis::Dim, Axis::Dim) => (0..=len).find(|d| d * d >= len).filter(|d| d * d == len),
             (Axis::Dim, other) | (other, Axis::Dim) => {
                 let k = other.width(0);
-                (k > 0 && len % k == 0).then(|| len / k)
+                (k > 0 && len.is_multiple_of(k)).then(|| len / k)
             }
             _ => None,
         }
