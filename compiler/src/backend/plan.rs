@@ -797,19 +797,18 @@ fn validate(graph: &Graph) -> Result<(), PlanError> {
         .map(|n| &n.shape)
         .chain(graph.inputs.iter().map(|i| &i.shape))
     {
-        let axes: Vec<&Feature> = match &shape.feature {
+        let axes: [Option<&Feature>; 2] = match &shape.feature {
             Some(Feature::Matrix { rows, cols }) => {
                 if rows.matrix().is_some() || cols.matrix().is_some() {
                     return Err(PlanError(format!(
                         "internal: a matrix of matrices ({shape})"
                     )));
                 }
-                vec![rows, cols]
+                [Some(rows), Some(cols)]
             }
-            Some(feature) => vec![feature],
-            None => vec![],
+            feature => [feature.as_ref(), None],
         };
-        for axis in axes {
+        for axis in axes.into_iter().flatten() {
             if let Feature::Rubric { index, len } = axis {
                 let declared = graph.rubrics.get(*index as usize).map(|r| r.criteria.len());
                 if declared != Some(*len as usize) {
