@@ -16,7 +16,7 @@ use pyo3::types::{PyDict, PyList};
 use rlx_compiler::artifact;
 use rlx_compiler::hir::Recipe as Declarations;
 use rlx_compiler::ir::cut::{self, Given};
-use rlx_compiler::ir::{Elem, Feature, Graph, Level, RolloutInfo, RolloutValueInfo};
+use rlx_compiler::ir::{Elem, Graph, Level, RolloutInfo, RolloutValueInfo};
 use rlx_runtime::arrays::{self, Array, ArrayBatch, ArrayError, Arrays, Defaults, Elements};
 use rlx_runtime::cuda::GpuKernel;
 use rlx_runtime::interp::Context;
