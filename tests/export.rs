@@ -136,9 +136,8 @@ struct Padded {
 
 fn feature_len(shape: &Shape, dim: usize) -> usize {
     match &shape.feature {
-        Some(Feature::Dim) => dim,
-        Some(Feature::Rubric { len, .. }) => *len as usize,
-        _ => 1,
+        Some(feature) => feature.fixed_len(dim).unwrap_or(1),
+        None => 1,
     }
 }
 

@@ -15,7 +15,7 @@ use rlx_compiler::{stdlib, FileId};
 /// Argument expressions, the likeliest kinds first; each input is declared by `DECLARATIONS`.
 const CANDIDATES: &[&str] = &[
     "x_tok", "x_resp", "0.5", "x_group", "b_resp", "i_resp", "x_crit", "w_crit", "b_crit", "i_tok",
-    "e_dim", "2",
+    "e_dim", "2", "m_dim",
 ];
 
 const DECLARATIONS: &str = "\
@@ -29,6 +29,7 @@ input w_crit : f32[group, crit]
 input b_crit : bool[resp, crit]
 input i_tok  : i32[tok]
 input e_dim  : f32[resp, dim]
+input m_dim  : f32[batch, dim, dim]
 ";
 
 /// The most assignments tried per function (the largest search, four required arguments, needs far

@@ -608,6 +608,27 @@ impl Artifact {
         Ok(&self.graph)
     }
 
+    /// An input's feature axis as the checker's type names it.
+    fn ty_feature(&self, input: &str, feature: &Feature) -> Result<TyFeature, ArtifactError> {
+        Ok(match feature {
+            Feature::Crit => TyFeature::Crit,
+            Feature::Dim => TyFeature::Dim,
+            Feature::Rubric { index, .. } => {
+                let rubric = self.rubrics.get(*index as usize).ok_or_else(|| {
+                    ArtifactError::new(
+                        ErrorKind::Invalid,
+                        format!("invalid artifact: input `{input}` names rubric #{index}"),
+                    )
+                })?;
+                TyFeature::Rubric(rubric.name.clone())
+            }
+            Feature::Matrix { rows, cols } => TyFeature::Matrix(
+                Box::new(self.ty_feature(input, rows)?),
+                Box::new(self.ty_feature(input, cols)?),
+            ),
+        })
+    }
+
     /// The recipe's declarations (inputs, params, rubric names and criteria) as a HIR recipe with no
     /// sections: what rollout files are read against (`rlx_runtime::rollouts::read_rollouts`). It has
     /// no reward, loss or rubric formulas; run the graph, never lower this.
@@ -626,14 +647,7 @@ impl Artifact {
             };
             let feature = match &input.shape.feature {
                 None => None,
-                Some(Feature::Crit) => Some(TyFeature::Crit),
-                Some(Feature::Dim) => Some(TyFeature::Dim),
-                Some(Feature::Rubric { index, .. }) => {
-                    let rubric = self.rubrics.get(*index as usize).ok_or_else(|| {
-                        invalid(format!("input `{}` names rubric #{index}", input.name))
-                    })?;
-                    Some(TyFeature::Rubric(rubric.name.clone()))
-                }
+                Some(feature) => Some(self.ty_feature(&input.name, feature)?),
             };
             inputs.push(hir::Input {
                 name: input.name.clone(),

@@ -16,7 +16,7 @@ use pyo3::types::{PyDict, PyList};
 use rlx_compiler::artifact;
 use rlx_compiler::hir::Recipe as Declarations;
 use rlx_compiler::ir::cut::{self, Given};
-use rlx_compiler::ir::{Elem, Feature, Graph, Level, RolloutInfo, RolloutValueInfo};
+use rlx_compiler::ir::{Elem, Graph, Level, RolloutInfo, RolloutValueInfo};
 use rlx_runtime::arrays::{self, Array, ArrayBatch, ArrayError, Arrays, Defaults, Elements};
 use rlx_runtime::cuda::GpuKernel;
 use rlx_runtime::interp::Context;
@@ -613,16 +613,11 @@ impl Compiled {
             .inputs
             .iter()
             .map(|input| {
-                let feature = input.shape.feature.as_ref().map(|f| match f {
-                    Feature::Crit => "crit".to_string(),
-                    Feature::Dim => "dim".to_string(),
-                    Feature::Rubric { index, .. } => self
-                        .graph
-                        .rubrics
-                        .get(*index as usize)
-                        .map(|r| r.name.clone())
-                        .unwrap_or_default(),
-                });
+                let feature = input
+                    .shape
+                    .feature
+                    .as_ref()
+                    .map(|f| rlx_compiler::ir::print::feature_text(&self.graph, f));
                 let ty = match &feature {
                     None => format!("{}[{}]", input.elem.name(), input.shape.level.name()),
                     Some(f) => format!("{}[{}, {f}]", input.elem.name(), input.shape.level.name()),

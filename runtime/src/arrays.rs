@@ -761,13 +761,34 @@ pub fn from_arrays_with<'a>(
     };
     let mut dim: Option<(usize, &str)> = None;
     for info in &graph.inputs {
-        if info.shape.feature != Some(Feature::Dim) {
-            continue;
-        }
+        // The array axis that gives the dim length: the feature column of a vector, a matrix's rows
+        // or columns (counted from the end: a batch-level matrix has no leading axis).
+        let from_end = match &info.shape.feature {
+            Some(Feature::Dim) => 1,
+            Some(Feature::Matrix { rows, .. }) if **rows == Feature::Dim => 2,
+            Some(Feature::Matrix { cols, .. }) if **cols == Feature::Dim => 1,
+            _ => continue,
+        };
         let Some(array) = given(&info.name) else {
             continue;
         };
-        let d = array.shape.get(1).copied().unwrap_or(0);
+        let matrix_rank = usize::from(info.shape.level != Level::Batch) + 2;
+        if from_end == 2 || info.shape.feature != Some(Feature::Dim) {
+            // A matrix of the wrong rank gives no dim; its shape error names it below.
+            if array.shape.len() != matrix_rank {
+                continue;
+            }
+        }
+        let d = match info.shape.feature {
+            Some(Feature::Dim) => array.shape.get(1).copied().unwrap_or(0),
+            _ => array
+                .shape
+                .len()
+                .checked_sub(from_end)
+                .and_then(|axis| array.shape.get(axis))
+                .copied()
+                .unwrap_or(0),
+        };
         match dim {
             None => dim = Some((d, &info.name)),
             Some((other, first)) if other != d => {
@@ -781,11 +802,14 @@ pub fn from_arrays_with<'a>(
     }
     let dim = match dim {
         Some((d, _)) => d,
-        None => match graph
-            .inputs
-            .iter()
-            .find(|i| i.shape.feature == Some(Feature::Dim))
-        {
+        None => match graph.inputs.iter().find(|i| {
+            i.shape.feature == Some(Feature::Dim)
+                || i.shape
+                    .feature
+                    .as_ref()
+                    .and_then(|f| f.matrix())
+                    .is_some_and(|(r, c)| *r == Feature::Dim || *c == Feature::Dim)
+        }) {
             Some(info) => {
                 return Err(error(
                     &info.name,
@@ -851,10 +875,19 @@ pub fn from_arrays_with<'a>(
                 Some(Feature::Crit) => crits[g],
                 Some(Feature::Dim) => dim,
                 Some(Feature::Rubric { len, .. }) => *len as usize,
+                Some(feature @ Feature::Matrix { .. }) => feature.fixed_len(dim).unwrap_or(0),
             }
         };
         let columns = |wanted: &str| -> Result<usize, ArrayError> {
             match (&shape.feature, array.shape.len()) {
+                (Some(Feature::Matrix { rows, cols }), 3) => {
+                    let want = (rows.fixed_len(dim), cols.fixed_len(dim));
+                    if want == (Some(array.shape[1]), Some(array.shape[2])) {
+                        Ok(array.shape[1] * array.shape[2])
+                    } else {
+                        Err(bad_shape(wanted.to_string()))
+                    }
+                }
                 (None, 1) => Ok(1),
                 (Some(Feature::Crit), 2) => {
                     let c = array.shape[1];
@@ -953,12 +986,29 @@ pub fn from_arrays_with<'a>(
                 let width = match &shape.feature {
                     None => 1,
                     Some(Feature::Rubric { len, .. }) => *len as usize,
+                    Some(feature @ Feature::Matrix { .. }) => feature.fixed_len(dim).unwrap_or(0),
                     Some(_) => 0,
                 };
-                if array.shape.iter().product::<usize>() != width || array.shape.len() > 1 {
-                    return Err(bad_shape(format!(
-                        "one value per batch (shape [] or [{width}])"
-                    )));
+                let matrix = shape.feature.as_ref().and_then(|f| f.matrix());
+                let fits = match matrix {
+                    Some((rows, cols)) => {
+                        array.shape.len() == 2
+                            && Some(array.shape[0]) == rows.fixed_len(dim)
+                            && Some(array.shape[1]) == cols.fixed_len(dim)
+                    }
+                    None => {
+                        array.shape.iter().product::<usize>() == width && array.shape.len() <= 1
+                    }
+                };
+                if !fits {
+                    return Err(bad_shape(match matrix {
+                        Some((rows, cols)) => format!(
+                            "one matrix per batch (shape [{}, {}])",
+                            rows.fixed_len(dim).unwrap_or(0),
+                            cols.fixed_len(dim).unwrap_or(0)
+                        ),
+                        None => format!("one value per batch (shape [] or [{width}])"),
+                    }));
                 }
                 None
             }
@@ -1123,6 +1173,7 @@ fn input_size(layout: &Layout, info: &InputInfo) -> usize {
         None => base,
         Some(Feature::Dim) => base * layout.dim,
         Some(Feature::Rubric { len, .. }) => base * *len as usize,
+        Some(feature @ Feature::Matrix { .. }) => base * feature.fixed_len(layout.dim).unwrap_or(0),
         Some(Feature::Crit) => match info.shape.level {
             Level::Group => layout.crit_offsets[layout.groups()],
             Level::Resp => (0..layout.groups())
@@ -1293,6 +1344,66 @@ mod tests {
         let gradient = [1.0, 2.0, 3.0, 4.0, 5.0];
         let spread = batch.spread(0, ColumnRef::F64(&gradient)).expect("padded");
         assert_eq!(spread, Column::F64(vec![1.0, 2.0, 0.0, 3.0, 4.0, 5.0]));
+    }
+
+    #[test]
+    fn matrices_are_given_as_rows_and_columns() {
+        let source = "
+            rubric style {
+                criterion voice
+                criterion grounded
+            }
+            input judged : f32[resp, style]
+            input a      : f32[batch, style, style]
+            input w      : f32[group, dim, style]
+            input emb    : f32[resp, dim]
+            reward = dot(dot(judged, a), judged) + dot(dot(emb, w), judged)
+        ";
+        let checked = rlx_compiler::check_source("m.rlx", source);
+        let graph =
+            rlx_compiler::compile_graph(&checked.recipe.expect("checks"), &[]).expect("lowers");
+        let judged = [1.0f64, 0.0, 0.5, 0.5];
+        let a = [1.0f64, 2.0, 3.0, 4.0];
+        let w = [1.0f64, 0.0, 0.0, 1.0, 1.0, 1.0];
+        let emb = [1.0f64, 0.0, 0.0, 0.0, 1.0, 0.0];
+        let arrays = |a_shape: &[usize], w_shape: &[usize]| Arrays {
+            inputs: vec![
+                ("judged".into(), array(Elements::F64(&judged), &[2, 2])),
+                ("a".into(), array(Elements::F64(&a), a_shape)),
+                ("w".into(), array(Elements::F64(&w), w_shape)),
+                ("emb".into(), array(Elements::F64(&emb), &[2, 3])),
+            ],
+            index: Some(array(Elements::I64(&[0, 0]), &[2])),
+            ..Arrays::default()
+        };
+        // One group: w given once per group ([G, D, K]).
+        let given = arrays(&[2, 2], &[1, 3, 2]);
+        let batch = from_arrays(&graph, &given, Precision::F32).expect("a batch");
+        assert_eq!(batch.layout.dim, 3);
+        let run = Kernel::compile(&graph, &Options::default())
+            .expect("compiles")
+            .run_view(&batch.layout, &batch.columns(), &Context::default())
+            .expect("runs");
+        // Response 1: xᵀAx = 1; e = [1, 0, 0]: e·w = [1, 0], ·x = 1. Response 2: x = [0.5, 0.5]:
+        // xᵀAx = 0.25·(1 + 2 + 3 + 4) = 2.5; e = [0, 1, 0]: e·w = [0, 1], ·x = 0.5.
+        assert_eq!(run.reward, Some(vec![2.0, 3.0]));
+        for (a_shape, w_shape, wanted) in [
+            (
+                vec![4],
+                vec![1, 3, 2],
+                "one matrix per batch (shape [2, 2])",
+            ),
+            (vec![2, 2], vec![1, 6], "[G] or [G, K]"),
+            // Rows and columns swapped: w's rows say D = 2, emb's columns D = 3.
+            (vec![2, 2], vec![1, 2, 3], "one dim length per batch"),
+        ] {
+            let given = arrays(&a_shape, &w_shape);
+            let message = match from_arrays(&graph, &given, Precision::F32) {
+                Ok(_) => panic!("{a_shape:?} {w_shape:?}: accepted"),
+                Err(error) => error.to_string(),
+            };
+            assert!(message.contains(wanted), "{message}\nwanted: {wanted}");
+        }
     }
 
     #[test]

@@ -86,7 +86,30 @@ impl Geometry {
             Feature::Rubric { index, .. } => {
                 self.rubric_lens.get(*index as usize).copied().unwrap_or(0)
             }
+            Feature::Matrix { rows, cols } => {
+                self.feature_len(rows, level, base) * self.feature_len(cols, level, base)
+            }
         }
+    }
+
+    /// For each element (e, a·cols + b) of the matrix-shaped `matrix`, the element of `vector` (a
+    /// vector along the matrix's rows axis when `rows`, else its columns axis, at the same or a
+    /// coarser level) that it reads: (e, a) or (e, b). `SpreadRows`/`SpreadCols` read through it;
+    /// `ContractCols`/`ContractRows` accumulate through it.
+    pub fn matrix_map(&self, matrix: &Shape, vector: &Shape, rows: bool) -> Vec<usize> {
+        let Some(Feature::Matrix { cols, .. }) = &matrix.feature else {
+            return Vec::new();
+        };
+        let offsets = self.crit_offsets(vector);
+        self.elements(matrix)
+            .into_iter()
+            .map(|(base, f)| {
+                let width = self.feature_len(cols, matrix.level, base).max(1);
+                let along = if rows { f / width } else { f % width };
+                let up = self.lift(matrix.level, vector.level, base);
+                self.index_of(vector, &offsets, up, along)
+            })
+            .collect()
     }
 
     /// Base element and feature index of every element of a shape.

@@ -625,6 +625,28 @@ impl<'g> Evaluator<'g> {
                 }
                 out
             }
+            Op::SpreadRows | Op::SpreadCols => {
+                let arg_shape = self.graph.node(node.args[0]).shape.clone();
+                let map =
+                    self.geometry
+                        .matrix_map(&node.shape, &arg_shape, node.op == Op::SpreadRows);
+                let values = self.value(node.args[0]);
+                map.iter()
+                    .map(|&e| values.get(e).copied().unwrap_or(f64::NAN))
+                    .collect()
+            }
+            Op::ContractRows | Op::ContractCols => {
+                let arg_shape = self.graph.node(node.args[0]).shape.clone();
+                let map =
+                    self.geometry
+                        .matrix_map(&arg_shape, &node.shape, node.op == Op::ContractCols);
+                let values = self.value(node.args[0]);
+                let mut out = vec![0.0; size];
+                for (element, &target) in map.iter().enumerate() {
+                    out[target] += values.get(element).copied().unwrap_or(values[0]);
+                }
+                out
+            }
             Op::Other => {
                 let arg_shape = self.graph.node(node.args[0]).shape.clone();
                 let map = self.geometry.other_map(&node.shape, &arg_shape);

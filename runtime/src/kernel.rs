@@ -315,6 +315,10 @@ impl Tables {
             Some(Feature::Rubric { index, .. }) => base
                 .checked_mul(self.rubric_lens.get(*index as usize).copied().unwrap_or(0))
                 .ok_or_else(too_large),
+            Some(feature @ Feature::Matrix { .. }) => feature
+                .fixed_len(self.dim)
+                .and_then(|width| base.checked_mul(width))
+                .ok_or_else(too_large),
         }
     }
 }

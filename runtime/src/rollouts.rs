@@ -30,6 +30,7 @@
 //! | `T[group, crit]` | an array of length `C_g`; the same on every line of the group |
 //! | `T[L, dim]` | an array of length `D`, one `D` for the whole file |
 //! | `T[L, rubric]` | an array in the rubric's criterion order, or an object keyed by criterion name (all criteria, no others) |
+//! | `T[L, A, B]` (a matrix) | an array of rows (one per element of axis A: D for `dim`, a rubric's K in criterion order), each an array of B's length; `dim, dim` is square |
 //!
 //! Element types: `f32` takes any finite number, `i32` integers (`1.0` is fine, `1.5` is not), `bool`
 //! `true`/`false` or `0`/`1`. Values are stored as `f64` (`true` is 1). A missing input takes its
@@ -54,6 +55,7 @@
 //! | `[resp, crit]` | Σ_r C_{g(r)} | for each packed response, its group's C_g criteria |
 //! | `[L, dim]` | size(L) × D | row-major: for each element of level L, its D values |
 //! | `[L, rubric]` with K criteria | size(L) × K | row-major, criteria in declaration order |
+//! | `[L, A, B]` | size(L) × \|A\| × \|B\| | for each element of level L, its rows in order, each row's values in order |
 //!
 //! size(batch) = 1, size(group) = G, size(resp) = R. `Layout::crit_offsets` are the prefix sums of the
 //! per-group criterion counts (all zero when the recipe has no `crit` input) and `Layout::dim` is `D`
@@ -161,6 +163,15 @@ pub fn input_len(layout: &Layout, ty: &Ty, rubric_len: impl Fn(&str) -> usize) -
         None => size,
         Some(Feature::Dim) => size.saturating_mul(layout.dim),
         Some(Feature::Rubric(name)) => size.saturating_mul(rubric_len(name)),
+        Some(Feature::Matrix(rows, cols)) => {
+            let width = |axis: &Feature| match axis {
+                Feature::Dim => layout.dim,
+                Feature::Rubric(name) => rubric_len(name),
+                // The checker gives a matrix rectangular axes only.
+                Feature::Crit | Feature::Matrix(..) => 0,
+            };
+            size.saturating_mul(width(rows)).saturating_mul(width(cols))
+        }
         Some(Feature::Crit) => match ty.level {
             Level::Batch | Level::Group => layout.crit_offsets.last().copied().unwrap_or(0),
             Level::Resp | Level::Tok | Level::Pair => {
@@ -246,6 +257,33 @@ enum Axis<'r> {
         name: &'r str,
         criteria: Vec<&'r str>,
     },
+    /// A matrix: rows along the first axis, columns along the second (each `Dim` or `Rubric`).
+    Matrix(Box<Axis<'r>>, Box<Axis<'r>>),
+}
+
+impl Axis<'_> {
+    /// How many values a matrix axis has: a rubric's criteria, else `dim`.
+    fn width(&self, dim: usize) -> usize {
+        match self {
+            Axis::Rubric { criteria, .. } => criteria.len(),
+            _ => dim,
+        }
+    }
+
+    /// The `dim` length a matrix value of `len` numbers implies (None: no `dim` axis, or not whole).
+    fn matrix_dim(&self, len: usize) -> Option<usize> {
+        let Axis::Matrix(rows, cols) = self else {
+            return None;
+        };
+        match (&**rows, &**cols) {
+            (Axis::Dim, Axis::Dim) => (0..=len).find(|d| d * d >= len).filter(|d| d * d == len),
+            (Axis::Dim, other) | (other, Axis::Dim) => {
+                let k = other.width(0);
+                (k > 0 && len.is_multiple_of(k)).then(|| len / k)
+            }
+            _ => None,
+        }
+    }
 }
 
 struct Slot<'r> {
@@ -297,15 +335,10 @@ fn slots(recipe: &hir::Recipe) -> Result<Vec<Slot<'_>>, RolloutError> {
             }
             Some(Feature::Crit) => Axis::Crit,
             Some(Feature::Dim) => Axis::Dim,
-            Some(Feature::Rubric(rubric)) => {
-                match recipe.rubrics.iter().find(|r| &r.name == rubric) {
-                    Some(found) => Axis::Rubric {
-                        name: &found.name,
-                        criteria: found.criteria.iter().map(|c| c.name.as_str()).collect(),
-                    },
-                    None => return unsupported("the recipe does not declare that rubric"),
-                }
-            }
+            Some(feature) => match rectangular_axis(recipe, feature) {
+                Some(axis) => axis,
+                None => return unsupported("the recipe does not declare that rubric"),
+            },
         };
         slots.push(Slot {
             name,
@@ -529,19 +562,26 @@ pub fn read_rollouts(text: &str, recipe: &hir::Recipe) -> Result<Rollouts, Rollo
 
         // The dim length: one for the whole file.
         for (slot, value) in slots.iter().zip(&values) {
-            let (Axis::Dim, Some(value)) = (&slot.axis, value) else {
+            let Some(value) = value else {
                 continue;
             };
+            let given = match &slot.axis {
+                Axis::Dim => value.len(),
+                axis @ Axis::Matrix(..) => match axis.matrix_dim(value.len()) {
+                    Some(d) => d,
+                    None => continue,
+                },
+                _ => continue,
+            };
             match dim {
-                None => dim = Some((value.len(), slot.name, number)),
-                Some((len, first, first_line)) if len != value.len() => {
+                None => dim = Some((given, slot.name, number)),
+                Some((len, first, first_line)) if len != given => {
                     return Err(RolloutError::new(
                         Some(number),
                         Some(slot.name),
                         format!(
-                            "the dim length differs: {first} has {len} on line {first_line}, {} has {} on line {number}",
+                            "the dim length differs: {first} has {len} on line {first_line}, {} has {given} on line {number}",
                             slot.name,
-                            value.len()
                         ),
                     ));
                 }
@@ -567,7 +607,10 @@ pub fn read_rollouts(text: &str, recipe: &hir::Recipe) -> Result<Rollouts, Rollo
 
     let dim = match dim {
         Some((len, _, _)) => len,
-        None => match slots.iter().find(|s| matches!(s.axis, Axis::Dim)) {
+        None => match slots.iter().find(|s| {
+            matches!(s.axis, Axis::Dim)
+                || matches!(&s.axis, Axis::Matrix(r, c) if matches!(**r, Axis::Dim) || matches!(**c, Axis::Dim))
+        }) {
             Some(slot) => {
                 return Err(RolloutError::new(
                     None,
@@ -920,6 +963,25 @@ fn refuse_padding_masks(
     Ok(())
 }
 
+/// The reader's axis for a `dim`, rubric or matrix feature (`None`: an undeclared rubric).
+fn rectangular_axis<'r>(recipe: &'r hir::Recipe, feature: &'r Feature) -> Option<Axis<'r>> {
+    Some(match feature {
+        Feature::Crit => Axis::Crit,
+        Feature::Dim => Axis::Dim,
+        Feature::Rubric(rubric) => {
+            let found = recipe.rubrics.iter().find(|r| &r.name == rubric)?;
+            Axis::Rubric {
+                name: &found.name,
+                criteria: found.criteria.iter().map(|c| c.name.as_str()).collect(),
+            }
+        }
+        Feature::Matrix(rows, cols) => Axis::Matrix(
+            Box::new(rectangular_axis(recipe, rows)?),
+            Box::new(rectangular_axis(recipe, cols)?),
+        ),
+    })
+}
+
 /// The data-given axis lengths: criteria per group (empty without a `crit` input) and `dim`.
 struct Sizes {
     crits: Vec<usize>,
@@ -943,6 +1005,7 @@ impl Sizes {
             Axis::Crit => self.crits.get(group).copied().unwrap_or(0),
             Axis::Dim => self.dim,
             Axis::Rubric { criteria, .. } => criteria.len(),
+            Axis::Matrix(rows, cols) => rows.width(self.dim) * cols.width(self.dim),
         }
     }
 }
@@ -1121,6 +1184,63 @@ fn parse_array(value: &Value, elem: Elem) -> Result<Vec<f64>, String> {
     }
 }
 
+/// A matrix value: an array of rows, each an array of the same length; a rubric axis has exactly
+/// its criterion count, `dim` on both axes is square (its length is checked against the file's `dim`
+/// like a vector's). Flattened row-major.
+fn parse_matrix(value: &Value, elem: Elem, rows: &Axis, cols: &Axis) -> Result<Vec<f64>, String> {
+    let Value::Array(items) = value else {
+        return Err(format!(
+            "expected a matrix (an array of rows, each {}), found {}",
+            array_noun(elem),
+            describe(value)
+        ));
+    };
+    if let Axis::Rubric { name, criteria } = rows {
+        if items.len() != criteria.len() {
+            return Err(format!(
+                "expected {} rows, one per criterion of rubric `{name}` ({}), found {}",
+                criteria.len(),
+                criteria.join(", "),
+                items.len()
+            ));
+        }
+    }
+    let mut flat = Vec::new();
+    let mut width = None;
+    for (i, row) in items.iter().enumerate() {
+        let values = parse_array(row, elem).map_err(|e| format!("row {i}: {e}"))?;
+        if let Axis::Rubric { name, criteria } = cols {
+            if values.len() != criteria.len() {
+                return Err(format!(
+                    "row {i}: expected {} values, one per criterion of rubric `{name}` ({}), found {}",
+                    criteria.len(),
+                    criteria.join(", "),
+                    values.len()
+                ));
+            }
+        }
+        match width {
+            None => width = Some(values.len()),
+            Some(w) if w != values.len() => {
+                return Err(format!(
+                    "row {i} has {} values and row 0 has {w}: a matrix's rows have one length",
+                    values.len()
+                ))
+            }
+            Some(_) => {}
+        }
+        flat.extend(values);
+    }
+    if matches!((rows, cols), (Axis::Dim, Axis::Dim)) && width.unwrap_or(0) != items.len() {
+        return Err(format!(
+            "a `dim, dim` matrix is square: {} rows of {} values",
+            items.len(),
+            width.unwrap_or(0)
+        ));
+    }
+    Ok(flat)
+}
+
 fn parse_input(slot: &Slot, value: &Value) -> Result<Vec<f64>, String> {
     let elem = slot.ty.elem;
     match &slot.axis {
@@ -1129,6 +1249,7 @@ fn parse_input(slot: &Slot, value: &Value) -> Result<Vec<f64>, String> {
         }
         Axis::Plain => parse_elem(value, elem).map(|x| vec![x]),
         Axis::Crit | Axis::Dim => parse_array(value, elem),
+        Axis::Matrix(rows, cols) => parse_matrix(value, elem, rows, cols),
         Axis::Rubric { name, criteria } => match value {
             Value::Array(items) => {
                 if items.len() != criteria.len() {

@@ -5,7 +5,9 @@ use serde_json::{json, Map, Value};
 use rlx_compiler::artifact::Artifact;
 use rlx_compiler::hir::{GlobalId, GlobalKind, Recipe};
 use rlx_compiler::ir::lower::ROLLOUT_SHOWN_PREFIX;
-use rlx_compiler::ir::{Graph, Level, Op, RolloutInfo, RolloutValueInfo, Shape, Value as Builtin};
+use rlx_compiler::ir::{
+    Feature, Graph, Level, Op, RolloutInfo, RolloutValueInfo, Shape, Value as Builtin,
+};
 
 use crate::batch::Layout;
 use crate::geometry::Geometry;
@@ -620,7 +622,8 @@ fn run(
 /// one entry per group, groups in order of first appearance; a response-level value one entry per
 /// response; a token-level value one array per response, one entry per token; a pair-level value one
 /// array per response, one entry per other response of its group (in order). With a feature axis
-/// (`crit`, `dim`, a rubric), each entry is the array of that element's feature values.
+/// (`crit`, `dim`, a rubric), each entry is the array of that element's feature values; with a matrix,
+/// the array of its rows.
 fn present(
     values: &[Option<f64>],
     shape: &Shape,
@@ -649,7 +652,17 @@ fn present(
             Some(feature) => {
                 let width = geometry.feature_len(feature, level, base);
                 let row = values.get(at..at + width).unwrap_or(&[]);
-                entries.push(Value::Array(row.iter().map(number).collect()));
+                let entry = match feature {
+                    // A matrix: its rows, each an array (as a rollout line gives one).
+                    Feature::Matrix { cols, .. } => {
+                        let cols = geometry.feature_len(cols, level, base).max(1);
+                        row.chunks(cols)
+                            .map(|r| Value::Array(r.iter().map(number).collect()))
+                            .collect()
+                    }
+                    _ => row.iter().map(number).collect(),
+                };
+                entries.push(Value::Array(entry));
                 at += width;
             }
         }

@@ -101,10 +101,14 @@ pub fn batch(graph: &Graph, spec: &Spec) -> Batch {
     } else {
         Vec::new()
     };
-    let uses_dim = graph
-        .inputs
-        .iter()
-        .any(|i| i.shape.feature == Some(Feature::Dim));
+    let uses_dim = graph.inputs.iter().any(|i| {
+        i.shape.feature == Some(Feature::Dim)
+            || i.shape
+                .feature
+                .as_ref()
+                .and_then(|f| f.matrix())
+                .is_some_and(|(rows, cols)| *rows == Feature::Dim || *cols == Feature::Dim)
+    });
     let layout = Layout::from_counts(
         &responses_per_group,
         &tokens,
@@ -236,9 +240,20 @@ pub fn to_jsonl(graph: &Graph, batch: &Batch) -> String {
                         .collect()
                 }
             };
-            let entry = if matches!(input.shape.level, Level::Tok | Level::Pair)
-                || input.shape.feature.is_some()
-            {
+            let matrix_cols = input
+                .shape
+                .feature
+                .as_ref()
+                .and_then(|f| f.matrix())
+                .and_then(|(_, cols)| cols.fixed_len(batch.layout.dim));
+            let entry = if let Some(cols) = matrix_cols {
+                // A matrix: its rows, each an array.
+                Value::Array(
+                    mine.chunks(cols.max(1))
+                        .map(|row| Value::Array(row.to_vec()))
+                        .collect(),
+                )
+            } else if matches!(input.shape.level, Level::Tok | Level::Pair) || input.shape.feature.is_some() {
                 Value::Array(mine)
             } else {
                 mine.into_iter().next().unwrap_or(Value::Null)

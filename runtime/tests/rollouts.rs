@@ -812,3 +812,109 @@ fn invalid_utf8_names_the_line() {
     assert!(message.ends_with("invalid_utf8.jsonl: line 2: invalid UTF-8 at byte 13 of the line (a rollout file is UTF-8 text)"), "{message}");
     assert!(decode(data("grpo.jsonl").as_bytes()).is_ok());
 }
+
+// -------------------------------------------------------------------------------------------------
+// Matrices (docs/language.md "Matrices"): an array of rows per line, flat row-major in the batch.
+
+const MATRICES: &str = "
+rubric style {
+    criterion voice
+    criterion grounded
+}
+input judged : f32[resp, style]
+input a      : f32[batch, style, style]
+input w      : f32[group, dim, style]
+input m      : f32[resp, dim, dim]
+input emb    : f32[resp, dim]
+reward = dot(dot(judged, a), judged) + dot(dot(emb, w), judged) + dot(dot(m, emb), emb)
+";
+
+#[test]
+fn matrices_are_read_row_major_with_the_files_dim() {
+    let text = concat!(
+        r#"{"group": 0, "judged": [1, 0], "a": [[1, 2], [3, 4]], "w": [[1, 2], [3, 4], [5, 6]], "m": [[1, 0, 0], [0, 1, 0], [0, 0, 1]], "emb": [1, 2, 3]}"#,
+        "\n",
+        r#"{"group": 0, "judged": [0, 1], "a": [[1, 2], [3, 4]], "w": [[1, 2], [3, 4], [5, 6]], "m": [[0, 1, 2], [3, 4, 5], [6, 7, 8]], "emb": [0, 0, 1]}"#,
+        "\n"
+    );
+    let recipe = recipe(MATRICES);
+    let rollouts = read_rollouts(text, &recipe).expect("reads");
+    validate_batch(&rollouts.batch, &recipe).expect("valid");
+    let batch = &rollouts.batch;
+    assert_eq!(batch.layout.dim, 3);
+    let named = |name: &str| {
+        let index = recipe
+            .inputs
+            .iter()
+            .position(|i| i.name == name)
+            .expect("input");
+        batch.inputs[index].clone()
+    };
+    assert_eq!(named("a"), [1.0, 2.0, 3.0, 4.0]);
+    assert_eq!(named("w"), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    assert_eq!(
+        named("m"),
+        [
+            1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0,
+            8.0
+        ]
+    );
+    for (decl, values) in recipe.inputs.iter().zip(&batch.inputs) {
+        assert_eq!(
+            input_len(&batch.layout, &decl.ty, |_| 2),
+            values.len(),
+            "{}",
+            decl.name
+        );
+    }
+}
+
+#[test]
+fn malformed_matrices_are_errors_naming_the_line_and_key() {
+    let line = |a: &str, w: &str, m: &str, emb: &str| {
+        format!(r#"{{"group": 0, "judged": [1, 0], "a": {a}, "w": {w}, "m": {m}, "emb": {emb}}}"#)
+    };
+    let (a, w, m, emb) = (
+        "[[1, 2], [3, 4]]",
+        "[[1, 2], [3, 4]]",
+        "[[1, 0], [0, 1]]",
+        "[1, 2]",
+    );
+    let cases = [
+        (
+            line("[[1, 2], [3]]", w, m, emb),
+            "a",
+            "row 1: expected 2 values, one per criterion of rubric `style` (voice, grounded), found 1",
+        ),
+        (
+            line("[[1, 2]]", w, m, emb),
+            "a",
+            "expected 2 rows, one per criterion of rubric `style` (voice, grounded), found 1",
+        ),
+        (
+            line(a, w, "[[1, 0, 0], [0, 1, 0]]", emb),
+            "m",
+            "a `dim, dim` matrix is square: 2 rows of 3 values",
+        ),
+        (
+            line(a, "[[1, 2], [3, 4], [5]]", m, emb),
+            "w",
+            "row 2: expected 2 values, one per criterion of rubric `style` (voice, grounded), found 1",
+        ),
+        (
+            line(a, w, m, "[1, 2]").replace(r#""m": [[1, 0], [0, 1]]"#, r#""m": [[1, 0, 0], [0, 1, 0], [0, 0, 1]]"#),
+            "m",
+            "the dim length differs: w has 2 on line 1, m has 3 on line 1",
+        ),
+        (line(a, w, "[1, 0, 0, 1]", emb), "m", "row 0: expected an array"),
+    ];
+    for (text, key, message) in cases {
+        let error = fail_text(&text, MATRICES);
+        assert_eq!(error.key.as_deref(), Some(key), "{error}");
+        assert_eq!(error.line, Some(1), "{error}");
+        assert!(
+            error.to_string().contains(message),
+            "{error}\nwanted: {message}"
+        );
+    }
+}

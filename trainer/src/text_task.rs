@@ -161,6 +161,8 @@ pub fn input_decl(graph: &Graph, index: usize) -> InputDecl {
                 criteria: rubric.criteria.clone(),
             }
         }
+        // No signal gives a matrix (`bind_signals` refuses one without a default).
+        Some(IrFeature::Matrix { .. }) => Feature::None,
     };
     InputDecl {
         name: input.name.clone(),
@@ -183,6 +185,21 @@ pub fn bind_signals(
     let decls: Vec<InputDecl> = (0..graph.inputs.len())
         .map(|i| input_decl(graph, i))
         .collect();
+    if let Some(input) = graph.inputs.iter().find(|i| {
+        i.shape
+            .feature
+            .as_ref()
+            .is_some_and(|f| f.matrix().is_some())
+            && (specs.contains_key(&i.name) || i.default.is_none())
+    }) {
+        return Err(format!(
+            "config: input `{}` is a matrix ({}[{}, {}]): no signal fills one; declare it with a default (`= 0`) to train with it, or score rollouts that give it with `rlx score`",
+            input.name,
+            input.elem.name(),
+            input.shape.level.name(),
+            rlx_compiler::ir::print::feature_text(graph, input.shape.feature.as_ref().expect("a matrix"))
+        ));
+    }
     if let Some(name) = specs.keys().find(|n| TRAINER_INPUTS.contains(&n.as_str())) {
         return Err(format!(
             "config: [signals.{name}]: `{name}` is filled by the trainer, not by a signal"

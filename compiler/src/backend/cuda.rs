@@ -331,17 +331,29 @@ fn combine_kernel(
             .map(|buffer| c_type(buffer.storage))
             .ok_or_else(|| format!("internal: unknown buffer b{b}"))
     };
+    fn batch_width(feature: &Feature) -> String {
+        match feature {
+            Feature::Dim => "(long long)((const rlx_u64*)table[7])[0]".into(),
+            Feature::Rubric { len, .. } => format!("{len}"),
+            // Criteria are per group: a batch-level criterion axis is empty.
+            Feature::Crit => "0".into(),
+            Feature::Matrix { rows, cols } => {
+                format!("({} * {})", batch_width(rows), batch_width(cols))
+            }
+        }
+    }
     let width = match feature {
         None => "1".to_string(),
-        Some(Feature::Dim) => "(long long)((const rlx_u64*)table[7])[0]".into(),
-        Some(Feature::Rubric { len, .. }) => format!("{len}"),
-        // Criteria are per group: a batch-level criterion axis is empty.
-        Some(Feature::Crit) => "0".into(),
+        Some(feature) => batch_width(feature),
     };
     let (combine, identity) = match op {
         Reduction::Max => ("rlx_max(a, b)", "rlx_nan()"),
         Reduction::Min => ("rlx_min(a, b)", "rlx_nan()"),
-        Reduction::Sum | Reduction::Count | Reduction::SumByOther => ("a + b", "0"),
+        Reduction::Sum
+        | Reduction::Count
+        | Reduction::SumByOther
+        | Reduction::ContractRows
+        | Reduction::ContractCols => ("a + b", "0"),
     };
     let _ = writeln!(
         out,
@@ -522,6 +534,23 @@ impl Gen<'_> {
             }
             Feature::Dim => self.coord("dim")?.into(),
             Feature::Rubric { len, .. } => format!("{len}LL"),
+            Feature::Matrix { rows, cols } => {
+                format!("({} * {})", self.width(rows)?, self.width(cols)?)
+            }
+        })
+    }
+
+    /// At matrix element f = a·cols + b of the current feature loop: its row a (`rows`) or column b.
+    fn matrix_coordinate(&self, matrix: Option<&Feature>, rows: bool) -> Result<String, String> {
+        let Some(Feature::Matrix { cols, .. }) = matrix else {
+            return Err("internal: a matrix operation on a value without a matrix axis".into());
+        };
+        let f = self.coord("f")?;
+        let width = self.width(cols)?;
+        Ok(if rows {
+            format!("({f} / {width})")
+        } else {
+            format!("({f} % {width})")
         })
     }
 
@@ -740,6 +769,14 @@ impl Gen<'_> {
                     arg(0)?
                 }
             }
+            Op::SpreadRows | Op::SpreadCols => {
+                let operand = node.args[0];
+                let shape = graph.node(operand).shape.clone();
+                let k =
+                    self.matrix_coordinate(node.shape.feature.as_ref(), node.op == Op::SpreadRows)?;
+                let index = self.index(&shape, false, Some(&k))?;
+                self.load_node(operand, &index)?
+            }
             Op::Unindex(k) => format!("({} == {k}LL ? {} : (rlx_acc)0)", self.coord("f")?, arg(0)?),
             Op::Shift { offset } => {
                 let (t, ts, te) = (self.coord("t")?, self.coord("ts")?, self.coord("te")?);
@@ -828,6 +865,7 @@ impl Gen<'_> {
                 Action::Reduce {
                     op,
                     operand,
+                    from,
                     to,
                     depth: d,
                     target,
@@ -845,7 +883,7 @@ impl Gen<'_> {
                             self.line(&format!("n{position} += (rlx_acc)1;"));
                         }
                     } else {
-                        let index = self.target_index(to, target.partial, *op)?;
+                        let index = self.target_index((from, to), target.partial, *op)?;
                         let old = self.load(target.value, &index)?;
                         let new = accumulate(*op, &old, &x);
                         let mut body = Vec::new();
@@ -891,6 +929,7 @@ impl Gen<'_> {
         for (position, action) in pass.actions.iter().enumerate() {
             if let Action::Reduce {
                 op,
+                from,
                 to,
                 target,
                 depth: from_depth,
@@ -898,7 +937,7 @@ impl Gen<'_> {
             } = action
             {
                 if target.register && target.depth == depth {
-                    let index = self.target_index(to, target.partial, *op)?;
+                    let index = self.target_index((from, to), target.partial, *op)?;
                     let mut value = format!("a{position}");
                     let mut count = format!("n{position}");
                     // Token contributions are split across the threads: a block reduction.
@@ -929,7 +968,17 @@ impl Gen<'_> {
         Ok(())
     }
 
-    fn target_index(&self, to: &Shape, partial: bool, op: Reduction) -> Result<String, String> {
+    fn target_index(
+        &self,
+        (from, to): (&Shape, &Shape),
+        partial: bool,
+        op: Reduction,
+    ) -> Result<String, String> {
+        if matches!(op, Reduction::ContractRows | Reduction::ContractCols) {
+            // Matrix element (a, b) adds into element b (over the rows) or a (over the columns).
+            let k = self.matrix_coordinate(from.feature.as_ref(), op == Reduction::ContractCols)?;
+            return self.index(to, false, Some(&k));
+        }
         if partial {
             let g = self.coord("g")?;
             return match &to.feature {
@@ -1038,7 +1087,11 @@ impl Gen<'_> {
 
 fn accumulate(op: Reduction, old: &str, x: &str) -> String {
     match op {
-        Reduction::Sum | Reduction::Count | Reduction::SumByOther => format!("{old} + {x}"),
+        Reduction::Sum
+        | Reduction::Count
+        | Reduction::SumByOther
+        | Reduction::ContractRows
+        | Reduction::ContractCols => format!("{old} + {x}"),
         Reduction::Max => format!("rlx_max({old}, {x})"),
         Reduction::Min => format!("rlx_min({old}, {x})"),
     }
@@ -1053,5 +1106,6 @@ fn loop_name(kind: &LoopKind) -> &'static str {
         LoopKind::Feature(Feature::Crit) => "crit",
         LoopKind::Feature(Feature::Dim) => "dim",
         LoopKind::Feature(Feature::Rubric { .. }) => "rubric",
+        LoopKind::Feature(Feature::Matrix { .. }) => "matrix",
     }
 }

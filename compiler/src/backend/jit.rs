@@ -770,6 +770,25 @@ impl Gen<'_, '_> {
             },
             Feature::Dim => self.coordinate(self.dim, "dim")?,
             Feature::Rubric { len, .. } => self.iconst(i64::from(*len)),
+            Feature::Matrix { rows, cols } => {
+                let rows = self.width(rows)?;
+                let cols = self.width(cols)?;
+                self.b.ins().imul(rows, cols)
+            }
+        })
+    }
+
+    /// At matrix element f = a·cols + b of the current feature loop: its row a (`rows`) or column b.
+    fn matrix_coordinate(&mut self, matrix: &Feature, rows: bool) -> GenResult<ClifValue> {
+        let Feature::Matrix { cols, .. } = matrix else {
+            return Err("internal: a matrix operation on a value without a matrix axis".into());
+        };
+        let f = self.coordinate(self.c.f, "feature")?;
+        let width = self.width(cols)?;
+        Ok(if rows {
+            self.b.ins().udiv(f, width)
+        } else {
+            self.b.ins().urem(f, width)
         })
     }
 
@@ -1324,6 +1343,18 @@ impl Gen<'_, '_> {
                     arg(0)?
                 }
             }
+            Op::SpreadRows | Op::SpreadCols => {
+                let operand = node.args[0];
+                let shape = self.graph.node(operand).shape.clone();
+                let matrix = node
+                    .shape
+                    .feature
+                    .clone()
+                    .ok_or("internal: a spread without a matrix axis")?;
+                let k = self.matrix_coordinate(&matrix, node.op == Op::SpreadRows)?;
+                let index = self.index(&shape, false, Some(k))?;
+                self.load_node(operand, index)?
+            }
             Op::Unindex(k) => {
                 let a = arg(0)?;
                 let f = self.coordinate(c.f, "feature")?;
@@ -1418,6 +1449,7 @@ impl Gen<'_, '_> {
                 Action::Reduce {
                     op,
                     operand,
+                    from,
                     to,
                     depth: d,
                     target,
@@ -1444,7 +1476,7 @@ impl Gen<'_, '_> {
                             self.b.def_var(count, new);
                         }
                     } else {
-                        let index = self.target_index(to, target.partial, *op)?;
+                        let index = self.target_index((from, to), target.partial, *op)?;
                         let old = self.load(target.value, index)?;
                         let new = self.accumulate(*op, old, x);
                         self.store(target.value, index, new)?;
@@ -1490,13 +1522,20 @@ impl Gen<'_, '_> {
         }
         // Register accumulators complete here.
         for (position, action) in pass.actions.iter().enumerate() {
-            if let Action::Reduce { op, to, target, .. } = action {
+            if let Action::Reduce {
+                op,
+                from,
+                to,
+                target,
+                ..
+            } = action
+            {
                 if target.register && target.depth == depth {
                     let accumulator = self
                         .accumulators
                         .remove(&position)
                         .ok_or("internal: accumulator not reset")?;
-                    let index = self.target_index(to, target.partial, *op)?;
+                    let index = self.target_index((from, to), target.partial, *op)?;
                     let value = self.b.use_var(accumulator.value);
                     self.store(target.value, index, value)?;
                     if let (Some(count), Some(buffer)) = (accumulator.count, target.count) {
@@ -1511,14 +1550,32 @@ impl Gen<'_, '_> {
 
     fn accumulate(&mut self, op: Reduction, old: ClifValue, x: ClifValue) -> ClifValue {
         match op {
-            Reduction::Sum | Reduction::Count | Reduction::SumByOther => self.b.ins().fadd(old, x),
+            Reduction::Sum
+            | Reduction::Count
+            | Reduction::SumByOther
+            | Reduction::ContractRows
+            | Reduction::ContractCols => self.b.ins().fadd(old, x),
             Reduction::Max => self.extreme(old, x, true),
             Reduction::Min => self.extreme(old, x, false),
         }
     }
 
     /// The element a reduction accumulates into.
-    fn target_index(&mut self, to: &Shape, partial: bool, op: Reduction) -> GenResult<ClifValue> {
+    fn target_index(
+        &mut self,
+        (from, to): (&Shape, &Shape),
+        partial: bool,
+        op: Reduction,
+    ) -> GenResult<ClifValue> {
+        if matches!(op, Reduction::ContractRows | Reduction::ContractCols) {
+            // Matrix element (a, b) adds into element b (over the rows) or a (over the columns).
+            let matrix = from
+                .feature
+                .clone()
+                .ok_or("internal: a contraction of a value without a matrix axis")?;
+            let k = self.matrix_coordinate(&matrix, op == Reduction::ContractCols)?;
+            return self.index(to, false, Some(k));
+        }
         if partial {
             // Group g's partial: g·width + f (the target is at the batch level).
             let g = self.coordinate(self.c.g, "group")?;

@@ -94,6 +94,7 @@ impl LoopKind {
             LoopKind::Feature(Feature::Crit) => "crit",
             LoopKind::Feature(Feature::Dim) => "dim",
             LoopKind::Feature(Feature::Rubric { .. }) => "rubric",
+            LoopKind::Feature(Feature::Matrix { .. }) => "matrix",
         }
     }
 }
@@ -219,6 +220,10 @@ pub enum Reduction {
     Count,
     /// Σ over pairs (i, j) into response j.
     SumByOther,
+    /// Σ over a matrix's rows into the element of its column (`ContractRows`), in memory.
+    ContractRows,
+    /// Σ over a matrix's columns into the element of its row (`ContractCols`), in memory.
+    ContractCols,
 }
 
 impl Reduction {
@@ -229,7 +234,18 @@ impl Reduction {
             Reduction::Min => "min",
             Reduction::Count => "count",
             Reduction::SumByOther => "sum_by_other",
+            Reduction::ContractRows => "contract_rows",
+            Reduction::ContractCols => "contract_cols",
         }
+    }
+
+    /// Whether the reduction accumulates in memory at the element it computes (the target is not
+    /// an enclosing loop's element): `sum_by_other` and the matrix contractions.
+    pub fn in_memory(self) -> bool {
+        matches!(
+            self,
+            Reduction::SumByOther | Reduction::ContractRows | Reduction::ContractCols
+        )
     }
 }
 
@@ -733,6 +749,29 @@ fn validate(graph: &Graph) -> Result<(), PlanError> {
                     )));
                 }
             }
+            Op::SpreadRows | Op::SpreadCols | Op::ContractRows | Op::ContractCols => {
+                let spread = matches!(node.op, Op::SpreadRows | Op::SpreadCols);
+                let rows = matches!(node.op, Op::SpreadRows | Op::ContractCols);
+                let (matrix, vector) = if spread {
+                    (Some(&node.shape), arg_shape(0))
+                } else {
+                    (arg_shape(0), Some(&node.shape))
+                };
+                let ok = arity(1)
+                    && matches!((matrix, vector), (Some(m), Some(v)) if {
+                        let axis = m
+                            .feature
+                            .as_ref()
+                            .and_then(|f| f.matrix())
+                            .map(|(r, c)| if rows { r } else { c });
+                        axis.is_some_and(|a| v.feature.as_ref() == Some(a) && a.fixed_len(0).is_some())
+                            && m.level != Level::Tok
+                            && if spread { v.level.broadcasts_to(m.level) } else { v.level == m.level }
+                    });
+                if !ok {
+                    return fail(index, "expected a vector along one axis of a matrix");
+                }
+            }
             Op::DistinctNgrams { n } => {
                 let ok = arity(1)
                     && *n >= 1
@@ -779,12 +818,25 @@ fn validate(graph: &Graph) -> Result<(), PlanError> {
         .map(|n| &n.shape)
         .chain(graph.inputs.iter().map(|i| &i.shape))
     {
-        if let Some(Feature::Rubric { index, len }) = &shape.feature {
-            let declared = graph.rubrics.get(*index as usize).map(|r| r.criteria.len());
-            if declared != Some(*len as usize) {
-                return Err(PlanError(format!(
-                    "internal: rubric axis #{index} has {len} criteria but the recipe declares {declared:?}"
-                )));
+        let axes: [Option<&Feature>; 2] = match &shape.feature {
+            Some(Feature::Matrix { rows, cols }) => {
+                if rows.matrix().is_some() || cols.matrix().is_some() {
+                    return Err(PlanError(format!(
+                        "internal: a matrix of matrices ({shape})"
+                    )));
+                }
+                [Some(rows), Some(cols)]
+            }
+            feature => [feature.as_ref(), None],
+        };
+        for axis in axes.into_iter().flatten() {
+            if let Feature::Rubric { index, len } = axis {
+                let declared = graph.rubrics.get(*index as usize).map(|r| r.criteria.len());
+                if declared != Some(*len as usize) {
+                    return Err(PlanError(format!(
+                        "internal: rubric axis #{index} has {len} criteria but the recipe declares {declared:?}"
+                    )));
+                }
             }
         }
     }
@@ -806,6 +858,8 @@ fn indirect_operand(graph: &Graph, index: usize) -> Option<NodeId> {
         Op::Index(_) => matches!(shape.feature, Some(Feature::Rubric { .. })),
         Op::Shift { .. } => shape.level == Level::Tok,
         Op::DistinctNgrams { .. } | Op::Rank { .. } | Op::Uniform | Op::Components => true,
+        // A matrix element (a, b) reads element a (or b) of the vector.
+        Op::SpreadRows | Op::SpreadCols => true,
         _ => false,
     };
     indirect.then_some(arg)
@@ -863,6 +917,8 @@ fn plan_phase(
                 Op::ReduceMin => Kind::Reduce(Reduction::Min),
                 Op::Count => Kind::Reduce(Reduction::Count),
                 Op::SumByOther => Kind::Reduce(Reduction::SumByOther),
+                Op::ContractRows => Kind::Reduce(Reduction::ContractRows),
+                Op::ContractCols => Kind::Reduce(Reduction::ContractCols),
                 Op::Scan { .. } => Kind::Scan,
                 Op::DistinctNgrams { .. } => Kind::Ngrams,
                 Op::Rank { .. } => Kind::Rank,
@@ -1200,7 +1256,8 @@ fn plan_phase(
                                 let depth = shape_path(&from).len();
                                 let to = node.shape.clone();
                                 let parallel = path.first() == Some(&LoopKind::Group);
-                                let partial = to.level == Level::Batch && parallel;
+                                let partial =
+                                    to.level == Level::Batch && parallel && !op.in_memory();
                                 let (target_value, target_count, target_depth) = if partial {
                                     let partial_value = add(
                                         &mut buffers,
@@ -1242,7 +1299,7 @@ fn plan_phase(
                                         feature: to.feature.clone(),
                                     };
                                     (partial_value, partial_count, read_depth(&per_group, &path))
-                                } else if op == Reduction::SumByOther {
+                                } else if op.in_memory() {
                                     (value, count, Some(depth))
                                 } else {
                                     (value, count, read_depth(&to, &path))
@@ -1264,8 +1321,7 @@ fn plan_phase(
                                         value: target_value,
                                         count: target_count,
                                         partial,
-                                        register: op != Reduction::SumByOther
-                                            && target_depth < depth,
+                                        register: !op.in_memory() && target_depth < depth,
                                         depth: target_depth,
                                     },
                                 }
@@ -1623,6 +1679,10 @@ fn entries_of(
                 }
                 Op::Shift { .. } => at(&node.shape)?.max(operands(indirect_operand(graph, index))),
                 Op::Unindex(_) => at(&node.shape)?.max(operands(None)),
+                // The vector is read from its buffer at the matrix element's row or column.
+                Op::SpreadRows | Op::SpreadCols => {
+                    at(&node.shape)?.max(operands(indirect_operand(graph, index)))
+                }
                 op if op.is_elementwise() => operands(None),
                 op => {
                     return Err(PlanError(format!(

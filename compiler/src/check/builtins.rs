@@ -32,6 +32,11 @@ pub enum Func {
     Sign,
     /// log Γ(x), without gradient.
     Lgamma,
+    /// The contraction of a vector or matrix with a vector or matrix along their shared axis: vector ·
+    /// vector (a number), vector · matrix (over the rows), matrix · vector (over the columns).
+    Dot,
+    /// The outer product of two vectors: a matrix.
+    Outer,
 }
 
 /// Reductions: `op(x over AXES)` removes the named axes.
@@ -194,6 +199,20 @@ pub const FUNCS: &[FuncSig] = &[
         params: &["a", "b"],
         optional: 1,
         doc: "cos(a, b): cosine similarity of two vectors along their feature axis; cos(x): trigonometric cosine",
+    },
+    FuncSig {
+        func: Func::Dot,
+        name: "dot",
+        params: &["a", "b"],
+        optional: 0,
+        doc: "the sum of products along the shared feature axis: vector·vector (a number), vector·matrix (Σ over the rows), matrix·vector (Σ over the columns)",
+    },
+    FuncSig {
+        func: Func::Outer,
+        name: "outer",
+        params: &["a", "b"],
+        optional: 0,
+        doc: "the matrix a_i·b_j of two vectors (rows along a's axis, columns along b's)",
     },
     FuncSig { func: Func::Sin, name: "sin", params: &["x"], optional: 0, doc: "trigonometric sine" },
     FuncSig { func: Func::Sign, name: "sign", params: &["x"], optional: 0, doc: "−1, 0 or 1 (no gradient)" },

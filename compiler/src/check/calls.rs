@@ -213,7 +213,127 @@ impl<'p> Checker<'p> {
         if failed {
             return None;
         }
+        if matches!(sig.func, Func::Dot | Func::Outer) {
+            return self.product_call(sig.func, checked, span, file);
+        }
         self.builtin_call(sig.func, checked, span, file)
+    }
+
+    /// `dot(a, b)` and `outer(a, b)`: the products of vectors and matrices (docs/language.md,
+    /// "Matrices"). Levels broadcast as in any element-wise call; the feature axes must fit.
+    fn product_call(
+        &mut self,
+        func: Func,
+        args: Vec<Expr>,
+        span: Span,
+        file: FileId,
+    ) -> Option<Expr> {
+        for arg in &args {
+            if !arg.ty.is_numeric() {
+                self.type_error(arg, "a number", "convert a condition with `where(c, 1, 0)`");
+                return None;
+            }
+        }
+        let name = if func == Func::Dot { "dot" } else { "outer" };
+        let level = args
+            .iter()
+            .map(|a| a.ty.level)
+            .max()
+            .unwrap_or(Level::Batch);
+        if level == Level::Tok {
+            let token = args.iter().find(|a| a.ty.level == Level::Tok)?;
+            self.error(
+                Diagnostic::error(
+                    "rlx::level_mismatch",
+                    file,
+                    format!("`{name}` takes vectors and matrices; {} has none", token.ty),
+                )
+                .label(token.span, format!("this is {}", token.ty))
+                .help("a token-level value has no feature axis: reduce the tokens first, e.g. `mean(x over tok)`"),
+            );
+            return None;
+        }
+        let (a, b) = (&args[0], &args[1]);
+        let axes_error = |checker: &mut Self, message: String, help: &str| {
+            checker.error(
+                Diagnostic::error("rlx::dot_axes", file, message)
+                    .label(a.span, format!("this is {}", a.ty))
+                    .label(b.span, format!("this is {}", b.ty))
+                    .help(help.to_string()),
+            );
+        };
+        let feature = match func {
+            Func::Outer => match (&a.ty.feature, &b.ty.feature) {
+                (Some(fa), Some(fb))
+                    if fa.matrix().is_none()
+                        && fb.matrix().is_none()
+                        && *fa != Feature::Crit
+                        && *fb != Feature::Crit =>
+                {
+                    Some(Feature::Matrix(Box::new(fa.clone()), Box::new(fb.clone())))
+                }
+                (Some(Feature::Crit), _) | (_, Some(Feature::Crit)) => {
+                    axes_error(
+                        self,
+                        "a matrix needs axes of one length for the whole batch; `crit` differs per prompt".into(),
+                        "declare the criteria as a rubric and use its name as the axis",
+                    );
+                    return None;
+                }
+                _ => {
+                    axes_error(
+                        self,
+                        format!("`outer` takes two vectors; found {} and {}", a.ty, b.ty),
+                        "e.g. `outer(x, y)` with `x : f32[resp, dim]`",
+                    );
+                    return None;
+                }
+            },
+            _ => match (&a.ty.feature, &b.ty.feature) {
+                (None, _) | (_, None) => {
+                    axes_error(
+                        self,
+                        format!(
+                            "`dot` contracts a feature axis; {} and {} do not both have one",
+                            a.ty, b.ty
+                        ),
+                        "multiply element by element with `*`",
+                    );
+                    return None;
+                }
+                (Some(fa), Some(fb)) => match (fa.matrix(), fb.matrix()) {
+                    (None, None) if fa == fb => None,
+                    (None, Some((rows, cols))) if fa == rows => Some(cols.clone()),
+                    (Some((rows, cols)), None) if cols == fb => Some(rows.clone()),
+                    (Some(_), Some(_)) => {
+                        axes_error(
+                            self,
+                            "`dot` of two matrices is not part of the language".into(),
+                            "contract each with a vector: `dot(dot(x, a), b)`",
+                        );
+                        return None;
+                    }
+                    _ => {
+                        axes_error(
+                            self,
+                            format!(
+                                "`dot` contracts the axis the two share, and {} and {} do not fit",
+                                a.ty, b.ty
+                            ),
+                            "vector·vector needs the same axis; vector·matrix the vector's axis as the matrix's rows (first axis); matrix·vector as its columns",
+                        );
+                        return None;
+                    }
+                },
+            },
+        };
+        let grad = a.grad || b.grad;
+        let ty = Ty {
+            elem: Elem::F32,
+            level,
+            feature,
+        };
+        self.node(ExprKind::Call { func, args }, ty, grad, span, file)
     }
 
     pub(super) fn unexpected_over(&mut self, file: FileId, name: &str, over: &ast::Over) {

@@ -34,77 +34,39 @@ impl<'p> Checker<'p> {
                 }
             },
         };
-        let feature = match axes.next() {
-            None => None,
-            Some(axis) => {
-                let feature = match axis.name.as_str() {
-                    "crit" => Feature::Crit,
-                    "dim" => Feature::Dim,
-                    name => match rubrics.and_then(|scope| scope.get(name)) {
-                        Some(Definition {
-                            def: Def::Rubric(_),
-                            ..
-                        }) => Feature::Rubric(name.to_string()),
-                        _ => {
-                            let mut d = Diagnostic::error(
-                                "rlx::unknown_axis",
-                                file,
-                                format!("`{name}` is not a feature axis"),
-                            )
-                            .label(axis.span, "expected `crit`, `dim` or a rubric name");
-                            if let Some(close) = closest_name(name, ["crit", "dim"]) {
-                                d = d.help(format!("did you mean `{close}`?"));
-                            }
-                            self.error(d);
-                            return None;
+        let mut features: Vec<(Feature, Span)> = Vec::new();
+        for axis in axes.by_ref().take(2) {
+            let feature = match axis.name.as_str() {
+                "crit" => Feature::Crit,
+                "dim" => Feature::Dim,
+                name => match rubrics.and_then(|scope| scope.get(name)) {
+                    Some(Definition {
+                        def: Def::Rubric(_),
+                        ..
+                    }) => Feature::Rubric(name.to_string()),
+                    _ => {
+                        let mut d = Diagnostic::error(
+                            "rlx::unknown_axis",
+                            file,
+                            format!("`{name}` is not a feature axis"),
+                        )
+                        .label(axis.span, "expected `crit`, `dim` or a rubric name");
+                        if let Some(close) = closest_name(name, ["crit", "dim"]) {
+                            d = d.help(format!("did you mean `{close}`?"));
                         }
-                    },
-                };
-                if level == Level::Pair {
-                    self.error(
-                        Diagnostic::error(
-                            "rlx::feature_at_pair_level",
-                            file,
-                            "a pair-level value cannot carry a feature axis",
-                        )
-                        .label(ty.span, "one number per ordered pair of responses")
-                        .help("declare one input per feature, e.g. `bool[pair]`"),
-                    );
-                    return None;
-                }
-                if level == Level::Tok {
-                    self.error(
-                        Diagnostic::error(
-                            "rlx::feature_at_token_level",
-                            file,
-                            "a token-level value cannot carry a feature axis",
-                        )
-                        .label(ty.span, "feature axes attach at `group` or `resp`")
-                        .help("declare it per response, e.g. `f32[resp, crit]`"),
-                    );
-                    return None;
-                }
-                if level == Level::Batch && feature == Feature::Crit {
-                    self.error(
-                        Diagnostic::error(
-                            "rlx::ragged_feature",
-                            file,
-                            "`crit` lists differ per prompt",
-                        )
-                        .label(ty.span, "a batch-level value cannot have a `crit` axis")
-                        .help("use `group` for per-prompt criteria: `f32[group, crit]`"),
-                    );
-                    return None;
-                }
-                Some(feature)
-            }
-        };
+                        self.error(d);
+                        return None;
+                    }
+                },
+            };
+            features.push((feature, axis.span));
+        }
         if let Some(extra) = axes.next() {
             self.error(
                 Diagnostic::error(
                     "rlx::type_axes",
                     file,
-                    "a type has one level and at most one feature axis",
+                    "a type has one level and at most two feature axes (a matrix)",
                 )
                 .label(
                     extra
@@ -112,10 +74,66 @@ impl<'p> Checker<'p> {
                         .to(ty.axes.last().map(|a| a.span).unwrap_or(extra.span)),
                     "extra axes",
                 )
-                .help("packed batches are ragged along one feature axis at most"),
+                .help("a value is a number, a vector `f32[resp, dim]` or a matrix `f32[resp, dim, dim]` per element of its level"),
             );
             return None;
         }
+        if !features.is_empty() && level == Level::Tok {
+            self.error(
+                Diagnostic::error(
+                    "rlx::feature_at_token_level",
+                    file,
+                    "a token-level value cannot carry a feature axis",
+                )
+                .label(ty.span, "feature axes attach at `group` or `resp`")
+                .help("declare it per response, e.g. `f32[resp, crit]`"),
+            );
+            return None;
+        }
+        if !features.is_empty() && level == Level::Pair {
+            self.error(
+                Diagnostic::error(
+                    "rlx::feature_at_pair_level",
+                    file,
+                    "a pair-level value cannot carry a feature axis",
+                )
+                .label(ty.span, "one number per ordered pair of responses")
+                .help("declare one input per feature, e.g. `bool[pair]`"),
+            );
+            return None;
+        }
+        if features.len() == 2 {
+            if let Some((_, span)) = features.iter().find(|(f, _)| *f == Feature::Crit) {
+                self.error(
+                    Diagnostic::error(
+                        "rlx::matrix_axis",
+                        file,
+                        "a matrix needs axes of one length for the whole batch; `crit` differs per prompt",
+                    )
+                    .label(*span, "ragged axis")
+                    .help("declare the criteria as a rubric (`rubric NAME { criterion … }`) and use its name as the axis, or use `dim`"),
+                );
+                return None;
+            }
+        }
+        if level == Level::Batch && features.first().is_some_and(|(f, _)| *f == Feature::Crit) {
+            self.error(
+                Diagnostic::error(
+                    "rlx::ragged_feature",
+                    file,
+                    "`crit` lists differ per prompt",
+                )
+                .label(ty.span, "a batch-level value cannot have a `crit` axis")
+                .help("use `group` for per-prompt criteria: `f32[group, crit]`"),
+            );
+            return None;
+        }
+        let mut features = features.into_iter().map(|(f, _)| f);
+        let feature = match (features.next(), features.next()) {
+            (None, _) => None,
+            (Some(one), None) => Some(one),
+            (Some(rows), Some(cols)) => Some(Feature::Matrix(Box::new(rows), Box::new(cols))),
+        };
         Some(Ty {
             elem: ty.elem,
             level,

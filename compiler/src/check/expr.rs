@@ -378,7 +378,11 @@ impl<'p> Checker<'p> {
                             )
                             .label(first.span, format!("this is {}", first.ty))
                             .label(part.span, format!("this is {}", part.ty))
-                            .help("their feature axes differ; reduce one of them first"),
+                            .help(if existing.matrix().is_some() || f.matrix().is_some() {
+                                "a matrix combines with a vector through `dot`: `dot(x, m)` sums over its rows, `dot(m, x)` over its columns"
+                            } else {
+                                "their feature axes differ; reduce one of them first"
+                            }),
                         );
                         return None;
                     }

@@ -422,6 +422,11 @@ fn suggest_axis(ty: &Ty) -> &'static str {
 
 fn reduction_help(ty: &Ty, op: &str) -> String {
     match (&ty.feature, ty.level) {
+        (Some(Feature::Matrix(..)), _) => format!(
+            "this value's axes are `{}` and the matrix `{}`: contract a matrix with `dot`, e.g. `dot(x, m)` sums its rows against `x`",
+            ty.level.name(),
+            ty.feature.as_ref().map(|f| f.axes()).unwrap_or_default()
+        ),
         (Some(feature), _) => format!(
             "this value's axes are `{}` and `{}`",
             ty.level.name(),
@@ -446,6 +451,9 @@ fn section_help(ty: &Ty, target: Level) -> String {
     if let Some(feature) = &ty.feature {
         return match feature {
             Feature::Rubric(name) => format!("score the criteria with the rubric: `{name}(x)`"),
+            Feature::Matrix(..) => {
+                "contract the matrix with `dot`, e.g. `dot(dot(x, m), x)` for xᵀ·m·x".to_string()
+            }
             f => format!(
                 "aggregate the `{}` axis first, e.g. `sum(x over {})`",
                 f.name(),

@@ -318,34 +318,18 @@ impl<'p> Checker<'p> {
             },
         };
         let (axes, ty) = self.axes(env, over, &value, &func.name)?;
-        if axes == Axes::Others {
-            if value.ty.level == Level::Tok {
-                self.error(
-                    Diagnostic::error(
-                        "rlx::pairwise_level",
-                        file,
-                        format!("a pairwise term must be per response; this is {}", value.ty),
-                    )
-                    .label(value.span, format!("this is {}", value.ty))
-                    .help("reduce the tokens first, e.g. `mean(x over tok)`"),
-                );
-                return None;
-            }
-            if value.ty.feature.is_some() {
-                self.error(
-                    Diagnostic::error(
-                        "rlx::pairwise_level",
-                        file,
-                        format!(
-                            "a pairwise term must be one number per pair; this is {}",
-                            value.ty
-                        ),
-                    )
-                    .label(value.span, format!("this is {}", value.ty))
-                    .help("compare vectors with `cos(emb, other.emb)` or reduce the feature axis"),
-                );
-                return None;
-            }
+        // The body is a number, a vector or a matrix per response, never per token.
+        if axes == Axes::Others && value.ty.level == Level::Tok {
+            self.error(
+                Diagnostic::error(
+                    "rlx::pairwise_level",
+                    file,
+                    format!("a pairwise term must be per response; this is {}", value.ty),
+                )
+                .label(value.span, format!("this is {}", value.ty))
+                .help("reduce the tokens first, e.g. `mean(x over tok)`"),
+            );
+            return None;
         }
         let elem = match op {
             ReduceOp::Sum

@@ -1,5 +1,6 @@
 //! Value types: an element type, a level (`batch` < `group` < `resp` < `tok`, and `pair` below `resp`
-//! beside `tok`) and at most one feature axis attached at the group or response level.
+//! beside `tok`) and at most one feature axis attached at the batch, group or response level, which may
+//! be a matrix of two rectangular axes (`f32[group, dim, dim]`, `f32[batch, style, style]`).
 
 use std::fmt;
 
@@ -71,14 +72,36 @@ pub enum Feature {
     Crit,
     Dim,
     Rubric(String),
+    /// A matrix: rows along the first axis, columns along the second, row-major. Both axes have a
+    /// length fixed for the batch (`dim`, a rubric), never the ragged `crit` (docs/language.md,
+    /// "Matrices").
+    Matrix(Box<Feature>, Box<Feature>),
 }
 
 impl Feature {
+    /// The axis as a type writes it (`crit`, `style`; `dim, dim` for a matrix).
     pub fn name(&self) -> &str {
         match self {
             Feature::Crit => "crit",
             Feature::Dim => "dim",
             Feature::Rubric(name) => name,
+            Feature::Matrix(..) => "matrix",
+        }
+    }
+
+    /// The axes as a type lists them: `crit`, or `dim, dim` for a matrix.
+    pub fn axes(&self) -> String {
+        match self {
+            Feature::Matrix(rows, cols) => format!("{}, {}", rows.axes(), cols.axes()),
+            other => other.name().to_string(),
+        }
+    }
+
+    /// The row and column axes of a matrix.
+    pub fn matrix(&self) -> Option<(&Feature, &Feature)> {
+        match self {
+            Feature::Matrix(rows, cols) => Some((rows, cols)),
+            _ => None,
         }
     }
 }
@@ -149,7 +172,7 @@ impl fmt::Display for Ty {
                 "{}[{}, {}]",
                 self.elem.name(),
                 level.name(),
-                feature.name()
+                feature.axes()
             ),
         }
     }
@@ -169,6 +192,15 @@ mod tests {
             feature: Some(Feature::Crit),
         };
         assert_eq!(crit.to_string(), "bool[resp, crit]");
+        let matrix = Ty {
+            elem: Elem::F32,
+            level: Level::Group,
+            feature: Some(Feature::Matrix(
+                Box::new(Feature::Dim),
+                Box::new(Feature::Rubric("style".into())),
+            )),
+        };
+        assert_eq!(matrix.to_string(), "f32[group, dim, style]");
     }
 
     #[test]

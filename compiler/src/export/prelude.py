@@ -4,7 +4,8 @@
 # Values. A value at level `batch` is a 0-d tensor, `group` [G], `resp` [B], `pair` [B, B] (response i,
 # other response j of the same group) and `tok` [B, T], padded: `L.tmask` marks the tokens that exist
 # (`response_mask`). A feature axis adds a trailing dimension: `crit` [.., C] (padded, `L.cmask`), `dim`
-# [.., D], a rubric [.., K]. Shapes are written "level" or "level:feature" (a rubric as "name/K").
+# [.., D], a rubric [.., K], a matrix [.., R*C] (row-major). Shapes are written "level" or
+# "level:feature" (a rubric as "name/K", a matrix as "ROWS*COLS", e.g. "dim*style/3").
 #
 # Padding. Reductions read only elements that exist. Padded elements of inputs (and of `shift`/`scan`
 # results) hold a detached copy of a real element of the same row, so that no NaN or infinity arises
@@ -155,9 +156,10 @@ class _Layout:
             return dims
         if feature == "crit":
             return dims + (self.C,)
-        if feature == "dim":
-            return dims + (self.D,)
-        return dims + (int(feature.rpartition("/")[2]),)
+        if "*" in feature:
+            rows, cols = (_axis_width(self, axis) for axis in feature.split("*"))
+            return dims + (rows * cols,)
+        return dims + (_axis_width(self, feature),)
 
     def subset(self, sel):
         """The layout of the responses `sel` alone, and the groups they keep."""
@@ -173,6 +175,45 @@ class _Layout:
             self.progress,
         )
         return sub, kept_groups
+
+
+def _axis_width(L, axis):
+    """The length of a rectangular feature axis: `dim` or a rubric `name/K`."""
+    return L.D if axis == "dim" else int(axis.rpartition("/")[2])
+
+
+def _matrix_dim(feature, shape, level):
+    """The `dim` length a matrix input of `shape` gives ([.., R, C] or flat [.., R*C]); 0 if none."""
+    rows, cols = feature.split("*")
+    if "dim" not in (rows, cols):
+        return 0
+    nested = len(shape) == (0 if level == "batch" else 1) + 2
+    if nested:
+        return int(shape[-2] if rows == "dim" else shape[-1])
+    width = int(shape[-1]) if len(shape) else 0
+    if rows == "dim" and cols == "dim":
+        return math.isqrt(width)
+    other = cols if rows == "dim" else rows
+    return width // int(other.rpartition("/")[2])
+
+
+def _spread(L, x, matrix, rows):
+    """A vector [.., A] spread over a matrix `matrix` ("ROWS*COLS", flat row-major): y[a, b] = x[a]
+    along the rows (`rows`), else y[a, b] = x[b] (`SpreadRows`, `SpreadCols`)."""
+    r, c = (_axis_width(L, axis) for axis in matrix.split("*"))
+    x = _t(L, x)
+    lead = tuple(x.shape[:-1])
+    y = x[..., :, None].expand(*lead, r, c) if rows else x[..., None, :].expand(*lead, r, c)
+    return y.reshape(*lead, r * c)
+
+
+def _contract(L, m, matrix, rows):
+    """A matrix [.., R*C] summed over its rows (`rows`: y[b] = Σ_a m[a, b]) or its columns
+    (y[a] = Σ_b m[a, b]) (`ContractRows`, `ContractCols`)."""
+    r, c = (_axis_width(L, axis) for axis in matrix.split("*"))
+    m = _t(L, m)
+    lead = tuple(m.shape[:-1])
+    return m.reshape(*lead, r, c).sum(-2 if rows else -1)
 
 
 def _t(L, value):
@@ -661,6 +702,8 @@ def _layout(batch, needed, tokens):
             crit_mask = torch.ones((mask.shape[0], shape[-1]), dtype=torch.bool, device=device)
         if feature == "dim":
             dim = int(shape[-1])
+        elif feature is not None and "*" in feature:
+            dim = _matrix_dim(feature, shape, _parse(INPUTS[name][0])[0]) or dim
     if crit_mask is not None:
         crit_mask = torch.as_tensor(crit_mask, device=device) != 0
     return _Layout(
@@ -691,6 +734,14 @@ def _input(L, batch, name):
     expected = L.shape(shape)
     if level == "group":
         expected = (L.B,) + expected[1:]
+    if level == "batch" and feature is not None and value.dim() > len(expected) and value.shape[0] == 1:
+        # One row of a batch-level vector or matrix (verl's per-sample `compute_score` wraps each value).
+        value = value[0]
+    if feature is not None and "*" in feature:
+        # A matrix is given as [.., R, C] (or already flat, row-major, [.., R*C]) and laid out flat.
+        rows, cols = (_axis_width(L, axis) for axis in feature.split("*"))
+        if tuple(value.shape) == tuple(expected[:-1]) + (rows, cols):
+            value = value.reshape(expected)
     if level == "batch" and feature is None and value.numel() == 1:
         value = value.reshape(())
     if tuple(value.shape) != tuple(expected):

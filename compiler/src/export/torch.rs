@@ -74,31 +74,49 @@ fn metric_function(metric: &str) -> String {
     }
 }
 
-/// `level` or `level:feature`, as the runtime parses it.
+/// `level` or `level:feature`, as the runtime parses it (a matrix as `level:ROWS*COLS`).
 fn shape_text(graph: &Graph, shape: &Shape) -> String {
     let level = shape.level.name();
     match &shape.feature {
         None => level.to_string(),
-        Some(Feature::Crit) => format!("{level}:crit"),
-        Some(Feature::Dim) => format!("{level}:dim"),
-        Some(Feature::Rubric { index, len }) => {
+        Some(feature) => format!("{level}:{}", feature_atom(graph, feature)),
+    }
+}
+
+/// A feature axis as the runtime's shape strings write it: `crit`, `dim`, `NAME/K` for a rubric,
+/// `ROWS*COLS` for a matrix.
+fn feature_atom(graph: &Graph, feature: &Feature) -> String {
+    match feature {
+        Feature::Crit => "crit".into(),
+        Feature::Dim => "dim".into(),
+        Feature::Rubric { index, len } => {
             let name = graph
                 .rubrics
                 .get(*index as usize)
                 .map(|r| r.name.as_str())
                 .unwrap_or("rubric");
-            format!("{level}:{name}/{len}")
+            format!("{name}/{len}")
+        }
+        Feature::Matrix { rows, cols } => {
+            format!(
+                "{}*{}",
+                feature_atom(graph, rows),
+                feature_atom(graph, cols)
+            )
         }
     }
 }
 
 fn type_text(graph: &Graph, elem: Elem, shape: &Shape) -> String {
-    let text = shape_text(graph, shape).replace(':', ", ");
-    let text = match text.split_once('/') {
-        Some((head, _)) => head.to_string(),
-        None => text,
-    };
-    format!("{}[{text}]", elem.name())
+    match &shape.feature {
+        None => format!("{}[{}]", elem.name(), shape.level.name()),
+        Some(feature) => format!(
+            "{}[{}, {}]",
+            elem.name(),
+            shape.level.name(),
+            crate::ir::print::feature_text(graph, feature)
+        ),
+    }
 }
 
 /// A Python float literal.
@@ -344,6 +362,14 @@ impl<'a> Emitter<'a> {
         text
     }
 
+    /// The matrix axes of a node's shape, as `_spread`/`_contract` read them.
+    fn matrix_atom(&self, id: NodeId) -> String {
+        match &self.node(id).shape.feature {
+            Some(feature) => feature_atom(self.graph, feature),
+            None => String::new(),
+        }
+    }
+
     /// The right-hand side of a node's line.
     fn rhs(&self, id: NodeId) -> String {
         let node = self.node(id);
@@ -436,6 +462,26 @@ impl<'a> Emitter<'a> {
                 };
                 format!("_unindex(L, {}, {k}, {size})", self.atom(args[0]))
             }
+            Op::SpreadRows | Op::SpreadCols => format!(
+                "_spread(L, {}, \"{}\", {})",
+                self.atom(args[0]),
+                self.matrix_atom(id),
+                if node.op == Op::SpreadRows {
+                    "True"
+                } else {
+                    "False"
+                }
+            ),
+            Op::ContractRows | Op::ContractCols => format!(
+                "_contract(L, {}, \"{}\", {})",
+                self.atom(args[0]),
+                self.matrix_atom(args[0]),
+                if node.op == Op::ContractRows {
+                    "True"
+                } else {
+                    "False"
+                }
+            ),
             Op::Other => format!("_other(L, {})", self.atom(args[0])),
             Op::SumByOther => format!("_sum_by_other(L, {})", self.atom(args[0])),
             Op::Const(_) | Op::Input(_) | Op::Value(_) => self.atom(id),

@@ -165,6 +165,16 @@ fn scaled(
     }
 }
 
+/// `g` at `shape`, materialised (a constant adjoint broadcast to a matrix, which `Builder::add`
+/// would keep as the constant, must be a node of the matrix's shape for a contraction to read).
+fn at_shape(b: &mut Builder, g: NodeId, shape: &Shape) -> NodeId {
+    if b.shape(g) == shape {
+        g
+    } else {
+        b.add_raw(Op::Copy, vec![g], shape.clone(), Elem::F32)
+    }
+}
+
 /// ∂node/∂args[position] for the node's adjoint `g`: `g` routed (at the node's shape, or the arg's for
 /// reductions' operands), or the local derivative that `scaled` multiplies `g` by.
 fn local_gradient(
@@ -304,6 +314,36 @@ fn local_gradient(
         (Op::Other, _) => {
             let arg_shape = b.shape(a?).clone();
             routed(b.add(Op::SumByOther, vec![g], arg_shape, f))
+        }
+        (Op::SpreadRows | Op::SpreadCols, _) => {
+            // y[a, b] = x[a] ⇒ x[a] receives Σ_b g[a, b] (and x[b] receives Σ_a for columns).
+            let g = at_shape(b, g, &shape);
+            let (rows, cols) = shape.feature.as_ref()?.matrix()?;
+            let (contract, axis) = if *op == Op::SpreadRows {
+                (Op::ContractCols, rows.clone())
+            } else {
+                (Op::ContractRows, cols.clone())
+            };
+            let out = Shape {
+                level: shape.level,
+                feature: Some(axis),
+            };
+            routed(b.add(contract, vec![g], out, f))
+        }
+        (Op::ContractRows | Op::ContractCols, _) => {
+            // y[b] = Σ_a m[a, b] ⇒ m[a, b] receives g[b] (g[a] for columns).
+            let arg_shape = b.shape(a?).clone();
+            if b.constant_value(g).is_some() {
+                routed(g)
+            } else {
+                let g = at_shape(b, g, &shape);
+                let spread = if *op == Op::ContractRows {
+                    Op::SpreadCols
+                } else {
+                    Op::SpreadRows
+                };
+                routed(b.add(spread, vec![g], arg_shape, f))
+            }
         }
         (Op::SumByOther, _) => {
             let arg_shape = b.shape(a?).clone();

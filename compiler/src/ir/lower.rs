@@ -226,7 +226,93 @@ impl Lowerer<'_> {
                     len: len as u32,
                 }
             }
+            HirFeature::Matrix(rows, cols) => Feature::Matrix {
+                rows: Box::new(self.feature_of(rows)),
+                cols: Box::new(self.feature_of(cols)),
+            },
         }
+    }
+
+    /// `dot(a, b)` and `outer(a, b)` (docs/language.md, "Matrices"): a matrix product is an
+    /// element-wise product on the matrix's elements, the vector spread along the other axis, summed
+    /// over the contracted axis (`SpreadRows`/`SpreadCols`, `ContractRows`/`ContractCols`).
+    fn product(&mut self, func: Func, args: Vec<NodeId>, expr: &hir::Expr) -> NodeId {
+        let types: Vec<Ty> = match &expr.kind {
+            ExprKind::Call { args, .. } => args.iter().map(|a| a.ty.clone()).collect(),
+            _ => Vec::new(),
+        };
+        let a = match types.first() {
+            Some(ty) => self.conform(args[0], ty),
+            None => args[0],
+        };
+        let b = match types.get(1) {
+            Some(ty) => self.conform(args[1], ty),
+            None => args[1],
+        };
+        let (fa, fb) = (self.shape(a).feature, self.shape(b).feature);
+        if func == Func::Outer {
+            let matrix = self.shape_of(&expr.ty).feature;
+            let rows = self.spread(Op::SpreadRows, a, matrix.clone());
+            let cols = self.spread(Op::SpreadCols, b, matrix);
+            return self.binary(Op::Mul, rows, cols);
+        }
+        let a_matrix = fa.as_ref().is_some_and(|f| f.matrix().is_some());
+        let b_matrix = fb.as_ref().is_some_and(|f| f.matrix().is_some());
+        match (a_matrix, b_matrix) {
+            (false, true) => {
+                let rows = self.spread(Op::SpreadRows, a, fb);
+                let product = self.binary(Op::Mul, rows, b);
+                self.contract(Op::ContractRows, product)
+            }
+            (true, false) => {
+                let cols = self.spread(Op::SpreadCols, b, fa);
+                let product = self.binary(Op::Mul, a, cols);
+                self.contract(Op::ContractCols, product)
+            }
+            _ => {
+                let product = self.binary(Op::Mul, a, b);
+                self.drop_feature(Op::ReduceSum, product)
+            }
+        }
+    }
+
+    /// A vector spread over the rows or columns of `matrix`, at its own level.
+    fn spread(&mut self, op: Op, x: NodeId, matrix: Option<Feature>) -> NodeId {
+        let level = self.shape(x).level;
+        self.builder.add(
+            op,
+            vec![x],
+            Shape {
+                level,
+                feature: matrix,
+            },
+            Elem::F32,
+        )
+    }
+
+    /// A matrix summed over its rows (`ContractRows`) or columns (`ContractCols`), at its own level.
+    fn contract(&mut self, op: Op, m: NodeId) -> NodeId {
+        let shape = self.shape(m);
+        let feature = shape
+            .feature
+            .as_ref()
+            .and_then(|f| f.matrix())
+            .map(|(rows, cols)| {
+                if op == Op::ContractRows {
+                    cols.clone()
+                } else {
+                    rows.clone()
+                }
+            });
+        self.builder.add(
+            op,
+            vec![m],
+            Shape {
+                level: shape.level,
+                feature,
+            },
+            Elem::F32,
+        )
     }
 
     fn shape_of(&self, ty: &Ty) -> Shape {
@@ -696,6 +782,7 @@ impl Lowerer<'_> {
             Func::Sign => self.unary(Op::Sign, args[0]),
             Func::Lgamma => self.unary(Op::Lgamma, args[0]),
             Func::Cos if args.len() == 1 => self.unary(Op::Cos, args[0]),
+            Func::Dot | Func::Outer => self.product(func, args, expr),
             Func::Min => self.map(Op::Min, args, elem),
             Func::Max => self.map(Op::Max, args, elem),
             Func::Pow => self.binary(Op::Pow, args[0], args[1]),

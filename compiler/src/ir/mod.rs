@@ -17,7 +17,8 @@
 //!
 //! A `crit` axis multiplies each group (or each response, or pair) element by its group's C_g
 //! criteria (ragged); `dim` by D and a rubric axis by its K criteria (row-major: the element, then the
-//! feature index).
+//! feature index). A matrix of two rectangular axes (`dim`, rubrics) multiplies it by their product,
+//! row-major: feature index f = a·cols + b for row a, column b.
 //!
 //! # Broadcasting and reductions
 //! An element-wise node reads each operand at the element "above" its own (a token reads its response's
@@ -94,6 +95,45 @@ pub enum Feature {
         index: u32,
         len: u32,
     },
+    /// A matrix over two rectangular axes (never `crit`): `rows × cols` values per element, row-major.
+    Matrix {
+        rows: Box<Feature>,
+        cols: Box<Feature>,
+    },
+}
+
+impl Feature {
+    /// How many values the axis has when its length is fixed for the batch: `dim` is `dim`, a rubric
+    /// its criteria, a matrix the product of its axes; `None` for the ragged `crit`.
+    pub fn fixed_len(&self, dim: usize) -> Option<usize> {
+        match self {
+            Feature::Crit => None,
+            Feature::Dim => Some(dim),
+            Feature::Rubric { len, .. } => Some(*len as usize),
+            Feature::Matrix { rows, cols } => {
+                rows.fixed_len(dim)?.checked_mul(cols.fixed_len(dim)?)
+            }
+        }
+    }
+
+    /// The row and column axes of a matrix.
+    pub fn matrix(&self) -> Option<(&Feature, &Feature)> {
+        match self {
+            Feature::Matrix { rows, cols } => Some((rows, cols)),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Feature {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Feature::Crit => f.write_str("crit"),
+            Feature::Dim => f.write_str("dim"),
+            Feature::Rubric { index, len } => write!(f, "rubric{index}:{len}"),
+            Feature::Matrix { rows, cols } => write!(f, "{rows} × {cols}"),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -126,11 +166,7 @@ impl std::fmt::Display for Shape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.feature {
             None => write!(f, "[{}]", self.level.name()),
-            Some(Feature::Crit) => write!(f, "[{}, crit]", self.level.name()),
-            Some(Feature::Dim) => write!(f, "[{}, dim]", self.level.name()),
-            Some(Feature::Rubric { index, len }) => {
-                write!(f, "[{}, rubric{index}:{len}]", self.level.name())
-            }
+            Some(feature) => write!(f, "[{}, {feature}]", self.level.name()),
         }
     }
 }
@@ -224,6 +260,16 @@ pub enum Op {
     Scan {
         reverse: bool,
     },
+    /// Matrix element (a, b) of this node reads the operand's (a vector along the rows axis) value a.
+    SpreadRows,
+    /// Matrix element (a, b) of this node reads the operand's (a vector along the columns axis) value b.
+    SpreadCols,
+    /// Element b of this node (a vector along the operand's columns axis) is Σ_a of the operand's
+    /// matrix elements (a, b), at the same level (adjoint of `SpreadCols`).
+    ContractRows,
+    /// Element a of this node (a vector along the operand's rows axis) is Σ_b of the operand's matrix
+    /// elements (a, b) (adjoint of `SpreadRows`).
+    ContractCols,
 }
 
 impl Op {
@@ -248,6 +294,10 @@ impl Op {
                 | Op::Rank { .. }
                 | Op::Uniform
                 | Op::Components
+                | Op::SpreadRows
+                | Op::SpreadCols
+                | Op::ContractRows
+                | Op::ContractCols
         )
     }
 
@@ -283,6 +333,10 @@ impl Op {
                 | Op::SumByOther
                 | Op::Cos
                 | Op::Sin
+                | Op::SpreadRows
+                | Op::SpreadCols
+                | Op::ContractRows
+                | Op::ContractCols
         )
     }
 

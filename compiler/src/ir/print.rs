@@ -6,15 +6,27 @@ use super::{Feature, Graph, Op, Shape};
 
 fn shape_text(graph: &Graph, shape: &Shape) -> String {
     match &shape.feature {
-        Some(Feature::Rubric { index, .. }) => {
-            let name = graph
-                .rubrics
-                .get(*index as usize)
-                .map(|r| r.name.as_str())
-                .unwrap_or("?");
-            format!("[{}, {name}]", shape.level.name())
+        None => shape.to_string(),
+        Some(feature) => format!("[{}, {}]", shape.level.name(), feature_text(graph, feature)),
+    }
+}
+
+/// A feature axis as a recipe names it (a rubric by its name, a matrix as its two axes).
+pub fn feature_text(graph: &Graph, feature: &Feature) -> String {
+    match feature {
+        Feature::Rubric { index, .. } => graph
+            .rubrics
+            .get(*index as usize)
+            .map(|r| r.name.clone())
+            .unwrap_or_else(|| "?".into()),
+        Feature::Matrix { rows, cols } => {
+            format!(
+                "{}, {}",
+                feature_text(graph, rows),
+                feature_text(graph, cols)
+            )
         }
-        _ => shape.to_string(),
+        other => other.to_string(),
     }
 }
 

@@ -67,7 +67,7 @@
 (parameter name: (identifier) @variable.parameter)
 (call function: (identifier) @function.call)
 ((call function: (identifier) @function.builtin)
-  (#match? @function.builtin "^(exp|log|log1p|sqrt|sigmoid|logsigmoid|tanh|softplus|abs|floor|min|max|pow|clamp|where|stopgrad|cos|sin|sign|lgamma|sum|mean|std|var|count|any|all|logsumexp|softmax|scan|shift|distinct_ngrams|rank|quantile|uniform|components)$"))
+  (#match? @function.builtin "^(exp|log|log1p|sqrt|sigmoid|logsigmoid|tanh|softplus|abs|floor|min|max|pow|clamp|where|stopgrad|cos|dot|outer|sin|sign|lgamma|sum|mean|std|var|count|any|all|logsumexp|softmax|scan|shift|distinct_ngrams|rank|quantile|uniform|components)$"))
 (argument name: (identifier) @variable.parameter)
 
 (input_declaration name: (identifier) @variable)
