@@ -24,7 +24,6 @@
 
 use std::time::Instant;
 
-use candle_core::Device;
 use serde_json::{json, Value};
 
 use crate::cli::Prepared;
@@ -130,7 +129,7 @@ pub fn bench_model(
     let Prepared {
         config, plan, out, ..
     } = prepared;
-    let device = Device::Cpu;
+    let device = crate::train::candle_device(plan.gpu)?;
     let threads = candle_core::utils::get_num_threads();
     let needs_samples = options
         .phases
@@ -220,7 +219,7 @@ pub fn bench_model(
             let (result, peak, rss) = measured(|| -> Result<(), Error> {
                 for _ in 0..options.runs {
                     let start = Instant::now();
-                    let mut grads = Grads::default();
+                    let mut grads = Grads::new(policy.vars());
                     for first in (0..options.rows).step_by(micro) {
                         let last = (first + micro).min(options.rows);
                         let logp = completion_logp(
@@ -235,6 +234,7 @@ pub fn bench_model(
                         grads.accumulate(policy.vars(), &store).map_err(err)?;
                     }
                     opt.step(&grads).map_err(err)?;
+                    crate::train::synchronize(&device)?;
                     times.push(start.elapsed().as_secs_f64());
                 }
                 Ok(())
