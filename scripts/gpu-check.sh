@@ -40,7 +40,12 @@ elif [ -n "${1:-}" ]; then
     exit 2
 fi
 smoke=0
-[ "$device" = cpu ] && smoke=1
+case "$device" in
+    cpu) smoke=1 ;;
+    cuda) export RLX_CUDA_DEVICE=0 ;;
+    cuda:[0-9]*) export RLX_CUDA_DEVICE="${device#cuda:}" ;;  # the agreement tests read it too
+    *) echo "gpu-check: --device $device: expected cpu, cuda or cuda:N" >&2; exit 2 ;;
+esac
 
 start=$(date +%s)
 log="$(mktemp -d)"
