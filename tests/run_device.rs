@@ -74,8 +74,10 @@ fn run_rejects_a_malformed_device_before_anything_is_written() {
     }
 }
 
-/// On a GPU (feature `cuda`): the first step's metrics (loss, gradient norm, rewards, KL) are the CPU
-/// kernel's within the CUDA backend's tolerance (docs/gpu.md), and the summary names the objective
+/// On a GPU (feature `cuda`): the whole step runs there, so when both runs sampled the same step-0
+/// completions (the same sampling stream; float rounding may flip a draw) the first step's metrics
+/// (loss, gradient norm, rewards, KL) are the CPU's within 1e-3 relative (f32 model arithmetic on two
+/// devices, docs/gpu.md), the metrics carry `gpu/peak_bytes`, and the summary names the objective
 /// `cuda`. Elsewhere: exit status 1, an error naming what is missing, and no output directory.
 #[test]
 fn run_on_cuda_matches_the_cpu_kernel_or_says_what_is_missing() {
@@ -103,6 +105,20 @@ fn run_on_cuda_matches_the_cpu_kernel_or_says_what_is_missing() {
             a["loss"].as_f64().unwrap() != 0.0,
             "a trivial first step: {a}"
         );
+        assert!(b["gpu/peak_bytes"].as_u64().is_some_and(|p| p > 0), "{b}");
+        let completions = |out: &Path| -> Vec<Value> {
+            std::fs::read_to_string(out.join("samples.jsonl"))
+                .expect("samples.jsonl")
+                .lines()
+                .map(|l| serde_json::from_str::<Value>(l).expect("JSON line"))
+                .filter(|l| l["step"] == 0)
+                .map(|l| l["completion"].clone())
+                .collect()
+        };
+        if completions(&cpu_out) != completions(&gpu_out) {
+            eprintln!("the two runs sampled different step-0 completions: metrics not compared");
+            return;
+        }
         for (key, x) in a.as_object().unwrap() {
             if rlx_trainer::train::TIMING_KEYS.contains(&key.as_str()) {
                 continue;
@@ -111,7 +127,7 @@ fn run_on_cuda_matches_the_cpu_kernel_or_says_what_is_missing() {
                 continue;
             };
             assert!(
-                (x - y).abs() <= 1e-5 * x.abs().max(y.abs()) + 1e-9,
+                (x - y).abs() <= 1e-3 * x.abs().max(y.abs()) + 1e-6,
                 "{key}: cpu {x}, cuda {y}"
             );
         }

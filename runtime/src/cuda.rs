@@ -570,6 +570,22 @@ impl GpuKernel {
         Ok(GpuKernel { inner, ordinal })
     }
 
+    /// Compile `graph` with `options` and load it on the GPU of `stream`, its kernels launched on that
+    /// stream (candle's: `rlx run --device cuda` runs the recipe in order with the model's work, and
+    /// reads the model's log-probabilities where candle left them, `run_view_on_device`).
+    #[cfg(feature = "cuda")]
+    pub fn on_stream(
+        graph: &rlx_compiler::ir::Graph,
+        options: &crate::kernel::Options,
+        stream: std::sync::Arc<cudarc::driver::CudaStream>,
+    ) -> Result<GpuKernel, String> {
+        let kernel = Kernel::compile(graph, options).map_err(|e| format!("no kernel plan: {e}"))?;
+        let ordinal = stream.context().ordinal();
+        let device = CudaDevice::on_stream(stream)?;
+        let inner = DeviceKernel::new(kernel, device)?;
+        Ok(GpuKernel { inner, ordinal })
+    }
+
     /// Load an already compiled kernel's CUDA form on GPU `ordinal`.
     #[cfg(not(feature = "cuda"))]
     pub fn from_kernel(_kernel: Kernel, ordinal: usize) -> Result<GpuKernel, String> {

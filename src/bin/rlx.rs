@@ -93,12 +93,12 @@ enum Command {
         /// Continue a run from its checkpoint (DIR or DIR/checkpoint), exactly where it stopped.
         #[arg(long, value_name = "DIR")]
         resume: Option<PathBuf>,
-        /// Where the recipe's fused kernel (reward → advantage → loss → ∂loss/∂logp) runs: `cpu`, or
-        /// `cuda` / `cuda:N` for GPU N (the kernels of `rlx score --device cuda`, whatever the config's
-        /// `backend`). The candle model stays on the CPU: candle's own CUDA backend needs nvcc at build
-        /// time. Needs an rlx built with `--features cuda` (docs/gpu.md).
-        #[arg(long, default_value = "cpu", value_parser = parse_device)]
-        device: Device,
+        /// Where the step runs: `cpu`, or `cuda` / `cuda:N` for GPU N (model, sampler, reference, LM
+        /// head, AdamW and the recipe's CUDA kernels, whatever the config's `backend`). Overrides the
+        /// config's `train.device` (default: the config's, `cpu`). Needs an rlx built with `--features
+        /// cuda` (docs/gpu.md).
+        #[arg(long, value_parser = parse_device)]
+        device: Option<Device>,
         /// When the run completes, also write its final policy as a Hugging Face checkpoint folder here
         /// (what `rlx export OUT --hf DIR` writes: LoRA adapters merged). DIR must not exist or be
         /// empty; it is checked before the run starts.
@@ -176,6 +176,9 @@ enum Command {
         /// Override a recipe param or a config key (as `rlx run --set`).
         #[arg(long = "set", value_name = "NAME=VALUE")]
         set: Vec<String>,
+        /// Where the phases run, as `rlx run --device` (default: the config's `train.device`).
+        #[arg(long, value_parser = parse_device)]
+        device: Option<Device>,
     },
     /// Measure a recipe on a synthetic packed batch: per backend, one JSON line with the kernel time
     /// (median of --runs), tokens/s, peak memory above the batch, and the memory-bandwidth bound
@@ -263,6 +266,14 @@ fn parse_progress(text: &str) -> Result<f64, String> {
             "progress is the fraction of training done, from 0 to 1, not {p}"
         )),
         Err(_) => Err(format!("expected a number from 0 to 1, found `{text}`")),
+    }
+}
+
+/// `--device` of `rlx run` and `rlx bench-model`, as the trainer's config names it.
+fn train_device(device: Device) -> rlx_trainer::config::TrainDevice {
+    match device {
+        Device::Cpu => rlx_trainer::config::TrainDevice::Cpu,
+        Device::Cuda(n) => rlx_trainer::config::TrainDevice::Cuda(n),
     }
 }
 
@@ -431,10 +442,7 @@ fn main() -> ExitCode {
             device,
             export_hf,
         } => {
-            let gpu = match device {
-                Device::Cpu => None,
-                Device::Cuda(n) => Some(n),
-            };
+            let gpu = device.map(train_device);
             if let Some(dir) = &export_hf {
                 if let Err(message) = rlx_trainer::hf::check_output_dir(dir) {
                     return Failure::Usage(format!("--export-hf {message}")).report();
@@ -462,8 +470,17 @@ fn main() -> ExitCode {
             steps,
             phases,
             set,
+            device,
         } => bench_model(
-            &config, &recipe, set, rows, new_tokens, runs, steps, &phases,
+            &config,
+            &recipe,
+            set,
+            rows,
+            new_tokens,
+            runs,
+            steps,
+            &phases,
+            device.map(train_device),
         ),
         Command::Bench {
             recipe,
@@ -547,7 +564,7 @@ fn prepare_run(
     seed: Option<u64>,
     out: Option<PathBuf>,
     resume: Option<PathBuf>,
-    gpu: Option<usize>,
+    device: Option<rlx_trainer::config::TrainDevice>,
 ) -> Result<rlx_trainer::cli::Prepared, ExitCode> {
     let loaded = rlx::source::load(recipe).map_err(Failure::report)?;
     // The files the run directory records (with their sha256): the one given, then its imports.
@@ -579,7 +596,7 @@ fn prepare_run(
         seed,
         out,
         resume,
-        gpu,
+        device,
         recipe_files,
     };
     rlx_trainer::cli::prepare(source, &args)
@@ -596,6 +613,7 @@ fn bench_model(
     runs: usize,
     steps: usize,
     phases: &[PhaseArg],
+    device: Option<rlx_trainer::config::TrainDevice>,
 ) -> ExitCode {
     let dir = std::env::temp_dir().join(format!("rlx-bench-model-{}", std::process::id()));
     let prepared = match prepare_run(
@@ -606,7 +624,7 @@ fn bench_model(
         None,
         Some(dir),
         None,
-        None,
+        device,
     ) {
         Ok(prepared) => prepared,
         Err(code) => return code,
@@ -657,11 +675,11 @@ fn run(
     seed: Option<u64>,
     out: Option<PathBuf>,
     resume: Option<PathBuf>,
-    gpu: Option<usize>,
+    device: Option<rlx_trainer::config::TrainDevice>,
     export_hf: Option<&Path>,
     print_config: bool,
 ) -> ExitCode {
-    let prepared = match prepare_run(recipe, config, sets, steps, seed, out, resume, gpu) {
+    let prepared = match prepare_run(recipe, config, sets, steps, seed, out, resume, device) {
         Ok(prepared) => prepared,
         Err(code) => return code,
     };

@@ -28,7 +28,6 @@
 
 use std::time::Instant;
 
-use candle_core::Device;
 use serde_json::{json, Value};
 
 use crate::cli::Prepared;
@@ -134,7 +133,7 @@ pub fn bench_model(
     let Prepared {
         config, plan, out, ..
     } = prepared;
-    let device = Device::Cpu;
+    let device = crate::train::candle_device(plan.gpu)?;
     let threads = candle_core::utils::get_num_threads();
     let needs_samples = options
         .phases
@@ -229,7 +228,7 @@ pub fn bench_model(
                 for _ in 0..options.runs {
                     let start = Instant::now();
                     let cpu_start = cpu_seconds();
-                    let mut grads = Grads::default();
+                    let mut grads = Grads::new(policy.vars());
                     for first in (0..options.rows).step_by(micro) {
                         let last = (first + micro).min(options.rows);
                         let logp = completion_logp(
@@ -244,6 +243,7 @@ pub fn bench_model(
                         grads.accumulate(policy.vars(), &store).map_err(err)?;
                     }
                     opt.step(&grads).map_err(err)?;
+                    crate::train::synchronize(&device)?;
                     times.push(start.elapsed().as_secs_f64());
                     cpu_times.push(cpu_seconds() - cpu_start);
                 }

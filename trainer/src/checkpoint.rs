@@ -142,11 +142,19 @@ fn save_tensors(path: &Path, tensors: &HashMap<String, Tensor>) -> Result<(), St
         .map_err(|e| io(path, e))
 }
 
-fn weights(model: &Model) -> HashMap<String, Tensor> {
+/// The model's weights on the host (a copy from the GPU for a run there; the tensors themselves on the
+/// CPU).
+fn weights(model: &Model) -> Result<HashMap<String, Tensor>, String> {
     model
         .vars()
         .iter()
-        .map(|(name, var)| (name.clone(), var.as_tensor().clone()))
+        .map(|(name, var)| {
+            let tensor = var
+                .as_tensor()
+                .to_device(&Device::Cpu)
+                .map_err(|e| format!("cannot copy `{name}` from the GPU: {e}"))?;
+            Ok((name.clone(), tensor))
+        })
         .collect()
 }
 
@@ -167,9 +175,9 @@ pub fn save(
         std::fs::remove_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
     }
     std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
-    save_tensors(&tmp.join("model.safetensors"), &weights(policy))?;
+    save_tensors(&tmp.join("model.safetensors"), &weights(policy)?)?;
     if let Some(reference) = reference {
-        save_tensors(&tmp.join("reference.safetensors"), &weights(reference))?;
+        save_tensors(&tmp.join("reference.safetensors"), &weights(reference)?)?;
     }
     let moments = optimizer
         .state_tensors(&Device::Cpu)
@@ -259,7 +267,9 @@ pub fn restore_weights(model: &Model, dir: &Path, name: &str) -> Result<(), Stri
                 ),
             ));
         }
-        var.set(tensor).map_err(|e| io(&path, e))?;
+        // Read on the CPU; a run on a GPU has its parameters there.
+        let tensor = tensor.to_device(var.device()).map_err(|e| io(&path, e))?;
+        var.set(&tensor).map_err(|e| io(&path, e))?;
     }
     Ok(())
 }

@@ -8,7 +8,7 @@ use rlx_compiler::artifact::Artifact;
 use rlx_compiler::hir::Recipe;
 
 use crate::checkpoint;
-use crate::config::{config_keys, Config, DEFAULT_CONFIG};
+use crate::config::{config_keys, Config, TrainDevice, DEFAULT_CONFIG};
 use crate::train::{plan, plan_graph, unused_rollout_settings, Plan, RunOptions};
 
 /// The command line of `rlx run`, parsed by the binary.
@@ -22,9 +22,10 @@ pub struct RunArgs {
     pub out: Option<PathBuf>,
     /// Continue from a checkpoint (a run directory or its `checkpoint/`).
     pub resume: Option<PathBuf>,
-    /// `--device cuda:N`: evaluate the recipe with the CUDA kernels on GPU N (the model stays on the
-    /// CPU); `None` is `--device cpu`, the config's `backend`.
-    pub gpu: Option<usize>,
+    /// `--device`: where the step runs, overriding the config's `train.device` (`None`: the config's).
+    /// On GPU N the model, sampler, reference, LM head, AdamW and the recipe's CUDA kernels all run
+    /// there (whatever the config's `backend`); on the CPU the recipe runs on the config's `backend`.
+    pub device: Option<TrainDevice>,
     /// The recipe file given to `rlx run` (then the files it imports from disk), recorded with its
     /// sha256 in the run directory (`run_dir::record`).
     pub recipe_files: Vec<crate::run_dir::RecipeFile>,
@@ -164,10 +165,16 @@ pub fn prepare<'a>(source: impl Into<Source<'a>>, args: &RunArgs) -> Result<Prep
         Some(loaded) => loaded.config_text.as_str(),
         None => args.config_text.as_deref().unwrap_or(DEFAULT_CONFIG),
     };
-    let config = Config::parse(text, &config_sets)?;
+    let mut config = Config::parse(text, &config_sets)?;
+    if let Some(device) = args.device {
+        // Recorded in OUT/config.toml (and a checkpoint's config) as the run's device.
+        config.train.device = device.to_string();
+    }
+    let device =
+        TrainDevice::parse(&config.train.device).map_err(|e| format!("config: train.{e}"))?;
     let mut plan = source.plan(&param_sets, &config)?;
     plan.recipe_files = args.recipe_files.clone();
-    if let Some(ordinal) = args.gpu {
+    if let Some(ordinal) = device.gpu() {
         // The feature, the driver and the GPU, before anything is written (the kernels themselves
         // are compiled when the run starts).
         rlx_runtime::cuda::probe(ordinal)?;

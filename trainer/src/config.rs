@@ -45,6 +45,54 @@ pub struct TrainConfig {
     pub samples_every: usize,
     /// Sampled completions per held-out prompt for pass@k at every evaluation (k; 0 = greedy only).
     pub eval_samples: usize,
+    /// Where the step runs: `"cpu"`, or `"cuda"` / `"cuda:N"` for GPU N (the model, the sampler, the
+    /// reference model, the LM head, the recipe's kernels and AdamW all on the GPU; needs an rlx built
+    /// with `--features cuda`, docs/gpu.md). `rlx run --device` overrides it.
+    pub device: String,
+}
+
+/// Where a run's step runs (`train.device`, `rlx run --device`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TrainDevice {
+    Cpu,
+    /// GPU N.
+    Cuda(usize),
+}
+
+impl TrainDevice {
+    /// `cpu`, `cuda` (GPU 0) or `cuda:N`; anything else is an error naming the accepted forms.
+    pub fn parse(text: &str) -> Result<TrainDevice, String> {
+        match text.trim() {
+            "cpu" => Ok(TrainDevice::Cpu),
+            "cuda" => Ok(TrainDevice::Cuda(0)),
+            other => other
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse::<usize>().ok())
+                .map(TrainDevice::Cuda)
+                .ok_or_else(|| {
+                    format!(
+                        "device {other:?}: use \"cpu\", \"cuda\" or \"cuda:N\" (N the GPU's index)"
+                    )
+                }),
+        }
+    }
+
+    /// The GPU's index, `None` for the CPU.
+    pub fn gpu(self) -> Option<usize> {
+        match self {
+            TrainDevice::Cpu => None,
+            TrainDevice::Cuda(n) => Some(n),
+        }
+    }
+}
+
+impl std::fmt::Display for TrainDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TrainDevice::Cpu => write!(f, "cpu"),
+            TrainDevice::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -179,6 +227,7 @@ impl Config {
                 self.backend
             ));
         }
+        TrainDevice::parse(&self.train.device).map_err(|e| format!("config: train.{e}"))?;
         for (key, value, range) in self.ranged_sizes() {
             in_range(key, value, range)?;
         }

@@ -471,3 +471,141 @@ impl CustomOp2 for FusedHead {
         Ok((d_hidden, d_weight))
     }
 }
+
+/// The shape of [`benchmark`]: `rows` positions, a vocabulary of `vocab`, hidden size `hidden`, the
+/// median of `runs` passes.
+#[derive(Clone, Copy, Debug)]
+pub struct BenchShape {
+    pub rows: usize,
+    pub vocab: usize,
+    pub hidden: usize,
+    pub runs: usize,
+}
+
+/// The benchmark inputs' formula, shared with scripts/torch_head_bench.py (evaluated in f64, rounded to
+/// f32): hidden[i, j] = sin(0.37 i + 1.31 j + 0.5).
+pub fn bench_hidden(i: usize, j: usize) -> f32 {
+    (0.37 * i as f64 + 1.31 * j as f64 + 0.5).sin() as f32
+}
+
+/// weight[v, j] = 0.08 cos(0.73 v + 2.17 j + 0.011 v j) (logits of a few units).
+pub fn bench_weight(v: usize, j: usize) -> f32 {
+    let (v, j) = (v as f64, j as f64);
+    (0.08 * (0.73 * v + 2.17 * j + 0.011 * v * j).cos()) as f32
+}
+
+/// target[i] = (7919 i + 13) mod V.
+pub fn bench_target(i: usize, vocab: usize) -> u32 {
+    ((7919 * i + 13) % vocab) as u32
+}
+
+/// VmHWM or VmRSS of this process in bytes (0 where /proc is not there).
+fn status_bytes(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
+/// One forward + backward pass of Σ logp + ½ Σ entropy through [`fused_logp_entropy`] (default budget)
+/// on `device`, on the formula inputs ([`bench_hidden`], [`bench_weight`], [`bench_target`]): the
+/// median time of `runs` synchronised passes, the peak memory above the inputs (a GPU's memory-pool
+/// high-water mark, `crate::memory::gpu_peak_bytes`; on the CPU the growth of VmHWM), and the four
+/// values scripts/torch_head_bench.py compares with PyTorch's materialised head (Σ logp, Σ entropy,
+/// |∂hidden|², |∂weight|²), as one JSON object (trainer/examples/lm_head_bench.rs,
+/// scripts/gpu-check.sh).
+pub fn benchmark(
+    device: &candle_core::Device,
+    shape: BenchShape,
+) -> Result<serde_json::Value, String> {
+    use candle_core::Var;
+    let BenchShape {
+        rows: n,
+        vocab: v,
+        hidden: h,
+        runs,
+    } = shape;
+    if n == 0 || v == 0 || h == 0 || runs == 0 {
+        return Err(format!(
+            "the head benchmark needs positive sizes, got {shape:?}"
+        ));
+    }
+    let fail = |e: candle_core::Error| e.to_string();
+    let hidden: Vec<f32> = (0..n * h).map(|k| bench_hidden(k / h, k % h)).collect();
+    let weight: Vec<f32> = (0..v * h).map(|k| bench_weight(k / h, k % h)).collect();
+    let targets: Vec<u32> = (0..n).map(|i| bench_target(i, v)).collect();
+    let hidden = Var::from_vec(hidden, (n, h), device).map_err(fail)?;
+    let weight = Var::from_vec(weight, (v, h), device).map_err(fail)?;
+    let targets = Tensor::from_vec(targets, n, device).map_err(fail)?;
+    let coeffs = Tensor::from_vec(
+        (0..n).flat_map(|_| [1f32, 0.5]).collect::<Vec<_>>(),
+        (n, 2),
+        device,
+    )
+    .map_err(fail)?;
+    crate::memory::reset_gpu_peak(device)?;
+    if device.is_cpu() && std::fs::write("/proc/self/clear_refs", "5").is_err() {
+        eprintln!("warning: could not reset VmHWM; the peak may include the inputs' creation");
+    }
+    let rss_before = status_bytes("VmRSS:");
+    let mut times = Vec::new();
+    let mut values = [0f64; 4];
+    let sum = |t: &Tensor| -> Result<f64, String> {
+        t.to_dtype(DType::F64)
+            .and_then(|t| t.sum_all())
+            .and_then(|t| t.to_scalar::<f64>())
+            .map_err(fail)
+    };
+    for _ in 0..runs {
+        let start = std::time::Instant::now();
+        let result =
+            fused_logp_entropy(&hidden, &weight, &targets, DEFAULT_BUDGET).map_err(fail)?;
+        let loss = (&result * &coeffs)
+            .and_then(|t| t.sum_all())
+            .map_err(fail)?;
+        let grads = loss.backward().map_err(fail)?;
+        device.synchronize().map_err(fail)?;
+        times.push(start.elapsed().as_secs_f64());
+        let squares = |t: Option<&Tensor>| -> Result<f64, String> {
+            let t = t.ok_or("no gradient reached an input of the head")?;
+            sum(&t.sqr().map_err(fail)?)
+        };
+        values = [
+            sum(&result.narrow(1, 0, 1).map_err(fail)?)?,
+            sum(&result.narrow(1, 1, 1).map_err(fail)?)?,
+            squares(grads.get(hidden.as_tensor()))?,
+            squares(grads.get(weight.as_tensor()))?,
+        ];
+    }
+    // Above the inputs (hidden, weight, targets, coefficients), as torch's max_memory_allocated minus
+    // what is allocated before the pass.
+    let inputs = (4 * (n * h + v * h + n + 2 * n)) as u64;
+    let (peak, kind) = match crate::memory::gpu_peak_bytes(device)? {
+        Some(bytes) => (
+            bytes.saturating_sub(inputs),
+            "memory pool high-water mark minus the inputs",
+        ),
+        None => (
+            status_bytes("VmHWM:").saturating_sub(rss_before),
+            "VmHWM growth",
+        ),
+    };
+    times.sort_by(f64::total_cmp);
+    Ok(serde_json::json!({
+        "rows": n,
+        "vocab": v,
+        "hidden": h,
+        "runs": runs,
+        "budget": DEFAULT_BUDGET,
+        "seconds": times[times.len() / 2],
+        "peak_bytes": peak,
+        "peak_kind": kind,
+        "logp_sum": values[0],
+        "entropy_sum": values[1],
+        "grad_hidden_sq": values[2],
+        "grad_weight_sq": values[3],
+    }))
+}

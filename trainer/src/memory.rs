@@ -194,3 +194,57 @@ pub fn human(bytes: f64) -> String {
         format!("{value:.3} {}", units[unit])
     }
 }
+
+/// The high-water mark of GPU memory in use on `device` (a candle CUDA device) since the last
+/// [`reset_gpu_peak`]: the `CU_MEMPOOL_ATTR_USED_MEM_HIGH` of the GPU's default memory pool, from which
+/// cudarc's stream-ordered allocations (candle's tensors, the recipe kernels' buffers) come. `None` on
+/// the CPU; an error naming the failure otherwise (e.g. a driver without stream-ordered allocation).
+pub fn gpu_peak_bytes(device: &candle_core::Device) -> Result<Option<u64>, String> {
+    #[cfg(feature = "cuda")]
+    if let candle_core::Device::Cuda(cuda) = device {
+        return pool_attribute(cuda, false).map(Some);
+    }
+    let _ = device;
+    Ok(None)
+}
+
+/// Start a new high-water mark for [`gpu_peak_bytes`] (waits for the device's queued work first); a
+/// no-op on the CPU.
+pub fn reset_gpu_peak(device: &candle_core::Device) -> Result<(), String> {
+    #[cfg(feature = "cuda")]
+    if let candle_core::Device::Cuda(cuda) = device {
+        return pool_attribute(cuda, true).map(|_| ());
+    }
+    let _ = device;
+    Ok(())
+}
+
+/// Read (or, with `reset`, zero) the default pool's used-memory high-water mark of `cuda`'s GPU.
+#[cfg(feature = "cuda")]
+fn pool_attribute(cuda: &candle_core::CudaDevice, reset: bool) -> Result<u64, String> {
+    use candle_core::cuda_backend::cudarc::driver::{result, sys};
+    let stream = cuda.cuda_stream();
+    stream
+        .synchronize()
+        .map_err(|e| format!("the GPU reported an error: {e}"))?;
+    let context = stream.context();
+    context
+        .bind_to_thread()
+        .map_err(|e| format!("cannot bind the CUDA context: {e}"))?;
+    let attribute = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH;
+    let mut value: u64 = 0;
+    // SAFETY: the device handle comes from a live context (cudarc's own), so its default pool is a
+    // valid pool; the attribute USED_MEM_HIGH is a cuuint64_t, which `value` is (set accepts only 0).
+    unsafe {
+        let pool = result::device::get_default_mem_pool(context.cu_device())
+            .map_err(|e| format!("the GPU's default memory pool: {e}"))?;
+        let pointer = &mut value as *mut u64 as *mut std::ffi::c_void;
+        if reset {
+            result::mem_pool::set_attribute(pool, attribute, pointer)
+        } else {
+            result::mem_pool::get_attribute(pool, attribute, pointer)
+        }
+        .map_err(|e| format!("the memory pool's high-water mark: {e}"))?;
+    }
+    Ok(value)
+}

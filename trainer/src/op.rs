@@ -44,6 +44,27 @@ impl Objective {
         )?)))
     }
 
+    /// The kernel for a run whose model is on `device`: on a candle CUDA device, the CUDA kernels on
+    /// candle's own stream of that GPU (so that [`RecipeOp`]'s `cuda_fwd` reads the log-probabilities
+    /// where the model left them, in order with its work); on the CPU, [`Objective::gpu`] of GPU
+    /// `ordinal` (the recipe alone on the GPU).
+    pub fn gpu_for(
+        graph: &Graph,
+        ordinal: usize,
+        device: &candle_core::Device,
+    ) -> Result<Objective, String> {
+        #[cfg(feature = "cuda")]
+        if let candle_core::Device::Cuda(cuda) = device {
+            return Ok(Objective::Gpu(Box::new(GpuKernel::on_stream(
+                graph,
+                &Options::default(),
+                cuda.cuda_stream(),
+            )?)));
+        }
+        let _ = device;
+        Objective::gpu(graph, ordinal)
+    }
+
     pub fn graph(&self) -> &Graph {
         match self {
             Objective::Interpreter(graph) => graph,
@@ -168,8 +189,8 @@ impl RecipeOp {
         Ok((loss, outcome))
     }
 
-    /// Evaluate with the columns of `values` (row-major `[elements, columns]`).
-    fn evaluate(&self, values: &[f32]) -> candle_core::Result<Outcome> {
+    /// The batch with the columns of `values` (row-major `[elements, columns]`) filled in.
+    fn filled(&self, values: &[f32]) -> Batch {
         let mut batch = self.batch.clone();
         let width = self.columns.len();
         for (c, column) in self.columns.iter().enumerate() {
@@ -182,9 +203,81 @@ impl RecipeOp {
                     .collect();
             }
         }
+        batch
+    }
+
+    /// Evaluate with the columns of `values` (row-major `[elements, columns]`).
+    fn evaluate(&self, values: &[f32]) -> candle_core::Result<Outcome> {
         self.objective
-            .run(&batch, &self.context)
+            .run(&self.filled(values), &self.context)
             .map_err(|e| candle_core::Error::Msg(format!("recipe: {e}")))
+    }
+
+    /// The recipe's CUDA kernels on the argument where candle holds it (`storage`, on the kernels' GPU
+    /// and stream): the host copy of the values is what the runner validates (and what a `keep` filter
+    /// slices), while each f32-stored column the recipe reads is handed to the kernels by its device
+    /// address (column 0 of a one-column argument in place, the others as a contiguous copy made on
+    /// the stream), so the log-probabilities are not uploaded again.
+    #[cfg(feature = "cuda")]
+    fn evaluate_on_device(
+        &self,
+        gpu: &GpuKernel,
+        storage: &candle_core::CudaStorage,
+        layout: &Layout,
+        values: &[f32],
+    ) -> candle_core::Result<Outcome> {
+        use candle_core::backend::{BackendDevice, BackendStorage};
+        use candle_core::cuda_backend::cudarc::driver::DevicePtr;
+        use rlx_runtime::kernel::Column;
+
+        let recipe = |e: String| candle_core::Error::Msg(format!("recipe: {e}"));
+        let packed = gpu
+            .kernel()
+            .pack(&self.filled(values))
+            .map_err(|e| recipe(e.to_string()))?;
+        let width = self.columns.len();
+        let elements = values.len() / width.max(1);
+        let device = storage.device();
+        let stream = device.cuda_stream();
+        // The contiguous device copies of the columns, alive until the kernels have run.
+        let mut copies = Vec::new();
+        let mut addresses: Vec<Option<u64>> = vec![None; packed.inputs.len()];
+        for (c, column) in self.columns.iter().enumerate() {
+            let Some((index, _)) = column else {
+                continue;
+            };
+            if !matches!(packed.inputs[*index], Column::F32(_)) {
+                continue; // f64 storage: uploaded from the host column by the runner
+            }
+            let address = if width == 1 {
+                let slice = storage.as_cuda_slice::<f32>()?;
+                let (base, _sync) = slice.device_ptr(&stream);
+                base + 4 * layout.start_offset() as u64
+            } else {
+                let shape = Shape::from(elements);
+                let mut copy = device.zeros_impl(&shape, candle_core::DType::F32)?;
+                let column_layout = Layout::new(shape, vec![width], layout.start_offset() + c);
+                storage.copy_strided_src(&mut copy, 0, &column_layout)?;
+                let base = {
+                    let (base, _sync) = copy.as_cuda_slice::<f32>()?.device_ptr(&stream);
+                    base
+                };
+                copies.push(copy);
+                base
+            };
+            addresses[*index] = Some(address);
+        }
+        let columns: Vec<_> = packed.inputs.iter().map(Column::as_column_ref).collect();
+        // SAFETY: each address is, on this kernel's GPU, `elements` f32 values equal to the host
+        // column at the same index (both are the argument's column, the host one downloaded from it and
+        // packed in f32, exactly); they live in `storage` or `copies`, which outlive the call, and the
+        // runner's kernels run on the stream that wrote them, which nothing else writes them on before
+        // the call returns (it synchronises before reading its results).
+        let outcome =
+            unsafe { gpu.run_view_on_device(&packed.layout, &columns, &addresses, &self.context) }
+                .map_err(|e| recipe(e.to_string()))?;
+        drop(copies);
+        Ok(outcome.into_outcome())
     }
 }
 
@@ -206,6 +299,36 @@ impl CustomOp1 for RecipeOp {
         let loss = outcome.loss.unwrap_or(0.0) as f32;
         *self.outcome.lock().expect("outcome lock") = Some(outcome);
         Ok((CpuStorage::F32(vec![loss]), Shape::from(())))
+    }
+
+    /// On a GPU: the recipe's CUDA kernels read the argument on the device (an [`Objective::Gpu`] on
+    /// the same GPU; [`Objective::gpu_for`]), any other objective evaluates a host copy; the scalar
+    /// loss is returned on the device.
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        storage: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::backend::{BackendDevice, BackendStorage};
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("rlx-recipe: the input must be contiguous")
+        };
+        let host = storage.to_cpu_storage()?;
+        let values = &host.as_slice::<f32>()?[start..end];
+        let outcome = match &*self.objective {
+            Objective::Gpu(gpu)
+                if matches!(storage.device().location(),
+                    candle_core::DeviceLocation::Cuda { gpu_id } if gpu_id == gpu.ordinal()) =>
+            {
+                self.evaluate_on_device(gpu, storage, layout, values)?
+            }
+            _ => self.evaluate(values)?,
+        };
+        let loss = outcome.loss.unwrap_or(0.0) as f32;
+        *self.outcome.lock().expect("outcome lock") = Some(outcome);
+        let result = storage.device().storage_from_slice(&[loss])?;
+        Ok((result, Shape::from(())))
     }
 
     fn bwd(

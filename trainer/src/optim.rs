@@ -5,11 +5,17 @@
 //! decay), operation for operation in f32, but done in one pass over each parameter's values instead of a
 //! dozen allocating tensor ops: in place on the parameter's storage (a candle in-place op), in parallel
 //! chunks (every element is independent, so the result does not depend on the split).
+//!
+//! Parameters on a GPU (`rlx run --device cuda`) keep their gradients and moments there as candle
+//! tensors ([`Grads::resident`], [`AdamW::resident`]): the update is then candle-nn's own sequence of
+//! tensor ops (the same f32 operations, so on the CPU it equals the in-place loop bit for bit, which the
+//! tests check), the norm and the finiteness check are reductions on the device, and only scalars come
+//! back to the host.
 
 use std::collections::HashMap;
 
 use candle_core::backprop::GradStore;
-use candle_core::{Device, Result, Tensor, Var};
+use candle_core::{DType, Device, Result, Tensor, Var};
 use rayon::prelude::*;
 
 /// AdamW's hyper-parameters (candle's `ParamsAdamW` defaults).
@@ -35,18 +41,45 @@ impl Default for AdamWParams {
 }
 
 /// The gradient of each of a model's parameters (same order as its `vars()`), `None` for a parameter
-/// the loss does not reach.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// the loss does not reach: host vectors (`values`) for parameters on the CPU, or tensors on the
+/// parameters' device (`tensors`, when built with [`Grads::resident`] or for parameters off the CPU).
+#[derive(Clone, Debug, Default)]
 pub struct Grads {
     pub values: Vec<Option<Vec<f32>>>,
+    /// The gradients kept as f32 tensors where the parameters are (one slot per parameter, or empty
+    /// when the gradients are host vectors).
+    pub tensors: Vec<Option<Tensor>>,
+    resident: bool,
 }
 
 impl Grads {
+    /// Empty gradients for `vars`: host vectors when the parameters are on the CPU, else tensors on
+    /// their device.
+    pub fn new(vars: &[(String, Var)]) -> Grads {
+        if vars.iter().any(|(_, v)| !v.device().is_cpu()) {
+            Grads::resident()
+        } else {
+            Grads::default()
+        }
+    }
+
+    /// Empty gradients kept as tensors where the parameters are (the GPU path; on the CPU, the same
+    /// code the GPU runs, for its tests).
+    pub fn resident() -> Grads {
+        Grads {
+            resident: true,
+            ..Default::default()
+        }
+    }
+
+    /// Whether the gradients are kept as tensors.
+    pub fn is_resident(&self) -> bool {
+        self.resident
+    }
+
     /// The gradients `store` holds for `vars`.
     pub fn from_store(vars: &[(String, Var)], store: &GradStore) -> Result<Grads> {
-        let mut grads = Grads {
-            values: vec![None; vars.len()],
-        };
+        let mut grads = Grads::new(vars);
         grads.accumulate(vars, store)?;
         Ok(grads)
     }
@@ -54,6 +87,22 @@ impl Grads {
     /// Add the gradients `store` holds for `vars` (micro-batch accumulation), read from the tensors'
     /// storage and added in parallel chunks (every element independent: the split changes nothing).
     pub fn accumulate(&mut self, vars: &[(String, Var)], store: &GradStore) -> Result<()> {
+        if self.resident {
+            if self.tensors.len() != vars.len() {
+                self.tensors.resize(vars.len(), None);
+            }
+            for ((_, var), slot) in vars.iter().zip(self.tensors.iter_mut()) {
+                let Some(g) = store.get(var.as_tensor()) else {
+                    continue;
+                };
+                let g = g.to_dtype(DType::F32)?;
+                *slot = Some(match slot.take() {
+                    None => g,
+                    Some(sum) => (sum + g)?,
+                });
+            }
+            return Ok(());
+        }
         if self.values.len() != vars.len() {
             self.values.resize(vars.len(), None);
         }
@@ -82,10 +131,30 @@ impl Grads {
         Ok(())
     }
 
-    /// The global L2 norm (accumulated in f64: per chunk of a fixed size, the chunks' sums added in
-    /// order, so the result does not depend on the number of threads).
+    /// The global L2 norm (accumulated in f64: host vectors per chunk of a fixed size, the chunks' sums
+    /// added in order, so the result does not depend on the number of threads; kept gradients: each
+    /// parameter's sum of squares in f64 on its device, one read-back for all).
     pub fn norm(&self) -> f64 {
-        self.values
+        self.try_norm().unwrap_or(f64::NAN)
+    }
+
+    fn try_norm(&self) -> Result<f64> {
+        let squares: Vec<Tensor> = self
+            .tensors
+            .iter()
+            .flatten()
+            .map(|g| g.to_dtype(DType::F64)?.sqr()?.sum_all())
+            .collect::<Result<_>>()?;
+        let device_sum = if squares.is_empty() {
+            0.0
+        } else {
+            Tensor::stack(&squares, 0)?
+                .to_vec1::<f64>()?
+                .into_iter()
+                .sum::<f64>()
+        };
+        let host_sum: f64 = self
+            .values
             .iter()
             .flatten()
             .map(|g| {
@@ -95,8 +164,8 @@ impl Grads {
                     .collect();
                 parts.into_iter().sum::<f64>()
             })
-            .sum::<f64>()
-            .sqrt()
+            .sum();
+        Ok((host_sum + device_sum).sqrt())
     }
 
     /// Scale the global norm down to `max_norm` when it is larger (0 = no clipping): every gradient is
@@ -108,11 +177,21 @@ impl Grads {
             for g in self.values.iter_mut().flatten() {
                 g.par_iter_mut().for_each(|v| *v *= scale);
             }
+            for g in self.tensors.iter_mut().flatten() {
+                // The same f32 product as the host loop (candle's affine on an f32 tensor).
+                match g.affine(scale as f64, 0.0) {
+                    Ok(scaled) => *g = scaled,
+                    // A failed product leaves a NaN norm for first_non_finite to report.
+                    Err(_) => return f64::NAN,
+                }
+            }
         }
         norm
     }
 
-    /// The first parameter (by name) whose gradient has a NaN or an infinity, with that value.
+    /// The first parameter (by name) whose gradient has a NaN or an infinity, with that value. Kept
+    /// gradients: Σ g·0 per parameter on the device (NaN exactly when some value is not finite), one
+    /// read-back for all, and the values of the first such parameter only.
     pub fn first_non_finite(&self, vars: &[(String, Var)]) -> Option<(String, f32)> {
         for ((name, _), g) in vars.iter().zip(&self.values) {
             let Some(g) = g else { continue };
@@ -120,8 +199,62 @@ impl Grads {
                 return Some((name.clone(), g[k]));
             }
         }
-        None
+        if self.tensors.iter().all(Option::is_none) {
+            return None;
+        }
+        let probe = || -> Result<Option<(String, f32)>> {
+            let mut which = Vec::new();
+            let mut flags = Vec::new();
+            for (k, g) in self.tensors.iter().enumerate() {
+                if let Some(g) = g {
+                    which.push(k);
+                    flags.push(g.affine(0.0, 0.0)?.sum_all()?);
+                }
+            }
+            let flags = Tensor::stack(&flags, 0)?.to_vec1::<f32>()?;
+            for (k, flag) in which.into_iter().zip(flags) {
+                if flag.is_finite() {
+                    continue;
+                }
+                let values = self.tensors[k]
+                    .as_ref()
+                    .map(|g| g.flatten_all()?.to_vec1::<f32>())
+                    .transpose()?
+                    .unwrap_or_default();
+                let bad = values.into_iter().find(|v| !v.is_finite()).unwrap_or(flag);
+                let name = vars.get(k).map(|(n, _)| n.clone()).unwrap_or_default();
+                return Ok(Some((name, bad)));
+            }
+            Ok(None)
+        };
+        probe()
+            .unwrap_or_else(|e| Some((format!("(the gradients could not be read: {e})"), f32::NAN)))
     }
+
+    /// Parameter `i`'s gradient, whichever way it is kept.
+    fn get(&self, i: usize) -> Option<Gradient<'_>> {
+        if let Some(Some(g)) = self.tensors.get(i) {
+            return Some(Gradient::Tensor(g));
+        }
+        self.values
+            .get(i)
+            .and_then(Option::as_ref)
+            .map(|g| Gradient::Host(g))
+    }
+
+    /// Whether parameter `i` has a gradient.
+    fn len_of(&self, i: usize) -> Option<usize> {
+        self.get(i).map(|g| match g {
+            Gradient::Host(v) => v.len(),
+            Gradient::Tensor(t) => t.elem_count(),
+        })
+    }
+}
+
+/// One parameter's gradient: a host vector or a tensor on the parameter's device.
+enum Gradient<'a> {
+    Host(&'a [f32]),
+    Tensor(&'a Tensor),
 }
 
 /// The f32 constants of one AdamW step.
@@ -199,24 +332,54 @@ impl candle_core::InplaceOp1 for InPlace<'_> {
     }
 }
 
+/// One parameter's AdamW moments: host vectors (updated in place with the parameter on the CPU) or
+/// tensors where the parameter is (candle's ops).
+enum Moments {
+    Host(Vec<f32>, Vec<f32>),
+    Tensor(Tensor, Tensor),
+}
+
 /// AdamW over a fixed list of named parameters.
 pub struct AdamW {
     pub params: AdamWParams,
     /// Updates taken so far (the bias-correction exponent).
     pub step: u64,
     vars: Vec<(String, Var)>,
-    m: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    moments: Vec<Moments>,
 }
 
 impl AdamW {
+    /// Moments as host vectors for parameters on the CPU, as tensors on the device for the others.
     pub fn new(vars: &[(String, Var)], params: AdamWParams) -> AdamW {
-        let zeros = |var: &Var| vec![0f32; var.elem_count()];
+        AdamW::with_moments(vars, params, false)
+    }
+
+    /// Moments as tensors where the parameters are, also for CPU parameters (the GPU path's code, for
+    /// its tests on the CPU).
+    pub fn resident(vars: &[(String, Var)], params: AdamWParams) -> AdamW {
+        AdamW::with_moments(vars, params, true)
+    }
+
+    fn with_moments(vars: &[(String, Var)], params: AdamWParams, resident: bool) -> AdamW {
+        let moments = vars
+            .iter()
+            .map(|(_, var)| {
+                if resident || !var.device().is_cpu() {
+                    let zeros = || {
+                        Tensor::zeros(var.shape(), DType::F32, var.device())
+                            .expect("zeros of a parameter's shape on its own device")
+                    };
+                    Moments::Tensor(zeros(), zeros())
+                } else {
+                    let count = var.elem_count();
+                    Moments::Host(vec![0f32; count], vec![0f32; count])
+                }
+            })
+            .collect();
         AdamW {
             params,
             step: 0,
-            m: vars.iter().map(|(_, v)| zeros(v)).collect(),
-            v: vars.iter().map(|(_, v)| zeros(v)).collect(),
+            moments,
             vars: vars.to_vec(),
         }
     }
@@ -224,10 +387,10 @@ impl AdamW {
     /// One update with `grads` (in the order of the parameters given to `new`); parameters without a
     /// gradient are left alone (their moments too), as in candle.
     pub fn step(&mut self, grads: &Grads) -> Result<()> {
-        if grads.values.len() != self.vars.len() {
+        let count = grads.values.len().max(grads.tensors.len());
+        if count != self.vars.len() {
             candle_core::bail!(
-                "AdamW: {} gradients for {} parameters",
-                grads.values.len(),
+                "AdamW: {count} gradients for {} parameters",
                 self.vars.len()
             );
         }
@@ -255,40 +418,62 @@ impl AdamW {
             eps,
         };
         for (i, (name, var)) in self.vars.iter().enumerate() {
-            let Some(g) = &grads.values[i] else {
+            let Some(len) = grads.len_of(i) else {
                 continue;
             };
-            if g.len() != var.elem_count() {
+            if len != var.elem_count() {
                 candle_core::bail!(
-                    "AdamW: gradient of {} values for {name} ({} values)",
-                    g.len(),
+                    "AdamW: gradient of {len} values for {name} ({} values)",
                     var.elem_count()
                 );
             }
-            let (m, v) = (&mut self.m[i], &mut self.v[i]);
-            // In place on the parameter's own storage (views of the model share it and see the step).
-            var.as_tensor().inplace_op1(&InPlace {
-                constants,
-                grad: g,
-                moments: std::cell::RefCell::new((m, v)),
-            })?;
+            let gradient = grads.get(i).expect("a gradient of known length");
+            match (&mut self.moments[i], gradient) {
+                (Moments::Host(m, v), gradient) => {
+                    let downloaded;
+                    let g: &[f32] = match gradient {
+                        Gradient::Host(g) => g,
+                        Gradient::Tensor(t) => {
+                            downloaded = t.flatten_all()?.to_vec1::<f32>()?;
+                            &downloaded
+                        }
+                    };
+                    // In place on the parameter's own storage (views of the model share it and see
+                    // the step).
+                    var.as_tensor().inplace_op1(&InPlace {
+                        constants,
+                        grad: g,
+                        moments: std::cell::RefCell::new((m, v)),
+                    })?;
+                }
+                (Moments::Tensor(m, v), gradient) => {
+                    let g = match gradient {
+                        Gradient::Tensor(t) => t.reshape(var.shape())?,
+                        Gradient::Host(g) => Tensor::from_slice(g, var.shape(), var.device())?,
+                    };
+                    tensor_update(&p, scale_m, scale_v, var, m, v, &g)?;
+                }
+            }
         }
         Ok(())
     }
 
-    /// The moments as tensors named `m.<param>` and `v.<param>` (for safetensors).
+    /// The moments as tensors named `m.<param>` and `v.<param>` (for safetensors), on `device`.
     pub fn state_tensors(&self, device: &Device) -> Result<HashMap<String, Tensor>> {
         let mut out = HashMap::new();
-        for (i, (name, var)) in self.vars.iter().enumerate() {
-            let shape = var.shape();
-            out.insert(
-                format!("m.{name}"),
-                Tensor::from_slice(&self.m[i], shape, device)?,
-            );
-            out.insert(
-                format!("v.{name}"),
-                Tensor::from_slice(&self.v[i], shape, device)?,
-            );
+        for ((name, var), moments) in self.vars.iter().zip(&self.moments) {
+            let (m, v) = match moments {
+                Moments::Host(m, v) => {
+                    let shape = var.shape();
+                    (
+                        Tensor::from_slice(m, shape, device)?,
+                        Tensor::from_slice(v, shape, device)?,
+                    )
+                }
+                Moments::Tensor(m, v) => (m.to_device(device)?, v.to_device(device)?),
+            };
+            out.insert(format!("m.{name}"), m);
+            out.insert(format!("v.{name}"), v);
         }
         Ok(out)
     }
@@ -299,8 +484,9 @@ impl AdamW {
         tensors: &HashMap<String, Tensor>,
         step: u64,
     ) -> std::result::Result<(), String> {
-        for (i, (name, var)) in self.vars.iter().enumerate() {
-            for (kind, slot) in [("m", &mut self.m[i]), ("v", &mut self.v[i])] {
+        for ((name, var), moments) in self.vars.iter().zip(self.moments.iter_mut()) {
+            let mut loaded = Vec::with_capacity(2);
+            for kind in ["m", "v"] {
                 let key = format!("{kind}.{name}");
                 let tensor = tensors
                     .get(&key)
@@ -312,15 +498,55 @@ impl AdamW {
                         var.dims()
                     ));
                 }
-                *slot = tensor
-                    .flatten_all()
-                    .and_then(|t| t.to_vec1::<f32>())
-                    .map_err(|e| format!("the optimizer state `{key}`: {e}"))?;
+                loaded.push((key, tensor));
             }
+            let read =
+                |(key, tensor): &(String, &Tensor)| -> std::result::Result<Vec<f32>, String> {
+                    tensor
+                        .flatten_all()
+                        .and_then(|t| t.to_vec1::<f32>())
+                        .map_err(|e| format!("the optimizer state `{key}`: {e}"))
+                };
+            let place = |(key, tensor): &(String, &Tensor)| -> std::result::Result<Tensor, String> {
+                tensor
+                    .to_dtype(DType::F32)
+                    .and_then(|t| t.to_device(var.device()))
+                    .and_then(|t| t.contiguous())
+                    .map_err(|e| format!("the optimizer state `{key}`: {e}"))
+            };
+            *moments = match moments {
+                Moments::Host(..) => Moments::Host(read(&loaded[0])?, read(&loaded[1])?),
+                Moments::Tensor(..) => Moments::Tensor(place(&loaded[0])?, place(&loaded[1])?),
+            };
         }
         self.step = step;
         Ok(())
     }
+}
+
+/// candle-nn's AdamW step for one parameter, op for op (so on the CPU it equals [`Update::apply`] bit
+/// for bit): the moments are replaced, the parameter written in place (`Var::set`, so views that share
+/// its storage see the step).
+fn tensor_update(
+    p: &AdamWParams,
+    scale_m: f32,
+    scale_v: f32,
+    theta: &Var,
+    m: &mut Tensor,
+    v: &mut Tensor,
+    g: &Tensor,
+) -> Result<()> {
+    let next_m = ((&*m * p.beta1)? + (g * (1.0 - p.beta1))?)?;
+    let next_v = ((&*v * p.beta2)? + (g.sqr()? * (1.0 - p.beta2))?)?;
+    let m_hat = (&next_m * scale_m as f64)?;
+    let v_hat = (&next_v * scale_v as f64)?;
+    let next_theta = (theta.as_tensor() * (1f64 - p.lr * p.weight_decay))?;
+    let adjusted = (m_hat / (v_hat.sqrt()? + p.eps)?)?;
+    let next_theta = (next_theta - (adjusted * p.lr)?)?;
+    theta.set(&next_theta)?;
+    *m = next_m;
+    *v = next_v;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -405,6 +631,7 @@ mod tests {
                 .iter()
                 .map(|(_, v)| Some(vec![k; v.elem_count()]))
                 .collect(),
+            ..Default::default()
         };
         first.step(&grads(&a, 0.5)).unwrap();
         let mut second = AdamW::new(&b, params);
@@ -428,11 +655,111 @@ mod tests {
         );
     }
 
+    /// The GPU path (gradients and moments as tensors, candle-nn's ops) run on the CPU: the same
+    /// parameters as the in-place host update, bit for bit, over steps with clipping, and a saved and
+    /// restored state continues identically.
+    #[test]
+    fn the_resident_path_equals_the_host_update_bit_for_bit() {
+        let params = AdamWParams {
+            lr: 3e-3,
+            weight_decay: 0.1,
+            ..Default::default()
+        };
+        let host = vars(4);
+        let kept = vars(4);
+        let mut host_opt = AdamW::new(&host, params);
+        let mut kept_opt = AdamW::resident(&kept, params);
+        let mut rng = crate::rng::Rng::new(11);
+        for step in 0..4 {
+            let r: Vec<Tensor> = host
+                .iter()
+                .map(|(_, v)| {
+                    let values: Vec<f32> = (0..v.elem_count())
+                        .map(|_| 3.0 * rng.normal() as f32)
+                        .collect();
+                    Tensor::from_vec(values, v.shape(), &Device::Cpu).unwrap()
+                })
+                .collect();
+            let store = |vs: &[(String, Var)]| {
+                let mut total = Tensor::new(0f32, &Device::Cpu).unwrap();
+                for ((_, v), r) in vs.iter().zip(&r) {
+                    let term = (v.as_tensor() * r).unwrap().sum_all().unwrap();
+                    total = (total + term).unwrap();
+                }
+                total.backward().unwrap()
+            };
+            let mut host_grads = Grads::from_store(&host, &store(&host)).unwrap();
+            let mut kept_grads = Grads::resident();
+            kept_grads.accumulate(&kept, &store(&kept)).unwrap();
+            assert!(!host_grads.is_resident() && kept_grads.is_resident());
+            assert!(kept_grads.values.is_empty() && kept_grads.tensors.len() == 3);
+            let (a, b) = (host_grads.norm(), kept_grads.norm());
+            assert!((a - b).abs() <= 1e-12 * a, "step {step}: norms {a} vs {b}");
+            // Clipped every other step (the norm is ~3·sqrt(54) ≈ 22).
+            let max_norm = if step % 2 == 0 { 5.0 } else { 0.0 };
+            host_grads.clip(max_norm);
+            kept_grads.clip(max_norm);
+            host_opt.step(&host_grads).unwrap();
+            kept_opt.step(&kept_grads).unwrap();
+            if step == 1 {
+                let saved = kept_opt.state_tensors(&Device::Cpu).unwrap();
+                let host_saved = host_opt.state_tensors(&Device::Cpu).unwrap();
+                for (key, t) in &saved {
+                    assert_eq!(
+                        t.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                        host_saved[key]
+                            .flatten_all()
+                            .unwrap()
+                            .to_vec1::<f32>()
+                            .unwrap(),
+                        "{key}"
+                    );
+                }
+                let mut restored = AdamW::resident(&kept, params);
+                restored.load_state(&saved, kept_opt.step).unwrap();
+                kept_opt = restored;
+            }
+        }
+        for ((name, a), (_, b)) in host.iter().zip(&kept) {
+            assert_eq!(
+                a.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                b.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                "{name}: the resident update differs from the host one"
+            );
+        }
+    }
+
+    #[test]
+    fn resident_gradients_name_the_first_non_finite_parameter() {
+        let vs = vars(5);
+        let tensor = |values: Vec<f32>, shape: (usize, usize)| {
+            Some(Tensor::from_vec(values, shape, &Device::Cpu).unwrap())
+        };
+        let mut grads = Grads::resident();
+        grads.tensors = vec![
+            tensor(vec![3.0; 35], (7, 5)),
+            None,
+            tensor(vec![4.0; 16], (4, 4)),
+        ];
+        let norm = grads.clip(1.0);
+        assert!((norm - (9.0f64 * 35.0 + 16.0 * 16.0).sqrt()).abs() < 1e-9);
+        assert!((grads.norm() - 1.0).abs() < 1e-5);
+        assert_eq!(grads.first_non_finite(&vs), None);
+        let mut values = vec![4.0f32; 16];
+        values[5] = f32::NEG_INFINITY;
+        grads.tensors[2] = tensor(values, (4, 4));
+        assert_eq!(
+            grads.first_non_finite(&vs),
+            Some(("c".to_string(), f32::NEG_INFINITY))
+        );
+    }
+
     #[test]
     fn clipping_scales_to_the_max_norm_and_non_finite_values_are_named() {
         let vs = vars(3);
         let mut grads = Grads {
             values: vec![Some(vec![3.0; 35]), None, Some(vec![4.0; 16])],
+            ..Default::default()
         };
         let norm = grads.clip(1.0);
         let expected = (9.0f64 * 35.0 + 16.0 * 16.0).sqrt();

@@ -622,8 +622,9 @@ pub struct Plan {
     /// The task built from the config given to [`plan`] (loaded once: a text task reads and
     /// tokenizes its prompts); [`run`] must be given the same config.
     pub task: Box<dyn Task>,
-    /// `Some(N)`: the recipe runs as the CUDA kernels on GPU N (`rlx run --device cuda:N`), whatever
-    /// the config's `backend`; the model stays on the CPU.
+    /// `Some(N)`: the step runs on GPU N (`train.device = "cuda:N"`, `rlx run --device cuda:N`): the
+    /// model, sampler, reference, LM head and AdamW as candle CUDA tensors, the recipe as the CUDA
+    /// kernels on the same stream, whatever the config's `backend`.
     pub gpu: Option<usize>,
     fills: Vec<Fill>,
     pub group_size: usize,
@@ -981,7 +982,7 @@ pub fn loss_and_gradients(
         Some((name, true)) => Some(gradient_of(name)?),
         _ => None,
     };
-    let mut grads = Grads::default();
+    let mut grads = Grads::new(policy.vars());
     let mut offset = 0;
     for (r, t) in rows.chunks(size).zip(tokens.chunks(size)) {
         let values = completion_policy(policy, r, t, device).map_err(err)?;
@@ -1252,6 +1253,30 @@ fn describe_base(base: Option<&checkpoint::BaseModel>) -> String {
     }
 }
 
+/// The candle device of a run whose plan says `gpu` (`Plan::gpu`): the CPU, or GPU N with candle's CUDA
+/// backend. Asking for a GPU is an error, never a crash, without the `cuda` feature, the NVIDIA driver or
+/// GPU N (the runtime's probe comes first: cudarc panics when it cannot load the driver).
+pub fn candle_device(gpu: Option<usize>) -> Result<Device, Error> {
+    let Some(ordinal) = gpu else {
+        return Ok(Device::Cpu);
+    };
+    rlx_runtime::cuda::probe(ordinal)?;
+    match std::panic::catch_unwind(|| Device::new_cuda(ordinal)) {
+        Ok(Ok(device)) => Ok(device),
+        Ok(Err(e)) => Err(format!(
+            "--device cuda:{ordinal}: candle cannot use the GPU: {e}"
+        )),
+        Err(_) => Err(format!(
+            "--device cuda:{ordinal}: candle's CUDA backend failed to start (a CUDA library is missing: cuBLAS, cuRAND and NVRTC 13 come with scripts/install-cuda-toolchain.sh, docs/gpu.md)"
+        )),
+    }
+}
+
+/// Wait for the work queued on `device` (a no-op on the CPU), so that a timing covers it.
+pub fn synchronize(device: &Device) -> Result<(), Error> {
+    device.synchronize().map_err(err)
+}
+
 pub fn run(
     plan: Plan,
     config: &Config,
@@ -1270,7 +1295,7 @@ pub fn run_with(
     mut progress: impl FnMut(&Event),
 ) -> Result<Summary, Error> {
     let start = Instant::now();
-    let device = Device::Cpu;
+    let device = candle_device(plan.gpu)?;
     let write_err =
         |path: &Path, e: std::io::Error| format!("cannot write {}: {e}", path.display());
     // The run directory, held until the run ends: refused while another run holds it, or when it has
@@ -1297,7 +1322,7 @@ pub fn run_with(
     std::fs::write(&config_path, &resolved).map_err(|e| write_err(&config_path, e))?;
 
     let objective = Arc::new(match (plan.gpu, config.backend.as_str()) {
-        (Some(ordinal), _) => Objective::gpu(&plan.graph, ordinal)?,
+        (Some(ordinal), _) => Objective::gpu_for(&plan.graph, ordinal, &device)?,
         (None, "jit") => Objective::kernel(&plan.graph)?,
         (None, _) => Objective::interpreter(plan.graph.clone()),
     });
@@ -1554,6 +1579,8 @@ pub fn run_with(
             break;
         }
         let step_start = Instant::now();
+        // On a GPU, the step's peak memory (`gpu/peak_bytes`); nothing on the CPU.
+        crate::memory::reset_gpu_peak(&device)?;
         let context = Context {
             step: step as f64,
             progress: step as f64 / config.steps.max(1) as f64,
@@ -1863,6 +1890,9 @@ pub fn run_with(
         }
         let step_s = step_start.elapsed().as_secs_f64();
         line.insert("step_time_s".into(), json!(step_s));
+        if let Some(peak) = crate::memory::gpu_peak_bytes(&device)? {
+            line.insert("gpu/peak_bytes".into(), json!(peak));
+        }
         let text = format!("{}\n", Value::Object(line.clone()));
         metrics_file
             .write_all(text.as_bytes())

@@ -93,6 +93,32 @@ impl CudaDevice {
         })
     }
 
+    /// The GPU of an existing stream (candle's, so that the recipe's kernels run in order with the
+    /// model's work on the same stream: `rlx run --device cuda`), with `$RLX_CUDA_BLOCK` threads per
+    /// block (256 by default). The caller has already opened the driver (it holds a stream of it).
+    pub fn on_stream(stream: Arc<CudaStream>) -> Result<CudaDevice, String> {
+        let block = match std::env::var("RLX_CUDA_BLOCK") {
+            Ok(text) => text
+                .parse::<u32>()
+                .map_err(|_| format!("RLX_CUDA_BLOCK={text} is not a number of threads"))?,
+            Err(_) => DEFAULT_BLOCK,
+        };
+        let context = stream.context().clone();
+        let (major, minor) = context.compute_capability().map_err(|e| e.to_string())?;
+        Ok(CudaDevice {
+            context,
+            stream,
+            functions: HashMap::new(),
+            block,
+            arch: format!("compute_{major}{minor}"),
+        })
+    }
+
+    /// The stream the kernels are launched on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
     /// The GPU's name.
     pub fn name(&self) -> String {
         self.context.name().unwrap_or_else(|_| "unknown GPU".into())

@@ -1,0 +1,154 @@
+//! The parts of scripts/gpu-check.sh that run without a GPU (its `--device cpu` smoke mode, at test
+//! sizes): the LM-head benchmark (`rlx_trainer::head::benchmark`) against scripts/torch_head_bench.py
+//! (PyTorch's materialised head on the same formula inputs), and scripts/gpu_step_report.py on two
+//! `rlx run`s of the same first step (agreement, and a tampered loss that it must reject).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use candle_core::Device;
+use rlx_trainer::cli::{prepare, RunArgs};
+use rlx_trainer::head::{benchmark, BenchShape};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rlx-gpu-check-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn python(script: &str, args: &[&Path]) -> std::process::Output {
+    Command::new(rlx_tools::python())
+        .arg(root().join("scripts").join(script))
+        .args(args)
+        .output()
+        .expect("run the torch environment's python (scripts/install-torch.sh)")
+}
+
+#[test]
+#[cfg_attr(not(rlx_torch), ignore = "needs torch: run scripts/install-torch.sh")]
+fn the_head_benchmark_agrees_with_torchs_materialised_head() {
+    let shape = BenchShape {
+        rows: 96,
+        vocab: 3000,
+        hidden: 32,
+        runs: 2,
+    };
+    let mut document = benchmark(&Device::Cpu, shape).unwrap();
+    document["device"] = "cpu".into();
+    for key in [
+        "seconds",
+        "logp_sum",
+        "entropy_sum",
+        "grad_hidden_sq",
+        "grad_weight_sq",
+    ] {
+        assert!(
+            document[key].as_f64().is_some_and(f64::is_finite),
+            "{key}: {document}"
+        );
+    }
+    // Entropies are positive, log-probabilities negative.
+    assert!(document["logp_sum"].as_f64().unwrap() < 0.0);
+    assert!(document["entropy_sum"].as_f64().unwrap() > 0.0);
+    let dir = scratch("head");
+    let path = dir.join("head_rlx.json");
+    std::fs::write(&path, document.to_string()).unwrap();
+    let output = python("torch_head_bench.py", &[&path]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(stdout.lines().next().unwrap_or("")).expect("a JSON line first");
+    assert_eq!(report["agree"], true, "{report}");
+    assert!(report["worst_relative_difference"].as_f64().unwrap() <= 1e-3);
+    assert!(
+        stdout.contains("lm head 96 x 3000 (hidden 32) on cpu"),
+        "{stdout}"
+    );
+
+    // A value off by 1% is a disagreement, exit status 1.
+    document["entropy_sum"] = (document["entropy_sum"].as_f64().unwrap() * 1.01).into();
+    std::fs::write(&path, document.to_string()).unwrap();
+    let output = python("torch_head_bench.py", &[&path]);
+    assert_eq!(output.status.code(), Some(1));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One tiny GRPO step with `steps` in the config (the script's device run has more, its CPU run one).
+fn run(out: &Path, steps: usize) {
+    let sets = [
+        format!("steps={steps}"),
+        "sft.steps=10".into(),
+        "train.prompts_per_step=2".into(),
+        "task.eval_questions=4".into(),
+        "train.eval_every=0".into(),
+    ];
+    let args = RunArgs {
+        recipe_name: "grpo".into(),
+        sets: sets.to_vec(),
+        out: Some(out.to_path_buf()),
+        ..Default::default()
+    };
+    let checked = rlx_compiler::check_path(&root().join("recipes/grpo.rlx")).unwrap();
+    let prepared = prepare(&checked.recipe.unwrap(), &args).unwrap();
+    rlx_trainer::train::run_with(
+        prepared.plan,
+        &prepared.config,
+        &prepared.out,
+        &prepared.options,
+        |_| {},
+    )
+    .unwrap();
+}
+
+#[test]
+#[cfg_attr(not(rlx_torch), ignore = "needs torch: run scripts/install-torch.sh")]
+fn the_step_report_compares_the_first_steps_and_rejects_a_different_loss() {
+    let dir = scratch("step");
+    let (device_run, cpu_run) = (dir.join("device"), dir.join("cpu"));
+    run(&device_run, 2);
+    run(&cpu_run, 1);
+    let json = dir.join("step.json");
+    let output = python(
+        "gpu_step_report.py",
+        &[&device_run, &cpu_run, Path::new("--json"), &json],
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["steps"], 2);
+    assert_eq!(report["step0_samples"], 2 * 8);
+    assert_eq!(report["step0_samples_differing"], 0);
+    assert_eq!(report["agreement_ok"], true);
+    assert_eq!(report["first_loss_gpu"], report["first_loss_cpu"]);
+    assert_eq!(report["reward_curve"].as_array().unwrap().len(), 2);
+    // No GPU: no peak memory in the metrics.
+    assert!(report["gpu_peak_bytes"].is_null());
+    assert!(stdout.contains("first-step loss: agree"), "{stdout}");
+
+    // The CPU's first loss changed by 1%: a disagreement, exit status 1.
+    let metrics = cpu_run.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    let mut first: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    let loss = first["loss"].as_f64().unwrap();
+    first["loss"] = (loss * 1.01 + 1e-3).into();
+    let rest: Vec<&str> = text.lines().skip(1).collect();
+    std::fs::write(&metrics, format!("{first}\n{}", rest.join("\n"))).unwrap();
+    let output = python("gpu_step_report.py", &[&device_run, &cpu_run]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("DISAGREE"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
