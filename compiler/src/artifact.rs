@@ -633,9 +633,6 @@ impl Artifact {
     /// sections: what rollout files are read against (`rlx_runtime::rollouts::read_rollouts`). It has
     /// no reward, loss or rubric formulas; run the graph, never lower this.
     pub fn declarations(&self) -> Result<hir::Recipe, ArtifactError> {
-        let invalid = |message: String| {
-            ArtifactError::new(ErrorKind::Invalid, format!("invalid artifact: {message}"))
-        };
         let mut inputs = Vec::with_capacity(self.inputs.len());
         for input in &self.inputs {
             let level = match input.shape.level {

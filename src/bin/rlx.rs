@@ -308,8 +308,22 @@ fn tune_allocator() {
     }
 }
 
+/// candle runs its elementwise ops on a pool whose idle workers spin (25,000 `pause`s, about a
+/// millisecond) before they sleep; on a machine with few cores that spin takes a core from the matrix
+/// product that usually comes next, on rayon's threads. Unless the user set it, the spin limit is 0:
+/// idle workers sleep at once (docs/performance.md, item 14: +4 % training throughput on 2 cores).
+fn tune_threads() {
+    const SPIN: &str = "CANDLE_BARRIER_POOL_SPIN_LIMIT";
+    if std::env::var_os(SPIN).is_none() {
+        // SAFETY: called first thing in main, before any other thread exists (nothing reads or writes
+        // the environment concurrently).
+        unsafe { std::env::set_var(SPIN, "0") };
+    }
+}
+
 fn main() -> ExitCode {
     tune_allocator();
+    tune_threads();
     let cli = Cli::parse();
     match cli.command {
         Command::Update { dir } => rlx::packages::update(&dir),
