@@ -57,8 +57,8 @@ def rlx_score(recipe_path, rows, tmp_path, *extra):
 
 def rows_to_arrays(recipe, rows, pad=np.nan):
     """The rows as `score(**arrays)` takes them: padded [R, W] token arrays with `lengths`, per-response
-    values, group-level values repeated per response, crit inputs [R, C] with `crit_counts`; padding
-    filled with `pad` (NaN: it must never be read)."""
+    values, group-level values repeated per response, crit inputs [R, C] with `crit_counts`, pair inputs
+    [R, R]; padding filled with `pad` (NaN: it must never be read)."""
     R = len(rows)
     lengths = [row["length"] for row in rows]
     W = max(lengths + [1])
@@ -83,6 +83,13 @@ def rows_to_arrays(recipe, rows, pad=np.nan):
             array = np.full((R, C), pad)
             for r, v in enumerate(values):
                 array[r, : len(v)] = v
+        elif inp.level == "pair":
+            # The [R, R] form: element [r, k] for each other response k of r's group (in order); the
+            # rest is padding.
+            array = np.full((R, R), pad)
+            for r, v in enumerate(values):
+                others = [k for k in range(R) if groups[k] == groups[r] and k != r]
+                array[r, others] = v
         elif inp.level == "batch":
             array = np.asarray(values[0], dtype=np.float64)
         else:

@@ -184,7 +184,7 @@ fn kind_and_signal_errors() {
     );
     assert_eq!(
         parse(&edited("kind = \"partition\"", "kind = \"clusters\"")),
-        "config: [signals.cluster]: unknown variant `clusters`, expected one of `exact_answer`, `numeric_answer`, `regex`, `contains`, `length`, `ifeval`, `partition`, `embedding`, `judge`, `points`, `wrong_script`, `program`"
+        "config: [signals.cluster]: unknown variant `clusters`, expected one of `exact_answer`, `numeric_answer`, `regex`, `contains`, `length`, `ifeval`, `partition`, `embedding`, `similarity`, `judge`, `points`, `wrong_script`, `program`"
     );
 
     // Kinds that do not go together.
