@@ -253,7 +253,9 @@ pub fn to_jsonl(graph: &Graph, batch: &Batch) -> String {
                         .map(|row| Value::Array(row.to_vec()))
                         .collect(),
                 )
-            } else if matches!(input.shape.level, Level::Tok | Level::Pair) || input.shape.feature.is_some() {
+            } else if matches!(input.shape.level, Level::Tok | Level::Pair)
+                || input.shape.feature.is_some()
+            {
                 Value::Array(mine)
             } else {
                 mine.into_iter().next().unwrap_or(Value::Null)

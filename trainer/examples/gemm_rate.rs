@@ -16,23 +16,7 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 
-/// The CPU time this process has used, in seconds.
-fn cpu_seconds() -> f64 {
-    let mut t = Timespec { sec: 0, nsec: 0 };
-    // SAFETY: `t` is a valid, writable timespec; CLOCK_PROCESS_CPUTIME_ID (2) exists on Linux.
-    unsafe { clock_gettime(2, &mut t) };
-    t.sec as f64 + t.nsec as f64 * 1e-9
-}
-
-#[repr(C)]
-struct Timespec {
-    sec: i64,
-    nsec: i64,
-}
-
-extern "C" {
-    fn clock_gettime(clock: i32, t: *mut Timespec) -> i32;
-}
+use rlx_trainer::bench_model::cpu_seconds;
 
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);

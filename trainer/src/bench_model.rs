@@ -338,8 +338,9 @@ pub fn bench_model(
     Ok(())
 }
 
-/// The CPU time this process has used so far (all threads), in seconds; 0 where the clock is missing.
-fn cpu_seconds() -> f64 {
+/// The CPU time this process has used so far (all threads), in seconds; 0 where the clock is missing
+/// (also `trainer/examples/gemm_rate.rs`'s clock).
+pub fn cpu_seconds() -> f64 {
     #[repr(C)]
     struct Timespec {
         sec: i64,

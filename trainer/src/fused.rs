@@ -641,6 +641,21 @@ impl RopeTables {
         }
     }
 
+    /// `y` = the row `x` of d = 2·half values at position `p` rotated by `sign`·θ (the halves
+    /// [x₁, x₂]: y₁ = x₁ cos − x₂ sin, y₂ = x₂ cos + x₁ sin).
+    fn rotate(&self, y: &mut [f32], x: &[f32], p: usize, sign: f32) {
+        let half = self.half;
+        let cos = &self.cos[p * half..(p + 1) * half];
+        let sin = &self.sin[p * half..(p + 1) * half];
+        let (x1, x2) = x.split_at(half);
+        let (y1, y2) = y.split_at_mut(half);
+        for i in 0..half {
+            let s = sign * sin[i];
+            y1[i] = x1[i] * cos[i] - x2[i] * s;
+            y2[i] = x2[i] * cos[i] + x1[i] * s;
+        }
+    }
+
     /// The tables as `[t, d]` tensors with the halves repeated (the layout of the primitive version:
     /// `x·cos + rotate_half(x)·sin`), for tests and references.
     pub fn full(&self, device: &candle_core::Device) -> Result<(Tensor, Tensor)> {
@@ -701,15 +716,8 @@ impl CustomOp1 for Rope {
                 .zip(x.par_chunks(t * d))
                 .for_each(|(y, x)| {
                     for p in 0..t {
-                        let cos = &self.tables.cos[p * half..(p + 1) * half];
-                        let sin = &self.tables.sin[p * half..(p + 1) * half];
-                        let (x1, x2) = x[p * d..(p + 1) * d].split_at(half);
-                        let (y1, y2) = y[p * d..(p + 1) * d].split_at_mut(half);
-                        for i in 0..half {
-                            let s = sign * sin[i];
-                            y1[i] = x1[i] * cos[i] - x2[i] * s;
-                            y2[i] = x2[i] * cos[i] + x1[i] * s;
-                        }
+                        let rows = p * d..(p + 1) * d;
+                        self.tables.rotate(&mut y[rows.clone()], &x[rows], p, sign);
                     }
                 });
         }
@@ -793,21 +801,10 @@ impl CustomOp1 for Heads {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = cpu_f32("heads: input", s, l)?;
         let (b, t, n, d) = self.dims;
-        let half = d / 2;
         let sign = if self.inverse { -1f32 } else { 1f32 };
         // One row of d values, rotated as at position p when there are tables.
         let put = |y: &mut [f32], x: &[f32], p: usize| match &self.tables {
-            Some(tables) => {
-                let cos = &tables.cos[p * half..(p + 1) * half];
-                let sin = &tables.sin[p * half..(p + 1) * half];
-                let (x1, x2) = x.split_at(half);
-                let (y1, y2) = y.split_at_mut(half);
-                for i in 0..half {
-                    let s = sign * sin[i];
-                    y1[i] = x1[i] * cos[i] - x2[i] * s;
-                    y2[i] = x2[i] * cos[i] + x1[i] * s;
-                }
-            }
+            Some(tables) => tables.rotate(y, x, p, sign),
             None => y.copy_from_slice(x),
         };
         let mut y = vec![0f32; x.len()];
