@@ -1352,77 +1352,52 @@ fn plan_phase(
         }
         for item in hosts {
             let Producer::Materialize(id) = item.producer else {
-                unreachable!("only distinct_ngrams and rank run on the host")
+                unreachable!(
+                    "only host ops (distinct_ngrams, rank, uniform, components) run on the host"
+                )
             };
-            if graph.node(id).op == Op::Components {
-                let source = roles[graph.node(id).args[0].0 as usize]
+            let node = graph.node(id);
+            // The buffer of a node (`what` names it in the internal error).
+            let buffer_of = |of: NodeId, what: &str| {
+                roles[of.0 as usize]
                     .buffer()
-                    .ok_or_else(|| PlanError("internal: components without a buffer".into()))?;
-                let target = roles[id.0 as usize]
-                    .buffer()
-                    .ok_or_else(|| PlanError("internal: components without a buffer".into()))?;
-                passes.push(Pass::Components {
+                    .ok_or_else(|| PlanError(format!("internal: {what} without a buffer")))
+            };
+            let target = buffer_of(id, "a host op")?;
+            passes.push(match node.op {
+                Op::Components => Pass::Components {
                     stage,
                     node: id,
-                    source,
+                    source: buffer_of(node.args[0], "components' source")?,
                     target,
-                });
-                continue;
-            }
-            if graph.node(id).op == Op::Uniform {
-                let seed = roles[graph.node(id).args[0].0 as usize]
-                    .buffer()
-                    .ok_or_else(|| PlanError("internal: uniform without a seed buffer".into()))?;
-                let target = roles[id.0 as usize]
-                    .buffer()
-                    .ok_or_else(|| PlanError("internal: uniform without a buffer".into()))?;
-                passes.push(Pass::Uniform {
+                },
+                Op::Uniform => Pass::Uniform {
                     stage,
                     node: id,
-                    seed,
+                    seed: buffer_of(node.args[0], "uniform's seed")?,
                     target,
-                });
-                continue;
-            }
-            if let Op::Rank { within } = graph.node(id).op {
-                let source = roles[graph.node(id).args[0].0 as usize]
-                    .buffer()
-                    .ok_or_else(|| PlanError("internal: rank without a buffer".into()))?;
-                let target = roles[id.0 as usize]
-                    .buffer()
-                    .ok_or_else(|| PlanError("internal: rank without a buffer".into()))?;
-                let mask =
-                    match graph.node(id).args.get(1) {
-                        Some(mask) => Some(roles[mask.0 as usize].buffer().ok_or_else(|| {
-                            PlanError("internal: rank mask without a buffer".into())
-                        })?),
-                        None => None,
-                    };
-                passes.push(Pass::Rank {
+                },
+                Op::Rank { within } => Pass::Rank {
                     stage,
                     node: id,
                     within,
-                    source,
-                    mask,
+                    source: buffer_of(node.args[0], "rank's source")?,
+                    mask: match node.args.get(1) {
+                        Some(&mask) => Some(buffer_of(mask, "rank's mask")?),
+                        None => None,
+                    },
                     target,
-                });
-                continue;
-            }
-            let Op::DistinctNgrams { n } = graph.node(id).op else {
-                unreachable!("only distinct_ngrams and rank run on the host")
-            };
-            let source = roles[graph.node(id).args[0].0 as usize]
-                .buffer()
-                .ok_or_else(|| PlanError("internal: distinct_ngrams without a buffer".into()))?;
-            let target = roles[id.0 as usize]
-                .buffer()
-                .ok_or_else(|| PlanError("internal: distinct_ngrams without a buffer".into()))?;
-            passes.push(Pass::Ngrams {
-                stage,
-                node: id,
-                n,
-                source,
-                target,
+                },
+                Op::DistinctNgrams { n } => Pass::Ngrams {
+                    stage,
+                    node: id,
+                    n,
+                    source: buffer_of(node.args[0], "distinct_ngrams' source")?,
+                    target,
+                },
+                _ => unreachable!(
+                    "only host ops (distinct_ngrams, rank, uniform, components) run on the host"
+                ),
             });
         }
     }
