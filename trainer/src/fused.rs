@@ -356,8 +356,9 @@ impl CustomOp2 for TrackedRows {
 /// each packed weight block for many rows, is the faster.
 pub const MATVEC_ROWS: usize = 32;
 
-/// Weight rows (outputs) per parallel task of [`matvec`].
-const MATVEC_OUTPUTS_PER_TASK: usize = 64;
+/// Weight rows (outputs) per parallel task of [`matvec`]: small enough that a one-row product of a
+/// few hundred outputs (k and v of a decoding step) still splits evenly over the threads.
+const MATVEC_OUTPUTS_PER_TASK: usize = 16;
 
 /// Input rows that [`matvec`] takes through one weight row at a time (one load of the weight for
 /// this many products).
@@ -369,17 +370,30 @@ const MATVEC_BLOCK: usize = 4;
 /// ([`dot_rows`]: the same for every row, whatever `n`, the row's place in its block and the number
 /// of threads).
 pub fn matvec(x: &[f32], w: &[f32], n: usize, out: usize, inp: usize) -> Vec<f32> {
+    matvec_many(x, &[(w, out)], n, inp)
+        .pop()
+        .expect("one product per weight")
+}
+
+/// [`matvec`] of the same rows `x` ([n, inp]) with each weight `(w, out)` of `ws` ([out, inp]), all
+/// in one parallel loop (a decoding step's q, k and v, or gate and up: one start of the threads
+/// instead of one per weight, and the tasks of all the weights to share between them). Each product
+/// is bit for bit the one [`matvec`] computes alone.
+pub fn matvec_many(x: &[f32], ws: &[(&[f32], usize)], n: usize, inp: usize) -> Vec<Vec<f32>> {
     debug_assert_eq!(x.len(), n * inp);
-    debug_assert_eq!(w.len(), out * inp);
     // Output-major (yᵀ), so that each task owns one contiguous slice; transposed at the end for n > 1.
-    let mut yt = vec![0f32; out * n];
-    if inp == 0 {
-        return yt;
-    }
-    let rows: Vec<&[f32]> = x.chunks(inp).collect();
-    yt.par_chunks_mut(MATVEC_OUTPUTS_PER_TASK * n.max(1))
-        .zip(w.par_chunks(MATVEC_OUTPUTS_PER_TASK * inp))
-        .for_each(|(ys, ws)| {
+    let mut yts: Vec<Vec<f32>> = ws.iter().map(|&(_, out)| vec![0f32; out * n]).collect();
+    if inp > 0 {
+        let rows: Vec<&[f32]> = x.chunks(inp).collect();
+        let mut tasks: Vec<(&mut [f32], &[f32])> = Vec::new();
+        for (yt, &(w, out)) in yts.iter_mut().zip(ws) {
+            debug_assert_eq!(w.len(), out * inp);
+            tasks.extend(
+                yt.chunks_mut(MATVEC_OUTPUTS_PER_TASK * n.max(1))
+                    .zip(w.chunks(MATVEC_OUTPUTS_PER_TASK * inp)),
+            );
+        }
+        tasks.into_par_iter().for_each(|(ys, ws)| {
             for (ys, wr) in ys.chunks_mut(n).zip(ws.chunks(inp)) {
                 let mut blocks = rows.chunks_exact(MATVEC_BLOCK);
                 let mut ys_blocks = ys.chunks_exact_mut(MATVEC_BLOCK);
@@ -392,16 +406,91 @@ pub fn matvec(x: &[f32], w: &[f32], n: usize, out: usize, inp: usize) -> Vec<f32
                 }
             }
         });
-    if n <= 1 {
-        return yt;
     }
-    let mut y = vec![0f32; n * out];
-    for (j, ys) in yt.chunks(n).enumerate() {
-        for (r, v) in ys.iter().enumerate() {
-            y[r * out + j] = *v;
-        }
+    yts.into_iter()
+        .zip(ws)
+        .map(|(yt, &(_, out))| {
+            if n <= 1 {
+                return yt;
+            }
+            let mut y = vec![0f32; n * out];
+            for (j, ys) in yt.chunks(n).enumerate() {
+                for (r, v) in ys.iter().enumerate() {
+                    y[r * out + j] = *v;
+                }
+            }
+            y
+        })
+        .collect()
+}
+
+/// `x · wᵀ` for each weight of `ws` (x: [n, in], each w: [out_i, in]), each product the one
+/// [`linear`] computes. When nothing takes a gradient (a decoding step of a no-grad model) and the
+/// rows are few enough for [`matvec`] (f32, contiguous, on the CPU), the products run in one parallel
+/// loop ([`matvec_many`]); otherwise one [`linear`] each.
+pub fn linears(x: &Tensor, ws: &[&Tensor]) -> Result<Vec<Tensor>> {
+    if let Some(ys) = few_rows_untracked(x, ws)? {
+        let (n, _) = x.dims2()?;
+        return ys
+            .into_iter()
+            .map(|y| {
+                let out = y.len() / n.max(1);
+                Tensor::from_vec(y, (n, out), x.device())
+            })
+            .collect();
     }
-    y
+    ws.iter().map(|w| linear(x, w)).collect()
+}
+
+/// `swiglu(x · gateᵀ, x · upᵀ)` (x: [n, in], gate and up: [out, in]): the values of [`linear`] twice
+/// and [`swiglu`], the two products in one parallel loop when [`linears`] would take it, and the
+/// activation computed on the way out (no separate pass).
+pub fn linear_swiglu(x: &Tensor, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    if let Some(ys) = few_rows_untracked(x, &[gate, up])? {
+        let (n, _) = x.dims2()?;
+        let [a, b]: [Vec<f32>; 2] = ys.try_into().expect("two products");
+        let out = a.len() / n.max(1);
+        let y: Vec<f32> = a
+            .iter()
+            .zip(&b)
+            .map(|(&a, &b)| a * sigmoid(a) * b)
+            .collect();
+        return Tensor::from_vec(y, (n, out), x.device());
+    }
+    swiglu(&linear(x, gate)?, &linear(x, up)?)
+}
+
+/// The products of [`linears`] by [`matvec_many`] when that path applies (see there), else `None`.
+fn few_rows_untracked(x: &Tensor, ws: &[&Tensor]) -> Result<Option<Vec<Vec<f32>>>> {
+    let untracked = |t: &Tensor| !t.is_variable() && !t.track_op();
+    let f32_cpu = |t: &Tensor| {
+        t.device().is_cpu() && t.dtype() == candle_core::DType::F32 && t.is_contiguous()
+    };
+    let Ok((n, inp)) = x.dims2() else {
+        return Ok(None);
+    };
+    let fits = |w: &&Tensor| matches!(w.dims2(), Ok((_, i)) if i == inp);
+    if n > MATVEC_ROWS
+        || !untracked(x)
+        || !f32_cpu(x)
+        || !ws.iter().all(|w| untracked(w) && f32_cpu(w) && fits(w))
+    {
+        return Ok(None);
+    }
+    let (xs, xl) = x.storage_and_layout();
+    let Storage::Cpu(xs) = &*xs else {
+        return Ok(None);
+    };
+    let xv = cpu_f32("linear: x", xs, xl)?;
+    let guards: Vec<_> = ws.iter().map(|w| w.storage_and_layout()).collect();
+    let mut weights = Vec::with_capacity(ws.len());
+    for (w, (storage, layout)) in ws.iter().zip(&guards) {
+        let Storage::Cpu(storage) = &**storage else {
+            return Ok(None);
+        };
+        weights.push((cpu_f32("linear: the weight", storage, layout)?, w.dim(0)?));
+    }
+    Ok(Some(matvec_many(xv, &weights, n, inp)))
 }
 
 /// `Σ_k x_r[k]·w[k]` for each of the R rows `xs` (each at least as long as `w`): with AVX2 and FMA

@@ -301,6 +301,63 @@ impl Linear {
         y.reshape(out)
     }
 
+    /// Each projection of `layers` applied to the same `x` ([`Linear::forward`] each, the same values):
+    /// without adapters their products go through [`linears`], one parallel loop for all of them when
+    /// decoding with a no-grad model.
+    fn forward_all<const N: usize>(layers: [&Linear; N], x: &Tensor) -> Result<[Tensor; N]> {
+        let ys = if layers.iter().any(|l| l.adapter.is_some()) {
+            layers
+                .iter()
+                .map(|l| l.forward(x))
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            Linear::products(&layers, x)?
+        };
+        Ok(ys
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("one output per projection")))
+    }
+
+    /// [`Linear::forward_all`] of projections without adapters.
+    fn products(layers: &[&Linear], x: &Tensor) -> Result<Vec<Tensor>> {
+        let dims = x.dims().to_vec();
+        let inp = dims.last().copied().unwrap_or(0);
+        let x2 = x.reshape((x.elem_count() / inp.max(1), inp))?;
+        let weights: Vec<&Tensor> = layers.iter().map(|l| &l.weight).collect();
+        let ys = linears(&x2, &weights)?;
+        let mut out = Vec::with_capacity(layers.len());
+        for (layer, y) in layers.iter().zip(ys) {
+            let y = match &layer.bias {
+                Some(bias) => y.broadcast_add(bias)?,
+                None => y,
+            };
+            let mut shape = dims.clone();
+            if let Some(last) = shape.last_mut() {
+                *last = y.dim(1)?;
+            }
+            out.push(y.reshape(shape)?);
+        }
+        Ok(out)
+    }
+
+    /// `swiglu(gate(x), up(x))`: [`linear_swiglu`] (one parallel loop when decoding with a no-grad
+    /// model) unless a projection has an adapter or a bias.
+    fn swiglu(gate: &Linear, up: &Linear, x: &Tensor) -> Result<Tensor> {
+        let plain = |l: &Linear| l.adapter.is_none() && l.bias.is_none();
+        if !(plain(gate) && plain(up)) {
+            return swiglu(&gate.forward(x)?, &up.forward(x)?);
+        }
+        let dims = x.dims().to_vec();
+        let inp = dims.last().copied().unwrap_or(0);
+        let x2 = x.reshape((x.elem_count() / inp.max(1), inp))?;
+        let y = linear_swiglu(&x2, &gate.weight, &up.weight)?;
+        let mut shape = dims;
+        if let Some(last) = shape.last_mut() {
+            *last = y.dim(1)?;
+        }
+        y.reshape(shape)
+    }
+
     fn detached(&self) -> Linear {
         Linear {
             weight: self.weight.detach(),
@@ -545,7 +602,9 @@ pub fn adapter_names(l: usize, module: &str) -> (String, String) {
 }
 
 use crate::attention::causal_attention;
-use crate::fused::{from_heads, linear, rms_norm, swiglu, to_heads, RopeTables};
+use crate::fused::{
+    from_heads, linear, linear_swiglu, linears, rms_norm, swiglu, to_heads, RopeTables,
+};
 
 /// Log-softmax over the last axis, differentiable (detached max).
 pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
@@ -897,14 +956,10 @@ impl Model {
         }
         for (l, block) in self.blocks.iter().enumerate() {
             let h = rms_norm(&x, &block.attn_norm, c.rms_eps)?;
-            let q = heads(block.q.forward(&h)?, c.heads, &block.q_norm, Some(&tables))?;
-            let mut k = heads(
-                block.k.forward(&h)?,
-                c.kv_heads,
-                &block.k_norm,
-                Some(&tables),
-            )?;
-            let mut v = heads(block.v.forward(&h)?, c.kv_heads, &None, None)?;
+            let [q, k, v] = Linear::forward_all([&block.q, &block.k, &block.v], &h)?;
+            let q = heads(q, c.heads, &block.q_norm, Some(&tables))?;
+            let mut k = heads(k, c.kv_heads, &block.k_norm, Some(&tables))?;
+            let mut v = heads(v, c.kv_heads, &None, None)?;
             if let Some(cache) = cache.as_deref_mut() {
                 if let Some((pk, pv)) = &cache.layers[l] {
                     k = Tensor::cat(&[pk, &k], 2)?;
@@ -920,7 +975,7 @@ impl Model {
             let attn = from_heads(&attn)?.reshape((b, t, c.heads * hd))?;
             x = (x + block.o.forward(&attn)?)?;
             let h = rms_norm(&x, &block.mlp_norm, c.rms_eps)?;
-            let act = swiglu(&block.gate.forward(&h)?, &block.up.forward(&h)?)?;
+            let act = Linear::swiglu(&block.gate, &block.up, &h)?;
             let mlp = block.down.forward(&act)?;
             x = (x + mlp)?;
         }

@@ -4,8 +4,8 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 use rlx_trainer::fused::{
-    from_heads, linear, plain_rms_norm, plain_rope, plain_swiglu, rms_norm, rope, swiglu, to_heads,
-    RopeTables,
+    from_heads, linear, linear_swiglu, linears, plain_rms_norm, plain_rope, plain_swiglu, rms_norm,
+    rope, swiglu, to_heads, RopeTables,
 };
 use rlx_trainer::rng::Rng;
 
@@ -421,4 +421,48 @@ fn a_few_rows_take_the_matrix_vector_kernel_with_the_same_values() {
         assert!(max_rel(&dx, &want_dx) < 1e-5, "{n} rows: ∂x");
         assert!(max_rel(&dw, &want_dw) < 1e-5, "{n} rows: ∂w");
     }
+}
+
+/// Several products of the same rows (a decoding step's q, k and v; gate and up with the SwiGLU) in
+/// one parallel loop give each product bit for bit as `linear` (and `swiglu`) alone: for every row
+/// count the kernel takes and one past it, for output sizes that leave a remainder in the parallel
+/// split, with untracked weights (the one-loop path) and with a trained weight (one `linear` each,
+/// gradients kept).
+#[test]
+fn products_of_the_same_rows_in_one_loop_equal_each_product_alone() {
+    use rlx_trainer::fused::MATVEC_ROWS;
+    let mut rng = Rng::new(12);
+    let inp = 45;
+    let ws: Vec<Tensor> = [131, 7, 64]
+        .iter()
+        .map(|&out| random(&mut rng, &[out, inp], 0.3))
+        .collect();
+    let refs: Vec<&Tensor> = ws.iter().collect();
+    let gate = random(&mut rng, &[37, inp], 0.3);
+    let up = random(&mut rng, &[37, inp], 0.3);
+    for n in 1..=MATVEC_ROWS + 1 {
+        let x = random(&mut rng, &[n, inp], 1.0);
+        let all = linears(&x, &refs).unwrap();
+        assert_eq!(all.len(), ws.len());
+        for (y, w) in all.iter().zip(&ws) {
+            assert_eq!(values(y), values(&linear(&x, w).unwrap()), "{n} rows");
+        }
+        let act = linear_swiglu(&x, &gate, &up).unwrap();
+        let alone = swiglu(&linear(&x, &gate).unwrap(), &linear(&x, &up).unwrap()).unwrap();
+        assert_eq!(act.dims(), &[n, 37]);
+        assert_eq!(values(&act), values(&alone), "{n} rows");
+    }
+    // A trained weight among them: each its own `linear`, both gradients flowing.
+    let wv = Var::from_tensor(&ws[0]).unwrap();
+    let x = random(&mut rng, &[3, inp], 1.0);
+    let ys = linears(&x, &[wv.as_tensor(), &ws[1]]).unwrap();
+    assert_eq!(values(&ys[0]), values(&linear(&x, &ws[0]).unwrap()));
+    let store = ys[0].sum_all().unwrap().backward().unwrap();
+    assert!(
+        store.get(wv.as_tensor()).is_some(),
+        "the trained weight's gradient"
+    );
+    // Weights of another input size are an error, not a wrong product.
+    let bad = random(&mut rng, &[5, inp + 1], 0.3);
+    assert!(linears(&x, &[&ws[1], &bad]).is_err());
 }
