@@ -16,7 +16,9 @@
 #   5. 20 GRPO steps on SmolLM2-135M on the GPU (configs/smollm2-ifeval.toml: 8 prompts × 8 × 48
 #      tokens, LoRA) and the same run's first step on the CPU: first-step loss agreement, tokens/s of
 #      sampling and training, step time, peak GPU memory, the reward curve (scripts/gpu_step_report.py);
-#   6. one summary.
+#   6. the same GRPO steps with bf16 products (`--set train.dtype=bf16`, 5 steps; smoke mode 2): step
+#      time and peak memory beside step 5's, the first-step loss against the CPU's f32 one within 5 %;
+#   7. one summary.
 #
 # `scripts/gpu-check.sh --device cpu` is the smoke mode: steps 4 and 5 on the CPU at small sizes (a
 # debug build without the feature; the head at V = 8192, three GRPO steps of the tiny default model
@@ -194,6 +196,25 @@ if [ "$status_build" = ok ]; then
     fi
 fi
 
+if [ "$status_step" = ok ]; then
+    echo "== GRPO steps with bf16 products on $device vs the CPU's f32 first step [$(elapsed)]"
+    rm -rf "$out/grpo-bf16"
+    bf16_steps=5
+    [ "$smoke" = 1 ] && bf16_steps=2
+    if timeout 300 "$bin/rlx" run recipes/grpo.rlx "${step_config[@]}" --set train.dtype=bf16 \
+            --steps "$bf16_steps" --device "$device" --out "$out/grpo-bf16" >"$log/step-bf16" 2>&1 \
+        && "${python:-python3}" scripts/gpu_step_report.py "$out/grpo-bf16" "$out/grpo-cpu" \
+            --rtol 0.05 --json "$out/step-bf16.json" >"$log/bf16" 2>&1; then
+        status_bf16="ok"
+    else
+        status_bf16="FAILED"
+        tail -20 "$log/step-bf16" 2>/dev/null
+    fi
+    cat "$log/bf16" 2>/dev/null
+else
+    status_bf16="skipped: the f32 GRPO steps did not pass"
+fi
+
 echo
 echo "== summary [$(elapsed)]"
 echo "device:                $device"
@@ -203,8 +224,9 @@ echo "rlx benchmark:         $status_bench"
 echo "eager PyTorch:         $status_torch"
 echo "LM head vs torch:      $status_head"
 echo "GRPO steps vs CPU:     $status_step"
+echo "bf16 GRPO steps:       $status_bf16"
 echo "logs:                  $log"
-case "$status_build$status_agree$status_bench$status_torch$status_head$status_step" in
+case "$status_build$status_agree$status_bench$status_torch$status_head$status_step$status_bf16" in
     *FAILED*) exit 1 ;;
 esac
 exit 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compare an `rlx run` on a GPU with the same run's first step on the CPU (scripts/gpu-check.sh).
 
-Usage: gpu_step_report.py GPU_RUN_DIR CPU_RUN_DIR [--json FILE]
+Usage: gpu_step_report.py GPU_RUN_DIR CPU_RUN_DIR [--json FILE] [--rtol R]
 
 Both directories are `rlx run` outputs of the same recipe, config and seed (the CPU one may stop after
 its first step). Reads their metrics.jsonl and samples.jsonl (step 0 must be written: train.samples_every
@@ -9,8 +9,9 @@ divides 0, so it always is) and prints one JSON line and a summary:
 
 - the first step's loss on both devices. The runs sample with the same random stream, so their step-0
   completions are the same unless float rounding flipped a draw; when they are identical the losses
-  must agree within 1e-3 relative + 1e-5 (else exit status 1), when they differ the report says in how
-  many rows and does not compare the losses;
+  must agree within 1e-3 relative + 1e-5 (`--rtol` sets the relative part: gpu-check.sh gives 0.05 to
+  the run whose products are bf16) (else exit status 1), when they differ the report says in how many
+  rows and does not compare the losses;
 - sampling and training tokens/s and the step time: the GPU's median over the steps after the first
   (the first also compiles the recipe's kernels), and the CPU's first step;
 - the GPU's peak memory (the largest `gpu/peak_bytes` of a step; absent on the CPU);
@@ -41,6 +42,9 @@ def main():
         sys.exit(__doc__)
     gpu_run, cpu_run = args[0], args[1]
     out = args[args.index("--json") + 1] if "--json" in args else None
+    rtol = float(args[args.index("--rtol") + 1]) if "--rtol" in args else 1e-3
+    if not rtol >= 0:
+        sys.exit(f"gpu_step_report: --rtol {rtol} must be >= 0")
     gpu = lines(f"{gpu_run}/metrics.jsonl")
     cpu = lines(f"{cpu_run}/metrics.jsonl")
     if not gpu or not cpu:
@@ -61,7 +65,7 @@ def main():
         ok = True
     else:
         difference = abs(loss_gpu - loss_cpu)
-        bound = 1e-3 * max(abs(loss_gpu), abs(loss_cpu)) + 1e-5
+        bound = rtol * max(abs(loss_gpu), abs(loss_cpu)) + 1e-5
         ok = difference <= bound
         agreement = (
             f"{'agree' if ok else 'DISAGREE'}: |{loss_gpu:.6g} - {loss_cpu:.6g}| = {difference:.2e} "

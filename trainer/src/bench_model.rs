@@ -141,7 +141,9 @@ pub fn bench_model(
         .any(|p| matches!(p, Phase::Sample | Phase::Train));
     if needs_samples {
         let max_positions = config.model.model_config()?.max_positions;
-        let policy = config.model.build(config.seed, &device)?;
+        let policy = config
+            .model
+            .build(config.seed, &device, config.train.compute_dtype()?)?;
         let mut prompt_rng = Rng::new(config.seed);
         let prompts: Vec<Vec<u32>> = plan
             .task

@@ -49,6 +49,22 @@ pub struct TrainConfig {
     /// reference model, the LM head, the recipe's kernels and AdamW all on the GPU; needs an rlx built
     /// with `--features cuda`, docs/gpu.md). `rlx run --device` overrides it.
     pub device: String,
+    /// The dtype of the model's projections' products: `"f32"`, or `"bf16"` (inputs and weights cast to
+    /// bf16 for each product, everything else f32: [`crate::model::Model::with_compute_dtype`]).
+    pub dtype: String,
+}
+
+impl TrainConfig {
+    /// `train.dtype` as a candle dtype.
+    pub fn compute_dtype(&self) -> Result<candle_core::DType, String> {
+        match self.dtype.as_str() {
+            "f32" => Ok(candle_core::DType::F32),
+            "bf16" => Ok(candle_core::DType::BF16),
+            other => Err(format!(
+                "config: train.dtype = {other:?}: use \"f32\" or \"bf16\" (the dtype of the projections' products)"
+            )),
+        }
+    }
 }
 
 /// Where a run's step runs (`train.device`, `rlx run --device`).
@@ -228,6 +244,7 @@ impl Config {
             ));
         }
         TrainDevice::parse(&self.train.device).map_err(|e| format!("config: train.{e}"))?;
+        self.train.compute_dtype()?;
         for (key, value, range) in self.ranged_sizes() {
             in_range(key, value, range)?;
         }

@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use candle_core::Device;
+use candle_core::{DType, Device};
 
 use crate::checkpoint;
 use crate::config::Config;
@@ -40,7 +40,7 @@ pub fn export_run(run: &Path, out: &Path, adapter: bool) -> Result<Exported, Str
             base
         ));
     }
-    let policy = config.model.build(config.seed, &Device::Cpu)?;
+    let policy = config.model.build(config.seed, &Device::Cpu, DType::F32)?;
     checkpoint::restore_weights(&policy, &loaded.dir, "model.safetensors")?;
     write(&config, &policy, out, adapter, loaded.state.step, start)
 }
@@ -50,7 +50,7 @@ pub fn export_run(run: &Path, out: &Path, adapter: bool) -> Result<Exported, Str
 pub fn export_config(config_text: &str, out: &Path, adapter: bool) -> Result<Exported, String> {
     let start = Instant::now();
     let config = Config::parse(config_text, &[])?;
-    let policy = config.model.build(config.seed, &Device::Cpu)?;
+    let policy = config.model.build(config.seed, &Device::Cpu, DType::F32)?;
     write(&config, &policy, out, adapter, 0, start)
 }
 

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use candle_core::Device;
+use candle_core::{DType, Device};
 use serde::{Deserialize, Serialize};
 
 use rlx_compiler::ir::Graph;
@@ -111,8 +111,9 @@ impl ModelSection {
     }
 
     /// The policy: a fresh tiny model (deterministic in `seed`), SmolLM2 from the fetched GGUF, or a
-    /// Hugging Face checkpoint; with `[model.lora]`, the frozen base with fresh adapters (from `seed`).
-    pub fn build(&self, seed: u64, device: &Device) -> Result<Model, String> {
+    /// Hugging Face checkpoint; with `[model.lora]`, the frozen base with fresh adapters (from `seed`);
+    /// its projections' products in `dtype` (`train.dtype`: [`Model::with_compute_dtype`]).
+    pub fn build(&self, seed: u64, device: &Device, dtype: DType) -> Result<Model, String> {
         let base = match self {
             ModelSection::Tiny(_) => {
                 Model::new(&self.model_config()?, seed, device).map_err(|e| e.to_string())
@@ -123,12 +124,15 @@ impl ModelSection {
             ModelSection::Hf { path, .. } => crate::hf::load_model(Path::new(path), device)
                 .map_err(|e| format!("model.kind = \"hf\": {e}")),
         }?;
-        match self.lora() {
-            None => Ok(base),
+        let model = match self.lora() {
+            None => base,
             Some(lora) => base
                 .with_lora(lora, seed ^ LORA_SEED)
-                .map_err(|e| format!("model.lora: {e}")),
-        }
+                .map_err(|e| format!("model.lora: {e}"))?,
+        };
+        model
+            .with_compute_dtype(dtype)
+            .map_err(|e| format!("train.dtype: {e}"))
     }
 
     /// The pretrained model's tokenizer (with its chat template and stop tokens) and context length.

@@ -272,6 +272,9 @@ struct Linear {
     weight: Tensor,
     bias: Option<Tensor>,
     adapter: Option<Adapter>,
+    /// The dtype of the product with `weight` ([`Model::with_compute_dtype`]): f32, or bf16 with the
+    /// input and the weight cast to it and the result back to the input's dtype.
+    compute: DType,
 }
 
 impl Linear {
@@ -283,7 +286,7 @@ impl Linear {
         let rows = x.elem_count() / inp.max(1);
         let x2 = x.reshape((rows, inp))?;
         // A frozen weight (LoRA's base) gets no gradient computed for it (`fused::linear`).
-        let mut y = linear(&x2, &self.weight)?;
+        let mut y = self.product(&x2)?;
         if let Some(bias) = &self.bias {
             y = y.broadcast_add(bias)?;
         }
@@ -301,11 +304,31 @@ impl Linear {
         y.reshape(out)
     }
 
+    /// `x · Wᵀ` for x: [rows, in], in the compute dtype: f32 as `fused::linear`; bf16 as a product of
+    /// the bf16 casts of x and W (a weight already in bf16, as in [`Model::merged_view`], is not cast
+    /// again), its result cast back to x's dtype. The casts are differentiable: a trained f32 weight
+    /// gets its f32 gradient through the bf16 product.
+    fn product(&self, x: &Tensor) -> Result<Tensor> {
+        if self.compute == x.dtype() {
+            return linear(x, &self.weight);
+        }
+        linear(
+            &x.to_dtype(self.compute)?,
+            &self.weight.to_dtype(self.compute)?,
+        )?
+        .to_dtype(x.dtype())
+    }
+
+    /// Whether the product runs in `x`'s own dtype (no cast).
+    fn native(&self, x: &Tensor) -> bool {
+        self.compute == x.dtype()
+    }
+
     /// Each projection of `layers` applied to the same `x` ([`Linear::forward`] each, the same values):
     /// without adapters their products go through [`linears`], one parallel loop for all of them when
     /// decoding with a no-grad model.
     fn forward_all<const N: usize>(layers: [&Linear; N], x: &Tensor) -> Result<[Tensor; N]> {
-        let ys = if layers.iter().any(|l| l.adapter.is_some()) {
+        let ys = if layers.iter().any(|l| l.adapter.is_some() || !l.native(x)) {
             layers
                 .iter()
                 .map(|l| l.forward(x))
@@ -343,7 +366,7 @@ impl Linear {
     /// `swiglu(gate(x), up(x))`: [`linear_swiglu`] (one parallel loop when decoding with a no-grad
     /// model) unless a projection has an adapter or a bias.
     fn swiglu(gate: &Linear, up: &Linear, x: &Tensor) -> Result<Tensor> {
-        let plain = |l: &Linear| l.adapter.is_none() && l.bias.is_none();
+        let plain = |l: &Linear| l.adapter.is_none() && l.bias.is_none() && l.native(x);
         if !(plain(gate) && plain(up)) {
             return swiglu(&gate.forward(x)?, &up.forward(x)?);
         }
@@ -367,6 +390,7 @@ impl Linear {
                 b: a.b.detach(),
                 scale: a.scale,
             }),
+            compute: self.compute,
         }
     }
 
@@ -689,6 +713,7 @@ impl Model {
             weight: get(&layer_name(l, part)),
             bias: bias.then(|| get(&layer_name(l, &format!("{part}_bias")))),
             adapter: None,
+            compute: DType::F32,
         };
         let b = config.attention_bias;
         let blocks = (0..config.layers)
@@ -762,6 +787,30 @@ impl Model {
         Ok(model)
     }
 
+    /// The model with its projections' products in `dtype` (`train.dtype`): f32 (the default), or bf16
+    /// — the inputs and weights of the seven projections of every layer cast to bf16 for the product
+    /// (on a GPU, cuBLAS multiplies bf16 with f32 accumulation), the result cast back to f32, so that
+    /// the trained weights (the f32 master copy AdamW updates), the embedding, the norms, attention, the
+    /// residual stream and the LM head's log-softmax stay f32, as under torch's `autocast(bfloat16)`.
+    /// [`Model::merged_view`] (sampling, reference log-probs) holds its weights in bf16, half the
+    /// memory the decoding steps read.
+    pub fn with_compute_dtype(mut self, dtype: DType) -> Result<Model> {
+        if !matches!(dtype, DType::F32 | DType::BF16) {
+            candle_core::bail!("the projections compute in f32 or bf16, not {dtype:?}");
+        }
+        for block in &mut self.blocks {
+            for (target, _) in LORA_TARGETS {
+                block.projection_mut(target).compute = dtype;
+            }
+        }
+        Ok(self)
+    }
+
+    /// The dtype of the projections' products ([`Model::with_compute_dtype`]).
+    pub fn compute_dtype(&self) -> DType {
+        self.blocks.first().map_or(DType::F32, |b| b.q.compute)
+    }
+
     /// The LoRA settings of an adapted model.
     pub fn lora(&self) -> Option<&LoraConfig> {
         self.lora.as_ref()
@@ -824,7 +873,8 @@ impl Model {
                 .into_iter()
                 .map(|(name, t)| Ok((name, t.detach().copy()?)))
                 .collect::<Result<Vec<_>>>()?;
-            return Model::from_weights(&self.config, weights, self.tied, &device);
+            return Model::from_weights(&self.config, weights, self.tied, &device)?
+                .with_compute_dtype(self.compute_dtype());
         }
         let mut copy = self.no_grad();
         let mut vars = Vec::with_capacity(self.vars.len());
@@ -891,12 +941,15 @@ impl Model {
     /// [`Model::merged_weights`] exports): one product per projection instead of three, for passes that
     /// run many positions without training (sampling, the reference's log-probs). The merged weights
     /// are new tensors (the base's size), computed when the view is made, so the view does not see
-    /// later optimizer steps; make it per pass. Without adapters it is [`Model::no_grad`], and so is the
-    /// merged view of a merged view (it has no adapters left). Its values equal the unmerged forward's
-    /// up to float rounding.
+    /// later optimizer steps; make it per pass. With bf16 products ([`Model::with_compute_dtype`]) its
+    /// projection weights are their bf16 casts (again new tensors, half the size). Without adapters and
+    /// in f32 it is [`Model::no_grad`], and so is the merged view of a merged view (it has no adapters
+    /// left). Its values equal the unmerged forward's up to float rounding (without adapters,
+    /// bit for bit).
     pub fn merged_view(&self) -> Result<Model> {
         let mut view = self.no_grad();
-        if view.lora.take().is_none() {
+        let compute = self.compute_dtype();
+        if view.lora.take().is_none() && compute == DType::F32 {
             return Ok(view);
         }
         for block in &mut view.blocks {
@@ -906,6 +959,8 @@ impl Model {
                     proj.weight = proj.merged()?;
                     proj.adapter = None;
                 }
+                // In bf16 the view's weights are the casts the tracked forward makes at each product.
+                proj.weight = proj.weight.to_dtype(compute)?;
             }
         }
         Ok(view)

@@ -1228,7 +1228,7 @@ fn load_teacher(
 ) -> Result<Model, Error> {
     let seed = config.seed ^ TEACHER_SEED;
     let teacher = section
-        .build(seed, device)
+        .build(seed, device, config.train.compute_dtype()?)
         .map_err(|e| format!("[teacher]: {e}"))?;
     if !section.pretrained() {
         let start = Instant::now();
@@ -1328,7 +1328,9 @@ pub fn run_with(
     });
     let task = plan.task;
     let max_new = config.sampler.max_new_tokens;
-    let policy = config.model.build(config.seed, &device)?;
+    let policy = config
+        .model
+        .build(config.seed, &device, config.train.compute_dtype()?)?;
     let base = checkpoint::base_model(&config.model)?;
     let eval = task.eval_prompts(config.seed)?;
     let uses_reference = plan.fills.contains(&Fill::RefLogp);

@@ -59,7 +59,7 @@ fn unknown_keys() {
     let message = parse_error(&edited("lr = ", "learning_rate = 1\nlr = "));
     assert_eq!(
         message,
-        "config: unknown key `train.learning_rate` (the keys of [train]: checkpoint_every, device, epochs, eval_every, eval_samples, grad_clip, lr, max_sampling_rounds, micro_batch, prompts_per_step, samples_every, weight_decay)"
+        "config: unknown key `train.learning_rate` (the keys of [train]: checkpoint_every, device, dtype, epochs, eval_every, eval_samples, grad_clip, lr, max_sampling_rounds, micro_batch, prompts_per_step, samples_every, weight_decay)"
     );
     // A typo gets the closest key.
     let message = parse_error("[train]\nmicro_bach = 4\n");

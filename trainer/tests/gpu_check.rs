@@ -150,5 +150,32 @@ fn the_step_report_compares_the_first_steps_and_rejects_a_different_loss() {
     let output = python("gpu_step_report.py", &[&device_run, &cpu_run]);
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stdout).contains("DISAGREE"));
+    // First losses of 1.0 and 1.03: a disagreement at the default 1e-3, an agreement within the bf16
+    // run's `--rtol 0.05`.
+    let set_first_loss = |run: &Path, loss: f64| {
+        let metrics = run.join("metrics.jsonl");
+        let text = std::fs::read_to_string(&metrics).unwrap();
+        let mut first: serde_json::Value =
+            serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        first["loss"] = loss.into();
+        let rest: Vec<&str> = text.lines().skip(1).collect();
+        std::fs::write(&metrics, format!("{first}\n{}", rest.join("\n"))).unwrap();
+    };
+    set_first_loss(&device_run, 1.0);
+    set_first_loss(&cpu_run, 1.03);
+    let output = python("gpu_step_report.py", &[&device_run, &cpu_run]);
+    assert_eq!(output.status.code(), Some(1));
+    let output = python(
+        "gpu_step_report.py",
+        &[
+            &device_run,
+            &cpu_run,
+            Path::new("--rtol"),
+            Path::new("0.05"),
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(stdout.contains("first-step loss: agree"), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);
 }
