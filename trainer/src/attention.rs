@@ -97,8 +97,58 @@ pub fn causal_attention(
         left_pad: left_pad.to_vec(),
         offset,
     };
-    q.contiguous()?
-        .apply_op3(&k.contiguous()?, &v.contiguous()?, op)
+    // Without gradients, keys and values may be the first positions of a longer buffer (a KV cache
+    // with room to grow, `model::KvCache`): read where they are, each head's positions contiguous. (The
+    // backward pass takes contiguous ones.)
+    let tracked = q.track_op() || k.track_op() || v.track_op();
+    let keys = |x: &Tensor| -> candle_core::Result<Tensor> {
+        if !tracked && head_stride(x.layout()).is_some() {
+            Ok(x.clone())
+        } else {
+            x.contiguous()
+        }
+    };
+    q.contiguous()?.apply_op3(&keys(k)?, &keys(v)?, op)
+}
+
+/// For k or v `[b, kv_heads, s, d]` laid out as the first `s` positions of a contiguous `[b, kv_heads,
+/// capacity, d]` buffer (contiguous itself when capacity = s): the elements from one head's first
+/// position to the next head's (capacity · d). `None` for any other layout.
+fn head_stride(layout: &Layout) -> Option<usize> {
+    let (&[b, h, s, d], &[sb, sh, ss, sd]) = (layout.dims(), layout.stride()) else {
+        return None;
+    };
+    let plain = sd == 1 && ss == d && sh >= s * d && sb == h * sh;
+    // A dimension of size 1 may carry any stride (candle gives it one that is never used).
+    (plain || (b * h <= 1 && sd == 1 && ss == d)).then_some(if b * h <= 1 { s * d } else { sh })
+}
+
+/// The f32 data of k or v: `(values, head stride)`, the values running from the first head's first
+/// position to the last head's last one ([`head_stride`] apart).
+fn cpu_heads<'a>(
+    what: &str,
+    storage: &'a CpuStorage,
+    layout: &Layout,
+) -> candle_core::Result<(&'a [f32], usize)> {
+    let CpuStorage::F32(data) = storage else {
+        bail!("causal-attention: {what} must be f32")
+    };
+    let Some(stride) = head_stride(layout) else {
+        bail!("causal-attention: {what} must be contiguous or the first positions of a KV cache")
+    };
+    let &[b, h, s, d] = layout.dims() else {
+        bail!("causal-attention: {what} must have 4 dimensions")
+    };
+    let start = layout.start_offset();
+    let len = if b * h == 0 {
+        0
+    } else {
+        (b * h - 1) * stride + s * d
+    };
+    match data.get(start..start + len) {
+        Some(values) => Ok((values, stride)),
+        None => bail!("causal-attention: {what} reaches past its storage"),
+    }
 }
 
 /// The reference for [`causal_attention`] in plain (differentiable) candle ops: the kv heads repeated, the
@@ -264,10 +314,17 @@ impl CustomOp3 for CausalAttention {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let dims = Dims::check(l1.dims(), l2.dims(), l3.dims(), &self.left_pad, self.offset)?;
         let q = cpu_f32("q", s1, l1)?;
-        let k = cpu_f32("k", s2, l2)?;
-        let v = cpu_f32("v", s3, l3)?;
+        let (k, k_stride) = cpu_heads("k", s2, l2)?;
+        let (v, v_stride) = cpu_heads("v", s3, l3)?;
         let mut out = vec![0f32; q.len()];
-        forward(&dims, &self.left_pad, q, k, v, &mut out);
+        forward(
+            &dims,
+            &self.left_pad,
+            q,
+            [k, v],
+            [k_stride, v_stride],
+            &mut out,
+        );
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 
@@ -407,20 +464,33 @@ fn grown(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
 }
 
 /// The forward pass into `out` (zeros on entry), one task per (sequence, key/value head).
-fn forward(dims: &Dims, left_pad: &[usize], q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) {
+/// `kv = [k, v]` hold each key/value head's `s` positions at `strides` elements from the previous
+/// head's (`s · d` when contiguous; more when they are the first positions of a KV cache's buffer).
+fn forward(
+    dims: &Dims,
+    left_pad: &[usize],
+    q: &[f32],
+    kv: [&[f32]; 2],
+    strides: [usize; 2],
+    out: &mut [f32],
+) {
     let (g, t, s, d) = (dims.group(), dims.t, dims.s, dims.d);
     if out.is_empty() || s == 0 {
         return;
     }
     let (q_group, kv_len) = (g * t * d, s * d);
+    let [k, v] = kv;
     let tasks: Vec<_> = out
         .chunks_mut(q_group)
         .zip(q.chunks(q_group))
-        .zip(k.chunks(kv_len).zip(v.chunks(kv_len)))
         .enumerate()
+        .map(|(n, (o, q))| {
+            let [ks, vs] = strides;
+            (n, (o, q, &k[n * ks..][..kv_len], &v[n * vs..][..kv_len]))
+        })
         .collect();
     let fast = fma_available();
-    parallel(tasks, |(n, ((o, q), (k, v))), scratch| {
+    parallel(tasks, |(n, (o, q, k, v)), scratch| {
         let geo = Geometry::new(dims, left_pad[n / dims.kv_heads]);
         forward_group_dispatch(fast, &geo, [q, k, v], o, scratch);
     });

@@ -445,9 +445,21 @@ impl Block {
 }
 
 /// Per-layer keys and values of the positions seen so far (`[batch, kv_heads, time, head_dim]`).
+///
+/// A cache without graph (sampling) keeps each layer's keys and values in a buffer with room for more
+/// positions, `[batch, kv_heads, capacity, head_dim]`, and writes a step's new positions into it in
+/// place; attention reads the first `len` positions where they are. (Appending by concatenation copied
+/// the whole cache at every decoding step: quadratic in the generated length.) The buffer grows by
+/// doubling, or to [`KvCache::reserve`]'s size. A cache that keeps the graph concatenates (the
+/// gradients flow through the concatenation).
 #[derive(Default)]
 pub struct KvCache {
+    /// Per layer: keys and values whose first `len` positions are the cache's.
     layers: Vec<Option<(Tensor, Tensor)>>,
+    /// The positions held.
+    len: usize,
+    /// The positions a layer's buffer is first made for (at least the positions it holds).
+    reserved: usize,
     /// Whether the keys and values keep their backpropagation graph ([`KvCache::keeping_graph`]);
     /// otherwise they are detached (sampling).
     keep_graph: bool,
@@ -458,8 +470,8 @@ impl KvCache {
     /// continuations then read it, gradients flowing back into the prefix's computation.
     pub fn keeping_graph() -> Self {
         KvCache {
-            layers: Vec::new(),
             keep_graph: true,
+            ..KvCache::default()
         }
     }
 
@@ -482,8 +494,91 @@ impl KvCache {
         )?;
         Ok(KvCache {
             layers: vec![Some((zeros.clone(), zeros)); config.layers],
-            keep_graph: false,
+            len,
+            ..KvCache::default()
         })
+    }
+
+    /// The positions the cache holds.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the cache holds no position.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Room for `positions` in all (the held ones included): the buffers are made that large at the
+    /// next append, so that a generation of known length copies the cache once, not at each doubling.
+    pub fn reserve(&mut self, positions: usize) {
+        self.reserved = self.reserved.max(positions);
+    }
+
+    /// Layer `l`'s keys and values, its first [`KvCache::len`] positions.
+    fn layer(&self, l: usize) -> Result<Option<(Tensor, Tensor)>> {
+        match self.layers.get(l) {
+            Some(Some((k, v))) => Ok(Some((k.narrow(2, 0, self.len)?, v.narrow(2, 0, self.len)?))),
+            _ => Ok(None),
+        }
+    }
+
+    /// The keys and values of layer `l` with `k` and `v` (`[batch, kv_heads, t, head_dim]`, the
+    /// positions `len..len + t`) appended; the cache holds them once [`KvCache::advance`] moves past
+    /// them (after the last layer).
+    fn append(&mut self, l: usize, k: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
+        if self.layers.len() <= l {
+            self.layers.resize(l + 1, None);
+        }
+        let (len, t) = (self.len, k.dim(2)?);
+        let held = self.layer(l)?;
+        if self.keep_graph {
+            let (k, v) = match held {
+                Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?),
+                None => (k, v),
+            };
+            self.layers[l] = Some((k.clone(), v.clone()));
+            return Ok((k, v));
+        }
+        // New positions that carry a graph (a trained model's pass over a cache without one) keep it
+        // for this pass's attention, as concatenation gave them; the buffer stores them detached.
+        let tracked = (k.track_op() || v.track_op()).then(|| (k.clone(), v.clone()));
+        let (k, v) = (k.detach().contiguous()?, v.detach().contiguous()?);
+        let room = matches!(&self.layers[l], Some((buffer, _)) if buffer.dim(2)? >= len + t);
+        if !room {
+            // A new buffer: the held positions, the new ones, then zeros up to the capacity.
+            let capacity = (len + t).max(self.reserved).max(2 * len);
+            let grown = |held: Option<Tensor>, new: &Tensor| -> Result<Tensor> {
+                let (b, h, _, d) = new.dims4()?;
+                let spare =
+                    Tensor::zeros((b, h, capacity - len - t, d), new.dtype(), new.device())?;
+                match held {
+                    Some(held) => Tensor::cat(&[&held, new, &spare], 2),
+                    None => Tensor::cat(&[new, &spare], 2),
+                }
+            };
+            let (hk, hv) = held.map_or((None, None), |(k, v)| (Some(k), Some(v)));
+            self.layers[l] = Some((grown(hk, &k)?, grown(hv, &v)?));
+        } else if let Some((bk, bv)) = &self.layers[l] {
+            bk.slice_set(&k, 2, len)?;
+            bv.slice_set(&v, 2, len)?;
+        }
+        let Some((bk, bv)) = &self.layers[l] else {
+            candle_core::bail!("KV cache: layer {l} has no buffer after an append")
+        };
+        match tracked {
+            Some((k, v)) if len > 0 => Ok((
+                Tensor::cat(&[&bk.narrow(2, 0, len)?, &k], 2)?,
+                Tensor::cat(&[&bv.narrow(2, 0, len)?, &v], 2)?,
+            )),
+            Some((k, v)) => Ok((k, v)),
+            None => Ok((bk.narrow(2, 0, len + t)?, bv.narrow(2, 0, len + t)?)),
+        }
+    }
+
+    /// Moves past the `t` positions every layer has just appended.
+    fn advance(&mut self, t: usize) {
+        self.len += t;
     }
 
     /// The rows of `parts` one after the other (each part a cache of the same layers and positions).
@@ -491,13 +586,20 @@ impl KvCache {
         let Some(first) = parts.first() else {
             return Ok(KvCache::default());
         };
+        if let Some(other) = parts.iter().find(|p| p.len != first.len) {
+            candle_core::bail!(
+                "KV caches of {} and {} positions cannot be joined",
+                first.len,
+                other.len
+            );
+        }
         let mut layers = Vec::with_capacity(first.layers.len());
         for l in 0..first.layers.len() {
             let mut ks = Vec::with_capacity(parts.len());
             let mut vs = Vec::with_capacity(parts.len());
             for part in parts {
-                match part.layers.get(l) {
-                    Some(Some((k, v))) => {
+                match part.layer(l)? {
+                    Some((k, v)) => {
                         ks.push(k);
                         vs.push(v);
                     }
@@ -508,6 +610,8 @@ impl KvCache {
         }
         Ok(KvCache {
             layers,
+            len: first.len,
+            reserved: parts.iter().map(|p| p.reserved).max().unwrap_or(0),
             keep_graph: parts.iter().any(|p| p.keep_graph),
         })
     }
@@ -515,9 +619,10 @@ impl KvCache {
     /// Row `i` of the cache becomes the old row `rows[i]` (`rows`: u32 indices), e.g. a prompt's keys
     /// and values repeated for each of its samples.
     pub fn repeat_rows(&mut self, rows: &Tensor) -> Result<()> {
-        for (k, v) in self.layers.iter_mut().flatten() {
-            *k = k.index_select(rows, 0)?;
-            *v = v.index_select(rows, 0)?;
+        for l in 0..self.layers.len() {
+            if let Some((k, v)) = self.layer(l)? {
+                self.layers[l] = Some((k.index_select(rows, 0)?, v.index_select(rows, 0)?));
+            }
         }
         Ok(())
     }
@@ -1007,7 +1112,12 @@ impl Model {
             .index_select(&ids.flatten_all()?, 0)?
             .reshape((b, t, c.hidden))?;
         if let Some(cache) = cache.as_deref_mut() {
-            cache.layers.resize(self.blocks.len(), None);
+            if cache.len() != offset {
+                candle_core::bail!(
+                    "a KV cache of {} positions continued at position {offset}",
+                    cache.len()
+                );
+            }
         }
         for (l, block) in self.blocks.iter().enumerate() {
             let h = rms_norm(&x, &block.attn_norm, c.rms_eps)?;
@@ -1016,15 +1126,7 @@ impl Model {
             let mut k = heads(k, c.kv_heads, &block.k_norm, Some(&tables))?;
             let mut v = heads(v, c.kv_heads, &None, None)?;
             if let Some(cache) = cache.as_deref_mut() {
-                if let Some((pk, pv)) = &cache.layers[l] {
-                    k = Tensor::cat(&[pk, &k], 2)?;
-                    v = Tensor::cat(&[pv, &v], 2)?;
-                }
-                cache.layers[l] = Some(if cache.keep_graph {
-                    (k.clone(), v.clone())
-                } else {
-                    (k.detach(), v.detach())
-                });
+                (k, v) = cache.append(l, k, v)?;
             }
             let attn = causal_attention(&q, &k, &v, left_pad, offset)?;
             let attn = from_heads(&attn)?.reshape((b, t, c.heads * hd))?;
@@ -1033,6 +1135,9 @@ impl Model {
             let act = Linear::swiglu(&block.gate, &block.up, &h)?;
             let mlp = block.down.forward(&act)?;
             x = (x + mlp)?;
+        }
+        if let Some(cache) = cache {
+            cache.advance(t);
         }
         rms_norm(&x, &self.norm, c.rms_eps)
     }

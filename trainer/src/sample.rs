@@ -395,6 +395,8 @@ fn generate_in_pool(
     let mut cache = KvCache::concat_rows(&caches)?;
     drop(caches);
     cache.repeat_rows(&rows_of_chunks)?;
+    // Room for every position the decoding steps add: the buffers are made once, at the first step.
+    cache.reserve(len + settings.max_new_tokens);
     let mut logits = Tensor::cat(&first_logits, 0)?.index_select(&rows_of_chunks, 0)?;
     let mut done = vec![false; batch];
     let mut offset = len;

@@ -226,6 +226,37 @@ fn a_kv_cache_matches_the_reference() {
     }
 }
 
+/// Keys and values that are the first positions of a longer buffer (a KV cache with room to grow) are
+/// read in place, and give bit for bit the result of their contiguous copies.
+#[test]
+fn keys_read_from_a_longer_buffer_give_the_contiguous_result() {
+    let (b, heads, kv, t, s, capacity, d) = (2, 4, 2, 1, 9, 16, 8);
+    let mut rng = Rng::new(21);
+    let q = randn(&mut rng, &[b, heads, t, d], 1.0);
+    let kb = randn(&mut rng, &[b, kv, capacity, d], 1.0);
+    let vb = randn(&mut rng, &[b, kv, capacity, d], 1.0);
+    let (k, v) = (kb.narrow(2, 0, s).unwrap(), vb.narrow(2, 0, s).unwrap());
+    assert!(!k.is_contiguous());
+    let left_pad = [0, 3];
+    let in_place = causal_attention(&q, &k, &v, &left_pad, s - t).unwrap();
+    let copied = causal_attention(
+        &q,
+        &k.contiguous().unwrap(),
+        &v.contiguous().unwrap(),
+        &left_pad,
+        s - t,
+    )
+    .unwrap();
+    assert_eq!(flat(&in_place), flat(&copied));
+    // Other strided layouts (positions not contiguous per head) are still copied, and agree too.
+    let kt = randn(&mut rng, &[b, s, kv, d], 1.0)
+        .transpose(1, 2)
+        .unwrap();
+    let a = causal_attention(&q, &kt, &v, &left_pad, s - t).unwrap();
+    let c = causal_attention(&q, &kt.contiguous().unwrap(), &v, &left_pad, s - t).unwrap();
+    assert_eq!(flat(&a), flat(&c));
+}
+
 #[test]
 fn non_contiguous_inputs_match_the_reference() {
     let (b, heads, kv, t, d) = (2, 4, 2, 11, 8);

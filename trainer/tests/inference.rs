@@ -137,6 +137,59 @@ fn no_grad_kv_cache_matches_the_tracked_cache() {
     assert_eq!(step(&model), step(&view));
 }
 
+/// The sampler's cache keeps its positions in buffers with room to grow, written in place: decoding
+/// one position at a time gives, bit for bit, what a cache that concatenates gives (the same
+/// attention over the same values, read from a longer buffer), whether the buffers grow by doubling or
+/// are reserved up front, and the one-pass forward's logits within float rounding. A cache continued
+/// at another position than its length is an error.
+#[test]
+fn a_kv_cache_written_in_place_decodes_as_concatenation_does() {
+    let model = Model::new(&config(), 4, &Device::Cpu).unwrap().no_grad();
+    let (ids, pads) = batch();
+    let decode = |mut cache: KvCache| -> Vec<Vec<u32>> {
+        let mut out = Vec::new();
+        let mut offset = 0;
+        for (start, len) in [(0, 2), (2, 1), (3, 1), (4, 2), (6, 1)] {
+            let x = ids.narrow(1, start, len).unwrap();
+            let h = model.hidden(&x, offset, &pads, Some(&mut cache)).unwrap();
+            out.push(bits(&model.logits(&h).unwrap()));
+            offset += len;
+            assert_eq!(cache.len(), offset);
+        }
+        out
+    };
+    let concatenated = decode(KvCache::keeping_graph());
+    let grown = decode(KvCache::default());
+    let mut reserved = KvCache::default();
+    reserved.reserve(7);
+    assert_eq!(grown, concatenated);
+    assert_eq!(decode(reserved), concatenated);
+    // The last position's logits against one pass over all 7 positions.
+    let whole = model.forward(&ids, &pads).unwrap();
+    let last_whole: Vec<f32> = whole
+        .narrow(1, 6, 1)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let last_step: Vec<f32> = concatenated[4].iter().map(|b| f32::from_bits(*b)).collect();
+    let worst = last_whole
+        .iter()
+        .zip(&last_step)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(worst < 1e-4, "decoded vs one pass: {worst}");
+    // Continuing a cache of 2 positions at position 3 is an error, not a silent misplacement.
+    let mut cache = KvCache::default();
+    model
+        .hidden(&ids.narrow(1, 0, 2).unwrap(), 0, &pads, Some(&mut cache))
+        .unwrap();
+    let err = model
+        .hidden(&ids.narrow(1, 2, 1).unwrap(), 3, &pads, Some(&mut cache))
+        .unwrap_err();
+    assert!(err.to_string().contains("continued at position 3"), "{err}");
+}
+
 fn greedy(stop: Vec<u32>, max_new_tokens: usize) -> Settings {
     Settings {
         temperature: 0.0,
