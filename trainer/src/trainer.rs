@@ -901,7 +901,9 @@ impl Trainer {
     ) -> Result<Option<f64>, TrainError> {
         let last = self.step + 1 == self.config.steps;
         let every = self.config.train.eval_every;
-        if self.options.skip_evaluation || !(last || (every > 0 && (self.step + 1) % every == 0)) {
+        if self.options.skip_evaluation
+            || !(last || (every > 0 && (self.step + 1).is_multiple_of(every)))
+        {
             return Ok(None);
         }
         let models = TaskModels {
@@ -935,7 +937,7 @@ impl Trainer {
         outcome: Option<&Outcome>,
     ) -> Result<(), TrainError> {
         let every = self.config.train.samples_every;
-        if every == 0 || self.step % every != 0 {
+        if every == 0 || !self.step.is_multiple_of(every) {
             return Ok(());
         }
         let text = sample_lines(
@@ -970,7 +972,7 @@ impl Trainer {
     /// A checkpoint after the last step and every `train.checkpoint_every` steps.
     fn checkpoint_if_due(&mut self) -> Result<(), TrainError> {
         let every = self.config.train.checkpoint_every;
-        if self.step == self.config.steps || (every > 0 && self.step % every == 0) {
+        if self.step == self.config.steps || (every > 0 && self.step.is_multiple_of(every)) {
             self.save(&self.streams)?;
             self.last_checkpoint = Some(self.step);
         }

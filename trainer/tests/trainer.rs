@@ -89,7 +89,7 @@ fn a_trainer_stepped_by_hand_makes_the_run_that_run_makes() {
     // `train.eval_every = 2` and the last step evaluate; the others do not.
     let evaluated: Vec<bool> = reports.iter().map(|r| r.eval_accuracy.is_some()).collect();
     assert_eq!(evaluated, [false, true, true]);
-    let past = trainer.step().err().expect("no step after the last");
+    let past = trainer.step().expect_err("no step after the last");
     assert_eq!(past.to_string(), "the run has done its 3 steps");
     let finished = trainer.finish().unwrap();
     assert_eq!(finished.steps_done, 3);
@@ -155,8 +155,7 @@ fn a_non_finite_update_is_a_typed_error_naming_the_step_and_the_checkpoint() {
     trainer.step().unwrap();
     let error = trainer
         .step()
-        .err()
-        .expect("step 1 of a run with lr = 1e30 fails");
+        .expect_err("step 1 of a run with lr = 1e30 fails");
     let checkpoint = out.join("checkpoint");
     match &error {
         TrainError::Update {
