@@ -44,9 +44,23 @@ pub struct Outcome {
 pub struct EvalError(pub String);
 
 /// The error message when a recipe's `keep` filters drop every response (nothing to compute
-/// advantages and the loss over); the trainer's dynamic sampling reads it as "no group kept".
+/// advantages and the loss over); [`EvalError::is_all_filtered`] tells that error apart (the trainer's
+/// dynamic sampling reads it as "no group kept").
 pub const ALL_FILTERED: &str =
     "every response was filtered out by `keep`: there is nothing to compute advantages and the loss over";
+
+impl EvalError {
+    /// The error of a batch whose every response the recipe's `keep` filters dropped ([`ALL_FILTERED`]).
+    pub fn all_filtered() -> EvalError {
+        EvalError(ALL_FILTERED.into())
+    }
+
+    /// Whether this is [`EvalError::all_filtered`]: not a failure of the recipe, but a batch with
+    /// nothing to compute on.
+    pub fn is_all_filtered(&self) -> bool {
+        self.0 == ALL_FILTERED
+    }
+}
 
 impl std::fmt::Display for EvalError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -188,7 +202,7 @@ pub fn evaluate_showing(
         .map(|r| group_kept[response_group[r]] && response_kept[r])
         .collect();
     if !kept.iter().any(|k| *k) {
-        return Err(EvalError(ALL_FILTERED.into()));
+        return Err(EvalError::all_filtered());
     }
     let reward = outputs
         .reward

@@ -675,7 +675,7 @@ impl Kernel {
             .map(|r| group_kept[response_group[r]] && response_kept[r])
             .collect();
         if !kept.iter().any(|k| *k) {
-            return Err(EvalError(crate::interp::ALL_FILTERED.into()));
+            return Err(EvalError::all_filtered());
         }
         let reward = match outputs.reward {
             Some(b) => Some(take(&mut first, b)?.to_f64()),

@@ -58,8 +58,21 @@ pub const SPECIAL_TOKEN_NAMES: [&str; 7] = [
 /// The name under which the template is compiled (minijinja's errors carry it).
 const NAME: &str = "chat_template";
 
-/// Marks the error of `raise_exception` so that [`describe`] can say the template raised it.
+/// How the error of `raise_exception` begins (its detail; [`Raised`] is its source).
 const RAISED: &str = "the template raised an exception: ";
+
+/// The source of the error `raise_exception(msg)` fails a render with: what tells [`describe`] that
+/// the template raised it (and then reports the template's own message).
+#[derive(Debug)]
+struct Raised(String);
+
+impl std::fmt::Display for Raised {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{RAISED}{}", self.0)
+    }
+}
+
+impl std::error::Error for Raised {}
 
 /// A compiled chat template with the special tokens it is rendered with.
 pub struct ChatTemplate {
@@ -277,22 +290,23 @@ fn place(origin: &str, error: &Error) -> String {
 
 /// What went wrong: minijinja's kind and detail (or what `raise_exception` was given), and the cause.
 fn problem(error: &Error) -> String {
+    let source = std::error::Error::source(error);
+    if let Some(raised) = source.and_then(|s| s.downcast_ref::<Raised>()) {
+        return raised.to_string();
+    }
     let mut out = match error.detail() {
-        Some(detail) if detail.starts_with(RAISED) => detail.to_string(),
         Some(detail) => format!("{}: {detail}", error.kind()),
         None => error.kind().to_string(),
     };
-    if let Some(source) = std::error::Error::source(error) {
+    if let Some(source) = source {
         let _ = write!(out, " ({source})");
     }
     out
 }
 
 fn raise_exception(message: String) -> Result<Value, Error> {
-    Err(Error::new(
-        ErrorKind::InvalidOperation,
-        format!("{RAISED}{message}"),
-    ))
+    let raised = Raised(message);
+    Err(Error::new(ErrorKind::InvalidOperation, raised.to_string()).with_source(raised))
 }
 
 // ---------------------------------------------------------------------------------------------------

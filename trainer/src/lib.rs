@@ -12,6 +12,7 @@ pub mod compare;
 pub mod config;
 pub mod decompose;
 pub mod embed;
+pub mod error;
 pub mod export;
 pub mod fused;
 pub mod gguf;
@@ -34,5 +35,8 @@ pub mod tensorboard;
 pub mod text_task;
 pub mod tokenizer;
 pub mod train;
+pub mod trainer;
 
 pub use config::Config;
+pub use error::TrainError;
+pub use trainer::Trainer;
