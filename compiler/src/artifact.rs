@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::plan;
 use crate::backend::Options;
-use crate::check::types::{Feature as TyFeature, Level as TyLevel, Ty};
+use crate::check::types::{Feature as TyFeature, Ty};
 use crate::export::sha256::hex_digest;
 use crate::files::{self, Escape};
 use crate::hir;
@@ -635,13 +635,7 @@ impl Artifact {
     pub fn declarations(&self) -> Result<hir::Recipe, ArtifactError> {
         let mut inputs = Vec::with_capacity(self.inputs.len());
         for input in &self.inputs {
-            let level = match input.shape.level {
-                Level::Batch => TyLevel::Batch,
-                Level::Group => TyLevel::Group,
-                Level::Resp => TyLevel::Resp,
-                Level::Tok => TyLevel::Tok,
-                Level::Pair => TyLevel::Pair,
-            };
+            let level = input.shape.level;
             let feature = match &input.shape.feature {
                 None => None,
                 Some(feature) => Some(self.ty_feature(&input.name, feature)?),

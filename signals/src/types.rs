@@ -13,16 +13,8 @@ pub enum Elem {
     F32,
 }
 
-/// Level of a value: one per batch, per group (prompt), per response, per token.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Level {
-    Batch,
-    Group,
-    Resp,
-    Tok,
-    /// Ordered pairs (i, j ≠ i) of the responses of a group (a `bool[pair]`/`f32[pair]` input).
-    Pair,
-}
+/// Level of a value: one per batch, per group (prompt), per response, per token, per pair.
+pub use rlx_core::Level;
 
 /// The feature axis of a value.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -84,18 +76,6 @@ impl fmt::Display for Elem {
             Elem::Bool => "bool",
             Elem::I32 => "i32",
             Elem::F32 => "f32",
-        })
-    }
-}
-
-impl fmt::Display for Level {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Level::Batch => "batch",
-            Level::Group => "group",
-            Level::Resp => "resp",
-            Level::Tok => "tok",
-            Level::Pair => "pair",
         })
     }
 }

@@ -317,7 +317,7 @@ impl Lowerer<'_> {
 
     fn shape_of(&self, ty: &Ty) -> Shape {
         Shape {
-            level: ty.level.into(),
+            level: ty.level,
             feature: ty.feature.as_ref().map(|f| self.feature_of(f)),
         }
     }
@@ -530,7 +530,7 @@ impl Lowerer<'_> {
                 (
                     arg,
                     Shape {
-                        level: result.level.into(),
+                        level: result.level,
                         feature,
                     },
                 )
@@ -739,12 +739,12 @@ impl Lowerer<'_> {
                 let value = self.expr(arg);
                 let value = self.conform(value, &arg.ty);
                 let within = match axes {
-                    Axes::Levels { to, .. } => Level::from(to.coarser()),
+                    Axes::Levels { to, .. } => to.coarser(),
                     // The checker orders levels only.
                     _ => Level::Batch,
                 };
                 let mask = mask.as_ref().map(|m| self.expr(m));
-                self.rank(value, mask, arg.ty.level.into(), within)
+                self.rank(value, mask, arg.ty.level, within)
             }
             ExprKind::Quantile { axes, arg, q, mask } => {
                 let value = self.expr(arg);
@@ -753,7 +753,7 @@ impl Lowerer<'_> {
                 let q = self.expr(q);
                 let q = self.stopgrad(q);
                 let mask = mask.as_ref().map(|m| self.expr(m));
-                self.quantile(value, mask, arg.ty.level.into(), q, out)
+                self.quantile(value, mask, arg.ty.level, q, out)
             }
             ExprKind::Let { bindings, body, .. } => {
                 for (local, value) in bindings {

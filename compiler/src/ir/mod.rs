@@ -37,53 +37,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::check::builtins::Value;
 pub use crate::check::types::Elem;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Level {
-    Batch,
-    Group,
-    Resp,
-    /// Ordered pairs of distinct responses of one group (inside `… over others`, pair inputs).
-    Pair,
-    Tok,
-}
-
-impl Level {
-    pub fn name(self) -> &'static str {
-        match self {
-            Level::Batch => "batch",
-            Level::Group => "group",
-            Level::Resp => "resp",
-            Level::Pair => "pair",
-            Level::Tok => "tok",
-        }
-    }
-
-    /// Whether values at `self` broadcast to `finer` (the levels form a tree: pair and tok are both
-    /// below resp, and neither is below the other).
-    pub fn broadcasts_to(self, finer: Level) -> bool {
-        match (self, finer) {
-            (a, b) if a == b => true,
-            (Level::Pair, _) | (Level::Tok, _) => false,
-            (_, Level::Pair) | (_, Level::Tok) => self <= Level::Resp,
-            (a, b) => a < b,
-        }
-    }
-}
-
-impl From<crate::check::types::Level> for Level {
-    fn from(level: crate::check::types::Level) -> Level {
-        use crate::check::types::Level as L;
-        match level {
-            L::Batch => Level::Batch,
-            L::Group => Level::Group,
-            L::Resp => Level::Resp,
-            L::Tok => Level::Tok,
-            L::Pair => Level::Pair,
-        }
-    }
-}
+pub use rlx_core::Level;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

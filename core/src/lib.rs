@@ -1,0 +1,10 @@
+//! rlx core: the vocabulary that the compiler, the runtime, the signals and `.rlxc` artifacts share,
+//! defined once. A value has an element type ([`Elem`]) and a level ([`Level`]: how finely it varies
+//! over the batch).
+//!
+//! This crate depends on serde alone, so that every crate of the workspace (including rlx-signals,
+//! which does not depend on the compiler) can use it.
+
+mod level;
+
+pub use level::Level;
