@@ -39,6 +39,19 @@ impl Elem {
     pub fn widens_to(self, target: Elem) -> bool {
         self <= target
     }
+
+    /// Whether `x` is a value of this type: for `bool` 0 or 1, for `i32` a whole number within
+    /// i32's range, for `f32` any number but NaN (the infinities are values of it; readers of batch
+    /// data require finite values on top of this).
+    pub fn admits(self, x: f64) -> bool {
+        match self {
+            Elem::Bool => x == 0.0 || x == 1.0,
+            Elem::I32 => {
+                x.fract() == 0.0 && (f64::from(i32::MIN)..=f64::from(i32::MAX)).contains(&x)
+            }
+            Elem::F32 => !x.is_nan(),
+        }
+    }
 }
 
 impl PartialOrd for Elem {
@@ -73,10 +86,25 @@ mod tests {
     }
 
     #[test]
+    fn admits_the_values_of_each_type() {
+        assert!(Elem::Bool.admits(0.0) && Elem::Bool.admits(1.0) && !Elem::Bool.admits(0.5));
+        assert!(!Elem::Bool.admits(2.0) && !Elem::Bool.admits(f64::NAN));
+        assert!(Elem::I32.admits(-3.0) && Elem::I32.admits(f64::from(i32::MIN)));
+        assert!(Elem::I32.admits(f64::from(i32::MAX)) && !Elem::I32.admits(2147483648.0));
+        assert!(!Elem::I32.admits(1.5) && !Elem::I32.admits(f64::INFINITY));
+        assert!(Elem::F32.admits(f64::INFINITY) && Elem::F32.admits(-0.25));
+        assert!(!Elem::F32.admits(f64::NAN));
+    }
+
+    #[test]
     fn names_and_serde_forms() {
         assert_eq!(Elem::Bool.to_string(), "bool");
         assert_eq!(Elem::I32.name(), "i32");
-        for (elem, json) in [(Elem::F32, "\"F32\""), (Elem::I32, "\"I32\""), (Elem::Bool, "\"Bool\"")] {
+        for (elem, json) in [
+            (Elem::F32, "\"F32\""),
+            (Elem::I32, "\"I32\""),
+            (Elem::Bool, "\"Bool\""),
+        ] {
             assert_eq!(serde_json::to_string(&elem).expect("serializes"), json);
             assert_eq!(serde_json::from_str::<Elem>(json).expect("parses"), elem);
         }

@@ -5,6 +5,8 @@
 //! This crate depends on serde alone, so that every crate of the workspace (including rlx-signals,
 //! which does not depend on the compiler) can use it.
 
+mod elem;
 mod level;
 
+pub use elem::Elem;
 pub use level::Level;

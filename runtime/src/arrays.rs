@@ -401,12 +401,7 @@ fn one_dimensional<'b>(key: &str, array: &'b Array) -> Result<&'b Array<'b>, Arr
 /// Check one value of input `info` (element `flat` of its array).
 fn check_value(info: &InputInfo, array: &Array, flat: usize) -> Result<f64, ArrayError> {
     let value = array.elements.get(flat);
-    let ok = match info.elem {
-        Elem::F32 => value.is_finite(),
-        Elem::I32 => value.fract() == 0.0 && value.abs() <= f64::from(i32::MAX),
-        Elem::Bool => value == 0.0 || value == 1.0,
-    };
-    if ok {
+    if value.is_finite() && info.elem.admits(value) {
         return Ok(value);
     }
     let what = match info.elem {

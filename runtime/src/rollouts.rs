@@ -1140,22 +1140,12 @@ fn parse_elem(value: &Value, elem: Elem) -> Result<f64, String> {
                 return Err(format!("number {n} is out of range for f64"));
             };
             match elem {
-                Elem::F32 => Ok(x),
-                Elem::I32 => {
-                    if x.fract() != 0.0 {
-                        Err(format!("expected an integer, found {n}"))
-                    } else if x < f64::from(i32::MIN) || x > f64::from(i32::MAX) {
-                        Err(format!("integer {n} is out of range for i32"))
-                    } else {
-                        Ok(x)
-                    }
-                }
-                Elem::Bool => {
-                    if x == 0.0 || x == 1.0 {
-                        Ok(x)
-                    } else {
-                        Err(format!("expected a boolean (true/false or 0/1), found {n}"))
-                    }
+                _ if elem.admits(x) => Ok(x),
+                Elem::I32 if x.fract() != 0.0 => Err(format!("expected an integer, found {n}")),
+                Elem::I32 => Err(format!("integer {n} is out of range for i32")),
+                // `f32` admits every finite number.
+                Elem::Bool | Elem::F32 => {
+                    Err(format!("expected a boolean (true/false or 0/1), found {n}"))
                 }
             }
         }

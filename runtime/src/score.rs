@@ -240,14 +240,7 @@ pub fn set_state(
                 }
             ));
         };
-        let fits = match info.elem {
-            rlx_compiler::ir::Elem::F32 => !value.is_nan(),
-            rlx_compiler::ir::Elem::I32 => {
-                value.fract() == 0.0 && value.abs() <= f64::from(i32::MAX)
-            }
-            rlx_compiler::ir::Elem::Bool => *value == 0.0 || *value == 1.0,
-        };
-        if !fits {
+        if !info.elem.admits(*value) {
             return Err(format!(
                 "the state given (`--state`) sets state `{name}`, which is {}, to {value}",
                 info.elem.name()

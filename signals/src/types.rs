@@ -6,13 +6,7 @@
 use std::fmt;
 
 /// Element type of a value (`bool → i32 → f32` widen, as in the language).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Elem {
-    Bool,
-    I32,
-    F32,
-}
-
+pub use rlx_core::Elem;
 /// Level of a value: one per batch, per group (prompt), per response, per token, per pair.
 pub use rlx_core::Level;
 
@@ -68,16 +62,6 @@ pub struct OutType {
     pub elem: Elem,
     pub level: Level,
     pub feature: OutFeature,
-}
-
-impl fmt::Display for Elem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Elem::Bool => "bool",
-            Elem::I32 => "i32",
-            Elem::F32 => "f32",
-        })
-    }
 }
 
 impl fmt::Display for InputDecl {

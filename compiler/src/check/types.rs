@@ -99,9 +99,7 @@ impl Ty {
     /// Whether a value of type `self` may stand where `target` is expected: same or coarser level
     /// (broadcast), same feature or none, and an element type that converts (bool → i32 → f32).
     pub fn fits(&self, target: &Ty) -> bool {
-        let elem_ok = self.elem == target.elem
-            || (target.elem == Elem::F32 && self.elem != Elem::F32)
-            || (target.elem == Elem::I32 && self.elem == Elem::Bool);
+        let elem_ok = self.elem.widens_to(target.elem);
         let feature_ok = self.feature.is_none() || self.feature == target.feature;
         elem_ok && self.level.broadcasts_to(target.level) && feature_ok
     }

@@ -166,12 +166,7 @@ pub fn param_values(recipe: &hir::Recipe, overrides: &[(String, f64)]) -> Result
             return Err(format!("unknown param `{name}`{hint}"));
         };
         let param = &recipe.params[index];
-        let ok = match param.elem {
-            Elem::Bool => *value == 0.0 || *value == 1.0,
-            Elem::I32 => value.fract() == 0.0 && value.abs() <= i32::MAX as f64,
-            Elem::F32 => !value.is_nan(),
-        };
-        if !ok {
+        if !param.elem.admits(*value) {
             return Err(format!(
                 "param `{name}` is {}, and {value} is not",
                 param.elem.name()
