@@ -4,21 +4,8 @@
 //! the loss to the same graph.
 //!
 //! # Shapes and element order
-//! A node's value is a flat array. With G groups, R responses, T tokens, P ordered pairs (i, j ≠ i) of
-//! responses within each group, C_g criteria of group g and D embedding dimensions:
-//!
-//! | level | elements, in order |
-//! |---|---|
-//! | batch | 1 |
-//! | group | G, groups in order |
-//! | resp | R, groups in order, responses within |
-//! | pair | for each group, for each response i, for each other response j of the group (in order) |
-//! | tok | T, the tokens of each response in order, responses in packed order |
-//!
-//! A `crit` axis multiplies each group (or each response, or pair) element by its group's C_g
-//! criteria (ragged); `dim` by D and a rubric axis by its K criteria (row-major: the element, then the
-//! feature index). A matrix of two rectangular axes (`dim`, rubrics) multiplies it by their product,
-//! row-major: feature index f = a·cols + b for row a, column b.
+//! A node's value is a flat array in the element order of its shape (level and feature axis), defined
+//! in crate rlx-core (`rlx_core::Shape`'s module documentation), which the runtime shares.
 //!
 //! # Broadcasting and reductions
 //! An element-wise node reads each operand at the element "above" its own (a token reads its response's
@@ -37,93 +24,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::check::builtins::Value;
 pub use crate::check::types::Elem;
-pub use rlx_core::Level;
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Feature {
-    Crit,
-    Dim,
-    /// A declared rubric's criteria: its index in `Graph::rubrics` and how many criteria it has.
-    Rubric {
-        index: u32,
-        len: u32,
-    },
-    /// A matrix over two rectangular axes (never `crit`): `rows × cols` values per element, row-major.
-    Matrix {
-        rows: Box<Feature>,
-        cols: Box<Feature>,
-    },
-}
-
-impl Feature {
-    /// How many values the axis has when its length is fixed for the batch: `dim` is `dim`, a rubric
-    /// its criteria, a matrix the product of its axes; `None` for the ragged `crit`.
-    pub fn fixed_len(&self, dim: usize) -> Option<usize> {
-        match self {
-            Feature::Crit => None,
-            Feature::Dim => Some(dim),
-            Feature::Rubric { len, .. } => Some(*len as usize),
-            Feature::Matrix { rows, cols } => {
-                rows.fixed_len(dim)?.checked_mul(cols.fixed_len(dim)?)
-            }
-        }
-    }
-
-    /// The row and column axes of a matrix.
-    pub fn matrix(&self) -> Option<(&Feature, &Feature)> {
-        match self {
-            Feature::Matrix { rows, cols } => Some((rows, cols)),
-            _ => None,
-        }
-    }
-}
-
-impl std::fmt::Display for Feature {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Feature::Crit => f.write_str("crit"),
-            Feature::Dim => f.write_str("dim"),
-            Feature::Rubric { index, len } => write!(f, "rubric{index}:{len}"),
-            Feature::Matrix { rows, cols } => write!(f, "{rows} × {cols}"),
-        }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Shape {
-    pub level: Level,
-    pub feature: Option<Feature>,
-}
-
-impl Shape {
-    pub const BATCH: Shape = Shape {
-        level: Level::Batch,
-        feature: None,
-    };
-
-    pub fn new(level: Level) -> Shape {
-        Shape {
-            level,
-            feature: None,
-        }
-    }
-
-    /// Whether a value of shape `self` can be read at every element of `finer`.
-    pub fn broadcasts_to(&self, finer: &Shape) -> bool {
-        self.level.broadcasts_to(finer.level)
-            && (self.feature.is_none() || self.feature == finer.feature)
-    }
-}
-
-impl std::fmt::Display for Shape {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.feature {
-            None => write!(f, "[{}]", self.level.name()),
-            Some(feature) => write!(f, "[{}, {feature}]", self.level.name()),
-        }
-    }
-}
+pub use rlx_core::{Feature, Level, Shape};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct NodeId(pub u32);
