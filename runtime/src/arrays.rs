@@ -26,6 +26,8 @@ use serde_json::Value;
 
 use rlx_compiler::ir::{Elem, Feature, Graph, InputInfo, Level};
 
+use rlx_core::Sizes;
+
 use crate::batch::{Batch, Layout};
 use crate::kernel::{Column, ColumnRef, Precision};
 use crate::rollouts::{is_mask_key, Rollouts, MAX_LENGTH};
@@ -816,6 +818,12 @@ pub fn from_arrays_with<'a>(
     };
     let layout = Layout::from_counts(&group_sizes, &lengths, &crits, dim)
         .map_err(|e| error("index", format!("internal error: {e}")))?;
+    let sizes = Sizes::new(&layout).map_err(|e| error("index", e.to_string()))?;
+    let input_size = |info: &InputInfo| {
+        sizes
+            .size(&info.shape)
+            .map_err(|e| error(&info.name, e.to_string()))
+    };
 
     // Inputs.
     let mut inputs = Vec::with_capacity(graph.inputs.len());
@@ -838,7 +846,7 @@ pub fn from_arrays_with<'a>(
                     ),
                 ));
             };
-            let size = input_size(&layout, info);
+            let size = input_size(info)?;
             inputs.push(Input::Shared(
                 defaults.column(input, precision, size, default),
             ));
@@ -1031,7 +1039,7 @@ pub fn from_arrays_with<'a>(
                 }
             },
         };
-        let size = input_size(&layout, info);
+        let size = input_size(info)?;
         let count_placed = placement
             .as_ref()
             .map_or(array.elements.len(), |p| p.len(&layout));
@@ -1150,32 +1158,6 @@ fn filled(precision: Precision, size: usize, value: f64) -> Column {
     match precision {
         Precision::F32 => Column::F32(vec![value as f32; size]),
         Precision::F64 => Column::F64(vec![value; size]),
-    }
-}
-
-/// The number of values of `info` over `layout` (`Geometry::size`, without its O(tokens) tables).
-fn input_size(layout: &Layout, info: &InputInfo) -> usize {
-    let base = match info.shape.level {
-        Level::Batch => 1,
-        Level::Group => layout.groups(),
-        Level::Resp => layout.responses(),
-        Level::Tok => layout.tokens(),
-        Level::Pair => (0..layout.groups())
-            .map(|g| layout.group_size(g) * layout.group_size(g).saturating_sub(1))
-            .sum(),
-    };
-    match &info.shape.feature {
-        None => base,
-        Some(Feature::Dim) => base * layout.dim,
-        Some(Feature::Rubric { len, .. }) => base * *len as usize,
-        Some(feature @ Feature::Matrix { .. }) => base * feature.fixed_len(layout.dim).unwrap_or(0),
-        Some(Feature::Crit) => match info.shape.level {
-            Level::Group => layout.crit_offsets[layout.groups()],
-            Level::Resp => (0..layout.groups())
-                .map(|g| layout.group_size(g) * layout.crit_count(g))
-                .sum(),
-            _ => 0,
-        },
     }
 }
 
