@@ -1117,6 +1117,11 @@ pub fn from_arrays_with<'a>(
         placements.push(placement);
         shapes.push(Some(array.shape.clone()));
     }
+    // Each column was sized above; the recipe's signature is the one judge of that.
+    graph
+        .signature()
+        .validate(&layout, inputs.iter().map(|input| input.column().len()))
+        .map_err(|e| error("index", format!("internal error: {e}")))?;
     Ok(ArrayBatch {
         layout,
         inputs,

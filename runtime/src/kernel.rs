@@ -27,7 +27,7 @@ use rlx_compiler::backend::plan::{self, BufferKind, Init, KernelPlan, Pass, Redu
 pub use rlx_compiler::backend::{Options, Precision};
 use rlx_compiler::ir::{Elem, Graph, KeepLevel, Level, NodeId, Shape};
 
-use rlx_core::{CoreError, Sizes};
+use rlx_core::{CoreError, Signature, Sizes};
 
 use crate::batch::{Batch, Layout};
 use crate::geometry::Geometry;
@@ -211,6 +211,8 @@ impl PackedOutcome {
 /// A recipe's graph compiled to native kernels.
 pub struct Kernel {
     graph: Graph,
+    /// `graph`'s signature, what every batch is validated against.
+    signature: Signature,
     plan: KernelPlan,
     jit: JitKernel,
     compile_time: Duration,
@@ -384,6 +386,7 @@ impl Kernel {
         let jit = jit::compile_with(graph, &plan, codegen)?;
         Ok(Kernel {
             graph: graph.clone(),
+            signature: graph.signature(),
             plan,
             jit,
             compile_time: start.elapsed(),
@@ -451,34 +454,18 @@ impl Kernel {
         Tables::new(layout)
     }
 
-    /// Check a layout and the input lengths (`interp::check_batch`'s rules and messages).
+    /// Check a layout and the input lengths against the recipe's signature
+    /// (`rlx_core::Signature::validate`, as `interp::check_batch`), then the group sizes.
     fn check_lengths(
         &self,
         layout: &Layout,
         lengths: impl ExactSizeIterator<Item = usize>,
     ) -> Result<Tables, EvalError> {
-        layout
-            .validate()
-            .map_err(|e| EvalError(format!("malformed batch: {e}")))?;
+        self.signature
+            .validate(layout, lengths)
+            .map_err(|e| EvalError(e.to_string()))?;
         crate::batch::check_group_sizes(&self.graph, layout).map_err(EvalError)?;
-        if lengths.len() != self.graph.inputs.len() {
-            return Err(EvalError(format!(
-                "malformed batch: {} input vectors for a recipe with {} inputs",
-                lengths.len(),
-                self.graph.inputs.len()
-            )));
-        }
-        let tables = self.tables(layout)?;
-        for (input, len) in self.graph.inputs.iter().zip(lengths) {
-            let expected = tables.size(&input.shape)?;
-            if len != expected {
-                return Err(EvalError(format!(
-                    "malformed batch: input `{}` has {len} values, its shape {} needs {expected}",
-                    input.name, input.shape
-                )));
-            }
-        }
-        Ok(tables)
+        self.tables(layout)
     }
 
     /// Validate a batch and convert it to the kernel's storage.

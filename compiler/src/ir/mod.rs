@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::check::builtins::Value;
 pub use crate::check::types::Elem;
-pub use rlx_core::{Feature, Level, Shape};
+pub use rlx_core::{Feature, InputInfo, Level, OutputInfo, RubricInfo, Shape, Signature};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct NodeId(pub u32);
@@ -221,16 +221,6 @@ pub struct Node {
     pub elem: Elem,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct InputInfo {
-    pub name: String,
-    pub elem: Elem,
-    pub shape: Shape,
-    pub differentiable: bool,
-    #[serde(with = "json_float::option")]
-    pub default: Option<f64>,
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum KeepLevel {
@@ -253,16 +243,6 @@ pub struct Outputs {
     /// interpreter only, never planned. Empty in every other graph (and absent from its JSON).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shown: Vec<(String, NodeId)>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RubricInfo {
-    pub name: String,
-    pub criteria: Vec<String>,
-    /// Each criterion's text when the rubric's criteria come from rubric files (docs/sharing.md):
-    /// what a judge signal left without `criteria` asks. Empty when no criterion has a text.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub texts: Vec<String>,
 }
 
 /// A `rollout { … }` setting as a sampler reads it (`rollout_settings`): what a trainer needs of the
@@ -314,83 +294,7 @@ pub fn rollout_settings(recipe: &crate::hir::Recipe, graph: &Graph) -> Vec<Rollo
         .collect()
 }
 
-/// JSON for the graph's floats: finite values as numbers, `inf`, `-inf` and `nan` as those strings
-/// (plain JSON has no non-finite numbers, and a recipe may use `inf`; the `.rlxc` artifact relies on
-/// the graph surviving a round trip exactly).
-pub mod json_float {
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    #[derive(Serialize, Deserialize)]
-    #[serde(untagged)]
-    enum Repr {
-        Number(f64),
-        Name(String),
-    }
-
-    fn repr(value: f64) -> Repr {
-        if value.is_finite() {
-            Repr::Number(value)
-        } else if value.is_nan() {
-            Repr::Name("nan".into())
-        } else if value > 0.0 {
-            Repr::Name("inf".into())
-        } else {
-            Repr::Name("-inf".into())
-        }
-    }
-
-    fn value<E: serde::de::Error>(repr: Repr) -> Result<f64, E> {
-        match repr {
-            Repr::Number(x) => Ok(x),
-            Repr::Name(name) => match name.as_str() {
-                "inf" => Ok(f64::INFINITY),
-                "-inf" => Ok(f64::NEG_INFINITY),
-                "nan" => Ok(f64::NAN),
-                other => Err(E::custom(format!(
-                    "expected a number, \"inf\", \"-inf\" or \"nan\", found \"{other}\""
-                ))),
-            },
-        }
-    }
-
-    pub fn serialize<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
-        repr(*x).serialize(s)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-        value(Repr::deserialize(d)?)
-    }
-
-    pub mod option {
-        use super::*;
-
-        pub fn serialize<S: Serializer>(x: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
-            x.map(repr).serialize(s)
-        }
-
-        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
-            Option::<Repr>::deserialize(d)?.map(value).transpose()
-        }
-    }
-
-    pub mod pairs {
-        use super::*;
-
-        pub fn serialize<S: Serializer>(x: &[(String, f64)], s: S) -> Result<S::Ok, S::Error> {
-            let pairs: Vec<(&String, Repr)> = x.iter().map(|(n, v)| (n, repr(*v))).collect();
-            pairs.serialize(s)
-        }
-
-        pub fn deserialize<'de, D: Deserializer<'de>>(
-            d: D,
-        ) -> Result<Vec<(String, f64)>, D::Error> {
-            Vec::<(String, Repr)>::deserialize(d)?
-                .into_iter()
-                .map(|(n, r)| Ok((n, value(r)?)))
-                .collect()
-        }
-    }
-}
+pub use rlx_core::json_float;
 
 /// The IR of one recipe, for one assignment of its params.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -428,6 +332,38 @@ pub struct StateInfo {
 }
 
 impl Graph {
+    /// The signature of the graph's recipe: its inputs, rubrics, states and outputs, what a batch is
+    /// validated against (`rlx_core::Signature::validate`). Its `params` are empty: a graph keeps only
+    /// their values, folded in (`Graph::params`); a checked recipe's and an artifact's signatures
+    /// list them.
+    pub fn signature(&self) -> Signature {
+        let o = &self.outputs;
+        let output = |name: &str, id: NodeId| OutputInfo {
+            name: name.to_string(),
+            shape: self.node(id).shape.clone(),
+        };
+        let outputs = [
+            ("reward", o.reward),
+            ("advantage", o.advantage),
+            ("loss", o.loss),
+        ]
+        .into_iter()
+        .filter_map(|(name, id)| Some(output(name, id?)))
+        .chain(o.metrics.iter().map(|(name, id)| output(name, *id)))
+        .collect();
+        Signature {
+            inputs: self.inputs.clone(),
+            params: Vec::new(),
+            rubrics: self.rubrics.clone(),
+            states: self
+                .states
+                .iter()
+                .filter_map(|s| Some(self.inputs.get(s.input as usize)?.name.clone()))
+                .collect(),
+            outputs,
+        }
+    }
+
     pub fn node(&self, id: NodeId) -> &Node {
         &self.nodes[id.0 as usize]
     }
