@@ -68,6 +68,29 @@ impl Level {
     }
 }
 
+/// The level a `keep` filter drops at: whole groups (prompts) or single responses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeepLevel {
+    Group,
+    Resp,
+}
+
+impl KeepLevel {
+    /// The level of the condition's values (one per group, or one per response).
+    pub fn level(self) -> Level {
+        match self {
+            KeepLevel::Group => Level::Group,
+            KeepLevel::Resp => Level::Resp,
+        }
+    }
+
+    /// As a recipe writes it (`keep group when …`).
+    pub fn name(self) -> &'static str {
+        self.level().name()
+    }
+}
+
 impl fmt::Display for Level {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -103,6 +126,8 @@ mod tests {
         assert_eq!(Tok.coarser(), Resp);
         assert_eq!(Resp.coarser(), Group);
         assert_eq!(Batch.coarser(), Batch);
+        assert_eq!(KeepLevel::Group.level(), Group);
+        assert_eq!(KeepLevel::Resp.name(), "resp");
     }
 
     #[test]

@@ -20,5 +20,5 @@ pub use elem::Elem;
 pub use error::CoreError;
 pub use feature::{Feature, Shape};
 pub use layout::{Layout, LayoutError, Sizes};
-pub use level::Level;
+pub use level::{KeepLevel, Level};
 pub use signature::{HasSignature, InputInfo, OutputInfo, ParamInfo, RubricInfo, Signature};

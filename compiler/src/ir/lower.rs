@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use rlx_core::{HasSignature, OutputInfo, ParamInfo, Signature};
 
 use super::{
-    Builder, Elem, Feature, Graph, InputInfo, KeepLevel, Level, NodeId, Op, RubricInfo, Shape,
-    StateInfo, STATE_METRIC_PREFIX,
+    Builder, Elem, Feature, Graph, InputInfo, Level, NodeId, Op, RubricInfo, Shape, StateInfo,
+    STATE_METRIC_PREFIX,
 };
 use crate::check::builtins::{Func, ReduceOp};
 use crate::check::hir::{self, Axes, ExprKind, LocalId};
@@ -89,11 +89,7 @@ pub fn lower_showing_rollout(
     }
     for keep in &recipe.keeps {
         let node = lowerer.expr(&keep.condition);
-        let level = match keep.level {
-            crate::syntax::ast::KeepLevel::Group => KeepLevel::Group,
-            crate::syntax::ast::KeepLevel::Resp => KeepLevel::Resp,
-        };
-        lowerer.builder.graph.outputs.keeps.push((level, node));
+        lowerer.builder.graph.outputs.keeps.push((keep.level, node));
     }
     for id in shown {
         if let (Some(global), Some(&node)) = (

@@ -24,7 +24,9 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::check::builtins::Value;
 pub use crate::check::types::Elem;
-pub use rlx_core::{Feature, InputInfo, Level, OutputInfo, RubricInfo, Shape, Signature};
+pub use rlx_core::{
+    Feature, InputInfo, KeepLevel, Level, OutputInfo, RubricInfo, Shape, Signature,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct NodeId(pub u32);
@@ -219,13 +221,6 @@ pub struct Node {
     pub args: Vec<NodeId>,
     pub shape: Shape,
     pub elem: Elem,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KeepLevel {
-    Group,
-    Resp,
 }
 
 /// What the graph computes.

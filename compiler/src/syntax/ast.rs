@@ -298,11 +298,8 @@ pub struct ShapeCall {
     pub span: Span,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum KeepLevel {
-    Group,
-    Resp,
-}
+/// `keep group when …` or `keep resp when …`.
+pub use rlx_core::KeepLevel;
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub enum RolloutValue {
