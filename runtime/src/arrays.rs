@@ -435,6 +435,8 @@ pub fn from_arrays_with<'a>(
     storage: Precision,
     defaults: &Defaults,
 ) -> Result<ArrayBatch<'a>, ArrayError> {
+    // What the arrays are checked against, and how messages write an input's type (as declared).
+    let signature = graph.signature();
     for (name, _) in &arrays.inputs {
         if !graph.inputs.iter().any(|i| &i.name == name) {
             let names: Vec<&str> = graph.inputs.iter().map(|i| i.name.as_str()).collect();
@@ -842,7 +844,7 @@ pub fn from_arrays_with<'a>(
                     format!(
                         "missing: the recipe's input `{} : {}` has no default",
                         info.name,
-                        shape_text_of(info)
+                        signature.input_type(info)
                     ),
                 ));
             };
@@ -868,7 +870,7 @@ pub fn from_arrays_with<'a>(
                     "has shape {}, but `{} : {}` is {wanted}",
                     shape_text(&array.shape),
                     info.name,
-                    shape_text_of(info)
+                    signature.input_type(info)
                 ),
             )
         };
@@ -1118,8 +1120,7 @@ pub fn from_arrays_with<'a>(
         shapes.push(Some(array.shape.clone()));
     }
     // Each column was sized above; the recipe's signature is the one judge of that.
-    graph
-        .signature()
+    signature
         .validate(&layout, inputs.iter().map(|input| input.column().len()))
         .map_err(|e| error("index", format!("internal error: {e}")))?;
     Ok(ArrayBatch {
@@ -1164,10 +1165,6 @@ fn filled(precision: Precision, size: usize, value: f64) -> Column {
         Precision::F32 => Column::F32(vec![value as f32; size]),
         Precision::F64 => Column::F64(vec![value; size]),
     }
-}
-
-fn shape_text_of(info: &InputInfo) -> String {
-    format!("{}{}", info.elem.name(), info.shape)
 }
 
 /// Whether `graph` needs each response's token count (`length`, `token_index` or a token-level value).
@@ -1386,6 +1383,14 @@ mod tests {
             };
             assert!(message.contains(wanted), "{message}\nwanted: {wanted}");
         }
+        // The input's type as declared, its rubric by name.
+        let message = from_arrays(&graph, &arrays(&[2, 2], &[1, 6]), Precision::F32)
+            .expect_err("w is [G, D·K]")
+            .to_string();
+        assert!(
+            message.contains("but `w : f32[group, dim, style]` is"),
+            "{message}"
+        );
     }
 
     #[test]
