@@ -61,12 +61,12 @@ impl Source {
     }
 
     /// The artifact's own errors that come before any data is read: an override that does not
-    /// repeat a compiled param, invalid declarations. (A checked recipe has none.)
+    /// repeat a compiled param. (A checked recipe has none; an artifact's declarations are checked
+    /// when it is loaded, `rlx_core::Signature::check`.)
     pub fn validate(&self, overrides: &[(String, f64)]) -> Result<(), Failure> {
         if let Some(artifact) = self.artifact() {
             artifact
                 .graph_with(overrides)
-                .and_then(|_| artifact.declarations())
                 .map_err(|error| Failure::Failed(error.to_string()))?;
         }
         Ok(())

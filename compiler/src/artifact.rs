@@ -17,18 +17,18 @@
 //! built from a loaded artifact is compiled from the validated graph and still validates every batch
 //! against its plan before launching.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
+use rlx_core::{HasSignature, Signature};
 use serde::{Deserialize, Serialize};
 
 use crate::backend::plan;
 use crate::backend::Options;
-use crate::check::types::{Feature as TyFeature, Level as TyLevel, Ty};
 use crate::export::sha256::hex_digest;
 use crate::files::{self, Escape};
 use crate::hir;
-use crate::ir::{json_float, Elem, Feature, Graph, InputInfo, Level, RolloutInfo, Shape};
-use crate::syntax::ast::{InputRole, Span};
+use crate::ir::{Graph, InputInfo, RolloutInfo, Shape};
 use crate::syntax::parser::MAX_SOURCE_BYTES;
 use crate::Checked;
 
@@ -208,15 +208,12 @@ pub struct SourceHash {
     pub sha256: String,
 }
 
-/// A param: its declared default and the value compiled into the graph.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ParamInfo {
-    pub name: String,
-    pub elem: Elem,
-    #[serde(with = "json_float")]
-    pub default: f64,
-    #[serde(with = "json_float")]
-    pub value: f64,
+pub use rlx_core::ParamInfo;
+
+impl HasSignature for Artifact {
+    fn signature(&self) -> Cow<'_, Signature> {
+        Cow::Owned(Artifact::signature(self))
+    }
 }
 
 /// The body of an artifact.
@@ -450,19 +447,10 @@ impl Artifact {
                     .into(),
             ));
         }
-        for input in &self.inputs {
-            // A pair input (one value per ordered pair) has no feature axis, as a token input, and
-            // is data, never differentiable.
-            if (input.shape.feature.is_some()
-                && matches!(input.shape.level, Level::Tok | Level::Pair))
-                || (input.shape.level == Level::Pair && input.differentiable)
-            {
-                return Err(invalid(format!(
-                    "input `{}` has a shape no batch can hold",
-                    input.name
-                )));
-            }
-        }
+        // Shapes a batch can hold, rubric axes that name the rubrics.
+        self.signature()
+            .check()
+            .map_err(|e| invalid(e.to_string()))?;
         // Each `state`: a batch-level input without a gradient of its element type, and an update
         // among the metrics.
         for state in &self.graph.states {
@@ -608,109 +596,14 @@ impl Artifact {
         Ok(&self.graph)
     }
 
-    /// An input's feature axis as the checker's type names it.
-    fn ty_feature(&self, input: &str, feature: &Feature) -> Result<TyFeature, ArtifactError> {
-        Ok(match feature {
-            Feature::Crit => TyFeature::Crit,
-            Feature::Dim => TyFeature::Dim,
-            Feature::Rubric { index, .. } => {
-                let rubric = self.rubrics.get(*index as usize).ok_or_else(|| {
-                    ArtifactError::new(
-                        ErrorKind::Invalid,
-                        format!("invalid artifact: input `{input}` names rubric #{index}"),
-                    )
-                })?;
-                TyFeature::Rubric(rubric.name.clone())
-            }
-            Feature::Matrix { rows, cols } => TyFeature::Matrix(
-                Box::new(self.ty_feature(input, rows)?),
-                Box::new(self.ty_feature(input, cols)?),
-            ),
-        })
-    }
-
-    /// The recipe's declarations (inputs, params, rubric names and criteria) as a HIR recipe with no
-    /// sections: what rollout files are read against (`rlx_runtime::rollouts::read_rollouts`). It has
-    /// no reward, loss or rubric formulas; run the graph, never lower this.
-    pub fn declarations(&self) -> Result<hir::Recipe, ArtifactError> {
-        let mut inputs = Vec::with_capacity(self.inputs.len());
-        for input in &self.inputs {
-            let level = match input.shape.level {
-                Level::Batch => TyLevel::Batch,
-                Level::Group => TyLevel::Group,
-                Level::Resp => TyLevel::Resp,
-                Level::Tok => TyLevel::Tok,
-                Level::Pair => TyLevel::Pair,
-            };
-            let feature = match &input.shape.feature {
-                None => None,
-                Some(feature) => Some(self.ty_feature(&input.name, feature)?),
-            };
-            inputs.push(hir::Input {
-                name: input.name.clone(),
-                ty: Ty {
-                    elem: input.elem,
-                    level,
-                    feature,
-                },
-                role: input.differentiable.then_some(InputRole::Policy),
-                default: input.default,
-                span: Span::default(),
-            });
+    /// The recipe's signature: its inputs, params (at their compiled values), rubrics, states and
+    /// outputs, what rollout files and arrays are read against (`rlx_runtime::rollouts`).
+    pub fn signature(&self) -> Signature {
+        Signature {
+            inputs: self.inputs.clone(),
+            params: self.params.clone(),
+            ..self.graph.signature()
         }
-        let params = self
-            .params
-            .iter()
-            .map(|p| hir::Param {
-                name: p.name.clone(),
-                elem: p.elem,
-                value: p.value,
-                span: Span::default(),
-            })
-            .collect();
-        let rubrics = self
-            .rubrics
-            .iter()
-            .map(|r| hir::Rubric {
-                name: r.name.clone(),
-                criteria: r
-                    .criteria
-                    .iter()
-                    .enumerate()
-                    .map(|(index, c)| hir::Criterion {
-                        name: c.clone(),
-                        weight: hir::Number::Const(1.0),
-                        points: None,
-                        levels: Vec::new(),
-                        veto: false,
-                        critical: false,
-                        saturate: None,
-                        text: r.texts.get(index).filter(|t| !t.is_empty()).cloned(),
-                    })
-                    .collect(),
-                interactions: Vec::new(),
-                aggregate: hir::Aggregate::Mean,
-                on_veto: hir::Shape {
-                    name: String::new(),
-                    args: Vec::new(),
-                },
-                shape: None,
-                span: Span::default(),
-            })
-            .collect();
-        Ok(hir::Recipe {
-            inputs,
-            params,
-            rubrics,
-            globals: Vec::new(),
-            reward: None,
-            advantage: None,
-            loss: None,
-            metrics: Vec::new(),
-            keeps: Vec::new(),
-            rollout: Vec::new(),
-            states: Vec::new(),
-        })
     }
 
     /// Write the artifact to `path` ([`files::write_output`]: atomically, or through a FIFO or device).

@@ -616,10 +616,7 @@ impl<'a> Printer<'a> {
             ItemKind::Keep {
                 level, condition, ..
             } => {
-                let level = match level {
-                    KeepLevel::Group => "group",
-                    KeepLevel::Resp => "resp",
-                };
+                let level = level.name();
                 self.expr_line(format!("keep {level} when "), condition, 0, INDENT, false)
             }
             ItemKind::Rollout(entries) => {

@@ -16,6 +16,7 @@ use pyo3::types::{PyDict, PyList};
 use rlx_compiler::artifact;
 use rlx_compiler::hir::Recipe as Declarations;
 use rlx_compiler::ir::cut::{self, Given};
+use rlx_compiler::ir::Signature;
 use rlx_compiler::ir::{Elem, Graph, Level, RolloutInfo, RolloutValueInfo};
 use rlx_runtime::arrays::{self, Array, ArrayBatch, ArrayError, Arrays, Defaults, Elements};
 use rlx_runtime::cuda::GpuKernel;
@@ -145,8 +146,8 @@ struct Compiled {
     artifact_shown: Option<Graph>,
     /// The recipe's `rollout { … }` settings, as `rlx score` prints them (none for a cut graph).
     rollout: Vec<RolloutInfo>,
-    /// What rows and arrays are read against.
-    declarations: Declarations,
+    /// What rows and arrays are read against: the recipe's signature, params at their values.
+    declarations: Signature,
     overrides: Vec<(String, f64)>,
     graph: Graph,
     /// The kernel for each storage precision of `f32` inputs, compiled on first use.
@@ -436,9 +437,7 @@ impl Compiled {
                     .graph_with(&params)
                     .map_err(|e| RecipeError::new_err(e.to_string()))?
                     .clone();
-                let declarations = loaded
-                    .declarations()
-                    .map_err(|e| RecipeError::new_err(e.to_string()))?;
+                let declarations = loaded.signature();
                 return Ok(Compiled {
                     name: loaded.recipe.clone(),
                     recipe: None,
@@ -477,7 +476,9 @@ impl Compiled {
         let rollout = rlx_compiler::ir::rollout_settings(&recipe, &graph);
         Ok(Compiled {
             name,
-            declarations: recipe.clone(),
+            declarations: rlx_compiler::ir::lower::param_values(&recipe, &params)
+                .map(|values| rlx_compiler::ir::lower::signature(&recipe, &values))
+                .map_err(|e| PyValueError::new_err(format!("{label}: {e}")))?,
             recipe: Some(recipe),
             artifact_shown: None,
             rollout,
@@ -642,13 +643,10 @@ impl Compiled {
     /// The params: (name, elem, declared default, value compiled in).
     #[getter]
     fn params(&self) -> Vec<(String, &'static str, f64, f64)> {
-        let values = rlx_compiler::ir::lower::param_values(&self.declarations, &self.overrides)
-            .unwrap_or_default();
         self.declarations
             .params
             .iter()
-            .zip(values)
-            .map(|(p, value)| (p.name.clone(), elem_name(p.elem), p.value, value))
+            .map(|p| (p.name.clone(), elem_name(p.elem), p.default, p.value))
             .collect()
     }
 

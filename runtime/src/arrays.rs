@@ -26,6 +26,8 @@ use serde_json::Value;
 
 use rlx_compiler::ir::{Elem, Feature, Graph, InputInfo, Level};
 
+use rlx_core::Sizes;
+
 use crate::batch::{Batch, Layout};
 use crate::kernel::{Column, ColumnRef, Precision};
 use crate::rollouts::{is_mask_key, Rollouts, MAX_LENGTH};
@@ -401,12 +403,7 @@ fn one_dimensional<'b>(key: &str, array: &'b Array) -> Result<&'b Array<'b>, Arr
 /// Check one value of input `info` (element `flat` of its array).
 fn check_value(info: &InputInfo, array: &Array, flat: usize) -> Result<f64, ArrayError> {
     let value = array.elements.get(flat);
-    let ok = match info.elem {
-        Elem::F32 => value.is_finite(),
-        Elem::I32 => value.fract() == 0.0 && value.abs() <= f64::from(i32::MAX),
-        Elem::Bool => value == 0.0 || value == 1.0,
-    };
-    if ok {
+    if value.is_finite() && info.elem.admits(value) {
         return Ok(value);
     }
     let what = match info.elem {
@@ -438,6 +435,8 @@ pub fn from_arrays_with<'a>(
     storage: Precision,
     defaults: &Defaults,
 ) -> Result<ArrayBatch<'a>, ArrayError> {
+    // What the arrays are checked against, and how messages write an input's type (as declared).
+    let signature = graph.signature();
     for (name, _) in &arrays.inputs {
         if !graph.inputs.iter().any(|i| &i.name == name) {
             let names: Vec<&str> = graph.inputs.iter().map(|i| i.name.as_str()).collect();
@@ -821,6 +820,12 @@ pub fn from_arrays_with<'a>(
     };
     let layout = Layout::from_counts(&group_sizes, &lengths, &crits, dim)
         .map_err(|e| error("index", format!("internal error: {e}")))?;
+    let sizes = Sizes::new(&layout).map_err(|e| error("index", e.to_string()))?;
+    let input_size = |info: &InputInfo| {
+        sizes
+            .size(&info.shape)
+            .map_err(|e| error(&info.name, e.to_string()))
+    };
 
     // Inputs.
     let mut inputs = Vec::with_capacity(graph.inputs.len());
@@ -839,11 +844,11 @@ pub fn from_arrays_with<'a>(
                     format!(
                         "missing: the recipe's input `{} : {}` has no default",
                         info.name,
-                        shape_text_of(info)
+                        signature.input_type(info)
                     ),
                 ));
             };
-            let size = input_size(&layout, info);
+            let size = input_size(info)?;
             inputs.push(Input::Shared(
                 defaults.column(input, precision, size, default),
             ));
@@ -865,7 +870,7 @@ pub fn from_arrays_with<'a>(
                     "has shape {}, but `{} : {}` is {wanted}",
                     shape_text(&array.shape),
                     info.name,
-                    shape_text_of(info)
+                    signature.input_type(info)
                 ),
             )
         };
@@ -1036,7 +1041,7 @@ pub fn from_arrays_with<'a>(
                 }
             },
         };
-        let size = input_size(&layout, info);
+        let size = input_size(info)?;
         let count_placed = placement
             .as_ref()
             .map_or(array.elements.len(), |p| p.len(&layout));
@@ -1114,6 +1119,10 @@ pub fn from_arrays_with<'a>(
         placements.push(placement);
         shapes.push(Some(array.shape.clone()));
     }
+    // Each column was sized above; the recipe's signature is the one judge of that.
+    signature
+        .validate(&layout, inputs.iter().map(|input| input.column().len()))
+        .map_err(|e| error("index", format!("internal error: {e}")))?;
     Ok(ArrayBatch {
         layout,
         inputs,
@@ -1156,36 +1165,6 @@ fn filled(precision: Precision, size: usize, value: f64) -> Column {
         Precision::F32 => Column::F32(vec![value as f32; size]),
         Precision::F64 => Column::F64(vec![value; size]),
     }
-}
-
-/// The number of values of `info` over `layout` (`Geometry::size`, without its O(tokens) tables).
-fn input_size(layout: &Layout, info: &InputInfo) -> usize {
-    let base = match info.shape.level {
-        Level::Batch => 1,
-        Level::Group => layout.groups(),
-        Level::Resp => layout.responses(),
-        Level::Tok => layout.tokens(),
-        Level::Pair => (0..layout.groups())
-            .map(|g| layout.group_size(g) * layout.group_size(g).saturating_sub(1))
-            .sum(),
-    };
-    match &info.shape.feature {
-        None => base,
-        Some(Feature::Dim) => base * layout.dim,
-        Some(Feature::Rubric { len, .. }) => base * *len as usize,
-        Some(feature @ Feature::Matrix { .. }) => base * feature.fixed_len(layout.dim).unwrap_or(0),
-        Some(Feature::Crit) => match info.shape.level {
-            Level::Group => layout.crit_offsets[layout.groups()],
-            Level::Resp => (0..layout.groups())
-                .map(|g| layout.group_size(g) * layout.crit_count(g))
-                .sum(),
-            _ => 0,
-        },
-    }
-}
-
-fn shape_text_of(info: &InputInfo) -> String {
-    format!("{}{}", info.elem.name(), info.shape)
 }
 
 /// Whether `graph` needs each response's token count (`length`, `token_index` or a token-level value).
@@ -1404,6 +1383,14 @@ mod tests {
             };
             assert!(message.contains(wanted), "{message}\nwanted: {wanted}");
         }
+        // The input's type as declared, its rubric by name.
+        let message = from_arrays(&graph, &arrays(&[2, 2], &[1, 6]), Precision::F32)
+            .expect_err("w is [G, D·K]")
+            .to_string();
+        assert!(
+            message.contains("but `w : f32[group, dim, style]` is"),
+            "{message}"
+        );
     }
 
     #[test]

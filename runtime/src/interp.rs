@@ -74,34 +74,15 @@ pub(crate) fn rubric_lens(graph: &Graph) -> Vec<usize> {
     graph.rubrics.iter().map(|r| r.criteria.len()).collect()
 }
 
-/// Check that the batch fits the graph: a valid layout, groups within the pairwise limit
-/// (`batch::check_group_sizes`) and one vector of the right length per input.
+/// Check that the batch fits the graph's signature (`rlx_core::Signature::validate`: a valid layout,
+/// one vector of the right length per input), then that its groups are within the pairwise limit
+/// (`batch::check_group_sizes`).
 pub fn check_batch(graph: &Graph, batch: &Batch) -> Result<(), EvalError> {
-    batch
-        .layout
-        .validate()
-        .map_err(|e| EvalError(format!("malformed batch: {e}")))?;
-    crate::batch::check_group_sizes(graph, &batch.layout).map_err(EvalError)?;
-    if batch.inputs.len() != graph.inputs.len() {
-        return Err(EvalError(format!(
-            "malformed batch: {} input vectors for a recipe with {} inputs",
-            batch.inputs.len(),
-            graph.inputs.len()
-        )));
-    }
-    let geometry = Geometry::new(batch.layout.clone(), rubric_lens(graph));
-    for (input, values) in graph.inputs.iter().zip(&batch.inputs) {
-        let expected = geometry.size(&input.shape);
-        if values.len() != expected {
-            return Err(EvalError(format!(
-                "malformed batch: input `{}` has {} values, its shape {} needs {expected}",
-                input.name,
-                values.len(),
-                input.shape
-            )));
-        }
-    }
-    Ok(())
+    graph
+        .signature()
+        .validate(&batch.layout, batch.inputs.iter().map(Vec::len))
+        .map_err(|e| EvalError(e.to_string()))?;
+    crate::batch::check_group_sizes(graph, &batch.layout).map_err(EvalError)
 }
 
 /// Evaluate every output of `graph` on `batch`.

@@ -25,7 +25,9 @@ use rayon::prelude::*;
 use rlx_compiler::backend::jit::{self, slot, JitKernel, PassFn};
 use rlx_compiler::backend::plan::{self, BufferKind, Init, KernelPlan, Pass, Reduction};
 pub use rlx_compiler::backend::{Options, Precision};
-use rlx_compiler::ir::{Elem, Feature, Graph, KeepLevel, Level, NodeId, Shape};
+use rlx_compiler::ir::{Elem, Graph, KeepLevel, Level, NodeId, Shape};
+
+use rlx_core::{CoreError, Signature, Sizes};
 
 use crate::batch::{Batch, Layout};
 use crate::geometry::Geometry;
@@ -209,6 +211,8 @@ impl PackedOutcome {
 /// A recipe's graph compiled to native kernels.
 pub struct Kernel {
     graph: Graph,
+    /// `graph`'s signature, what every batch is validated against.
+    signature: Signature,
     plan: KernelPlan,
     jit: JitKernel,
     compile_time: Duration,
@@ -226,67 +230,46 @@ impl std::fmt::Debug for Kernel {
 
 /// The layout's sizes and the per-group offset tables the generated code reads.
 pub(crate) struct Tables {
+    /// Every level's and shape's element count (checked: a batch whose sizes overflow is an error).
+    sizes: Sizes,
     pub(crate) groups: usize,
-    responses: usize,
-    tokens: usize,
-    pairs: usize,
-    group_crits: usize,
-    resp_crits: usize,
-    pair_crits: usize,
-    tok_crits: usize,
     pub(crate) dim: usize,
-    rubric_lens: Vec<usize>,
     pub(crate) resp_crit_base: Vec<usize>,
     pub(crate) pair_offsets: Vec<usize>,
     pub(crate) pair_crit_base: Vec<usize>,
 }
 
 fn too_large() -> EvalError {
-    EvalError("malformed batch: its sizes overflow".into())
+    EvalError(CoreError::Overflow.to_string())
 }
 
 impl Tables {
     /// For a validated layout.
-    fn new(layout: &Layout, rubric_lens: Vec<usize>) -> Result<Tables, EvalError> {
+    fn new(layout: &Layout) -> Result<Tables, EvalError> {
+        // The totals are checked here, so no prefix sum below them overflows.
+        let sizes = Sizes::new(layout).map_err(|e| EvalError(e.to_string()))?;
         let groups = layout.groups();
         let mut resp_crit_base = Vec::with_capacity(groups + 1);
         let mut pair_offsets = Vec::with_capacity(groups + 1);
         let mut pair_crit_base = Vec::with_capacity(groups + 1);
-        let (mut resp_crits, mut pairs, mut pair_crits, mut tok_crits) = (0usize, 0usize, 0, 0);
+        let (mut resp_crits, mut pairs, mut pair_crits) = (0usize, 0usize, 0usize);
         for g in 0..groups {
             resp_crit_base.push(resp_crits);
             pair_offsets.push(pairs);
             pair_crit_base.push(pair_crits);
             let n = layout.group_size(g);
-            let crits = layout.crit_count(g);
-            let group_pairs = n.checked_mul(n.saturating_sub(1)).ok_or_else(too_large)?;
-            let group_tokens = layout.token_offsets[layout.group_offsets[g + 1]]
-                - layout.token_offsets[layout.group_offsets[g]];
-            let add = |total: usize, count: usize, width: usize| {
-                count
-                    .checked_mul(width)
-                    .and_then(|x| total.checked_add(x))
-                    .ok_or_else(too_large)
-            };
-            resp_crits = add(resp_crits, n, crits)?;
-            pairs = add(pairs, group_pairs, 1)?;
-            pair_crits = add(pair_crits, group_pairs, crits)?;
-            tok_crits = add(tok_crits, group_tokens, crits)?;
+            let group_pairs = n * n.saturating_sub(1);
+            resp_crits += n * layout.crit_count(g);
+            pairs += group_pairs;
+            pair_crits += group_pairs * layout.crit_count(g);
         }
         resp_crit_base.push(resp_crits);
         pair_offsets.push(pairs);
         pair_crit_base.push(pair_crits);
         Ok(Tables {
             groups,
-            responses: layout.responses(),
-            tokens: layout.tokens(),
-            pairs,
-            group_crits: layout.crit_offsets[groups],
-            resp_crits,
-            pair_crits,
-            tok_crits,
-            dim: layout.dim,
-            rubric_lens,
+            dim: sizes.dim,
+            sizes,
             resp_crit_base,
             pair_offsets,
             pair_crit_base,
@@ -295,31 +278,7 @@ impl Tables {
 
     /// Elements of a shape (as `Geometry::size`).
     pub(crate) fn size(&self, shape: &Shape) -> Result<usize, EvalError> {
-        let base = match shape.level {
-            Level::Batch => 1,
-            Level::Group => self.groups,
-            Level::Resp => self.responses,
-            Level::Tok => self.tokens,
-            Level::Pair => self.pairs,
-        };
-        match &shape.feature {
-            None => Ok(base),
-            Some(Feature::Crit) => Ok(match shape.level {
-                Level::Batch => 0,
-                Level::Group => self.group_crits,
-                Level::Resp => self.resp_crits,
-                Level::Tok => self.tok_crits,
-                Level::Pair => self.pair_crits,
-            }),
-            Some(Feature::Dim) => base.checked_mul(self.dim).ok_or_else(too_large),
-            Some(Feature::Rubric { index, .. }) => base
-                .checked_mul(self.rubric_lens.get(*index as usize).copied().unwrap_or(0))
-                .ok_or_else(too_large),
-            Some(feature @ Feature::Matrix { .. }) => feature
-                .fixed_len(self.dim)
-                .and_then(|width| base.checked_mul(width))
-                .ok_or_else(too_large),
-        }
+        self.sizes.size(shape).map_err(|e| EvalError(e.to_string()))
     }
 }
 
@@ -427,6 +386,7 @@ impl Kernel {
         let jit = jit::compile_with(graph, &plan, codegen)?;
         Ok(Kernel {
             graph: graph.clone(),
+            signature: graph.signature(),
             plan,
             jit,
             compile_time: start.elapsed(),
@@ -491,37 +451,21 @@ impl Kernel {
     }
 
     fn tables(&self, layout: &Layout) -> Result<Tables, EvalError> {
-        Tables::new(layout, rubric_lens(&self.graph))
+        Tables::new(layout)
     }
 
-    /// Check a layout and the input lengths (`interp::check_batch`'s rules and messages).
+    /// Check a layout and the input lengths against the recipe's signature
+    /// (`rlx_core::Signature::validate`, as `interp::check_batch`), then the group sizes.
     fn check_lengths(
         &self,
         layout: &Layout,
         lengths: impl ExactSizeIterator<Item = usize>,
     ) -> Result<Tables, EvalError> {
-        layout
-            .validate()
-            .map_err(|e| EvalError(format!("malformed batch: {e}")))?;
+        self.signature
+            .validate(layout, lengths)
+            .map_err(|e| EvalError(e.to_string()))?;
         crate::batch::check_group_sizes(&self.graph, layout).map_err(EvalError)?;
-        if lengths.len() != self.graph.inputs.len() {
-            return Err(EvalError(format!(
-                "malformed batch: {} input vectors for a recipe with {} inputs",
-                lengths.len(),
-                self.graph.inputs.len()
-            )));
-        }
-        let tables = self.tables(layout)?;
-        for (input, len) in self.graph.inputs.iter().zip(lengths) {
-            let expected = tables.size(&input.shape)?;
-            if len != expected {
-                return Err(EvalError(format!(
-                    "malformed batch: input `{}` has {len} values, its shape {} needs {expected}",
-                    input.name, input.shape
-                )));
-            }
-        }
-        Ok(tables)
+        self.tables(layout)
     }
 
     /// Validate a batch and convert it to the kernel's storage.
@@ -1199,12 +1143,13 @@ fn check_finite(outcome: PackedOutcome) -> Result<PackedOutcome, EvalError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rlx_compiler::ir::Feature;
 
     #[test]
     fn sizes_agree_with_the_geometry() {
         let layout = Layout::from_counts(&[1, 3, 0, 2], &[2, 0, 4, 1, 3, 5], &[2, 0, 3, 1], 4)
             .expect("valid");
-        let tables = Tables::new(&layout, vec![3]).expect("small");
+        let tables = Tables::new(&layout).expect("small");
         let geometry = Geometry::new(layout.clone(), vec![3]);
         let features = [
             None,

@@ -59,7 +59,7 @@
 //!
 //! size(batch) = 1, size(group) = G, size(resp) = R. `Layout::crit_offsets` are the prefix sums of the
 //! per-group criterion counts (all zero when the recipe has no `crit` input) and `Layout::dim` is `D`
-//! (0 when the recipe has no `dim` input). [`input_len`] computes these lengths; [`validate_batch`]
+//! (0 when the recipe has no `dim` input). `rlx_core::Sizes` computes these lengths; [`validate_batch`]
 //! checks a batch against them.
 
 use std::borrow::Cow;
@@ -67,8 +67,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
 
-use rlx_compiler::check::types::{Elem, Feature, Level, Ty};
-use rlx_compiler::hir;
+use rlx_core::{Elem, Feature, HasSignature, Level, Signature};
 use serde::de::{DeserializeSeed, Deserializer, Error as _, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
@@ -141,107 +140,14 @@ impl fmt::Display for RolloutError {
 
 impl std::error::Error for RolloutError {}
 
-/// The flat length of an input of type `ty` in a batch of `layout` (see the module doc for the order);
-/// `rubric_len` gives a rubric's criterion count. Never panics, even on an invalid layout.
-pub fn input_len(layout: &Layout, ty: &Ty, rubric_len: impl Fn(&str) -> usize) -> usize {
-    let groups = layout.group_offsets.len().saturating_sub(1);
-    let responses = layout.token_offsets.len().saturating_sub(1);
-    let tokens = layout.token_offsets.last().copied().unwrap_or(0);
-    let size = match ty.level {
-        Level::Batch => 1,
-        Level::Group => groups,
-        Level::Resp => responses,
-        Level::Tok => tokens,
-        Level::Pair => (0..groups)
-            .map(|group| {
-                let n = span(&layout.group_offsets, group);
-                n.saturating_mul(n.saturating_sub(1))
-            })
-            .fold(0usize, usize::saturating_add),
-    };
-    match &ty.feature {
-        None => size,
-        Some(Feature::Dim) => size.saturating_mul(layout.dim),
-        Some(Feature::Rubric(name)) => size.saturating_mul(rubric_len(name)),
-        Some(Feature::Matrix(rows, cols)) => {
-            let width = |axis: &Feature| match axis {
-                Feature::Dim => layout.dim,
-                Feature::Rubric(name) => rubric_len(name),
-                // The checker gives a matrix rectangular axes only.
-                Feature::Crit | Feature::Matrix(..) => 0,
-            };
-            size.saturating_mul(width(rows)).saturating_mul(width(cols))
-        }
-        Some(Feature::Crit) => match ty.level {
-            Level::Batch | Level::Group => layout.crit_offsets.last().copied().unwrap_or(0),
-            Level::Resp | Level::Tok | Level::Pair => {
-                let mut total = 0usize;
-                for group in 0..groups {
-                    let crits = span(&layout.crit_offsets, group);
-                    let first = layout.group_offsets.get(group).copied().unwrap_or(0);
-                    let end = layout.group_offsets.get(group + 1).copied().unwrap_or(0);
-                    let per_group = if ty.level == Level::Resp {
-                        end.saturating_sub(first)
-                    } else {
-                        (first..end.min(responses))
-                            .map(|response| span(&layout.token_offsets, response))
-                            .fold(0usize, usize::saturating_add)
-                    };
-                    total = total.saturating_add(per_group.saturating_mul(crits));
-                }
-                total
-            }
-        },
-    }
-}
-
-/// `offsets[i + 1] - offsets[i]`, 0 where out of range or decreasing.
-fn span(offsets: &[usize], i: usize) -> usize {
-    match (offsets.get(i), offsets.get(i + 1)) {
-        (Some(start), Some(end)) => end.saturating_sub(*start),
-        _ => 0,
-    }
-}
-
-/// Check that `batch` fits `recipe`: a valid layout, one vector per input, each of [`input_len`].
-pub fn validate_batch(batch: &Batch, recipe: &hir::Recipe) -> Result<(), String> {
-    batch
-        .layout
-        .validate()
-        .map_err(|error| format!("invalid batch layout: {error}"))?;
-    if batch.inputs.len() != recipe.inputs.len() {
-        return Err(format!(
-            "the batch has {} input vectors but the recipe declares {} inputs",
-            batch.inputs.len(),
-            recipe.inputs.len()
-        ));
-    }
-    for (input, values) in recipe.inputs.iter().zip(&batch.inputs) {
-        if let Some(Feature::Rubric(name)) = &input.ty.feature {
-            if !recipe.rubrics.iter().any(|rubric| &rubric.name == name) {
-                return Err(format!(
-                    "input `{}` has the axis of rubric `{name}`, which the recipe does not declare",
-                    input.name
-                ));
-            }
-        }
-        let expected = input_len(&batch.layout, &input.ty, |name| {
-            recipe
-                .rubrics
-                .iter()
-                .find(|rubric| rubric.name == name)
-                .map_or(0, |rubric| rubric.criteria.len())
-        });
-        if values.len() != expected {
-            return Err(format!(
-                "input `{}` ({}) has {} values but the batch layout needs {expected}",
-                input.name,
-                input.ty,
-                values.len()
-            ));
-        }
-    }
-    Ok(())
+/// Check that `batch` fits `recipe` (`rlx_core::Signature::validate`): a valid layout, one vector per
+/// input, each of the length of its shape over the layout.
+pub fn validate_batch(batch: &Batch, recipe: &(impl HasSignature + ?Sized)) -> Result<(), String> {
+    recipe
+        .signature()
+        .validate(&batch.layout, batch.inputs.iter().map(Vec::len))
+        .map(drop)
+        .map_err(|error| error.to_string())
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -288,7 +194,10 @@ impl Axis<'_> {
 
 struct Slot<'r> {
     name: &'r str,
-    ty: &'r Ty,
+    elem: Elem,
+    level: Level,
+    /// The input's type as declared (`f32[resp, style]`), for messages.
+    ty: String,
     axis: Axis<'r>,
     default: Option<f64>,
 }
@@ -296,22 +205,20 @@ struct Slot<'r> {
 impl Slot<'_> {
     /// Whether the value on a line is an array (rather than one number).
     fn is_array(&self) -> bool {
-        !matches!(self.axis, Axis::Plain) || matches!(self.ty.level, Level::Tok | Level::Pair)
+        !matches!(self.axis, Axis::Plain) || matches!(self.level, Level::Tok | Level::Pair)
     }
 }
 
-fn slots(recipe: &hir::Recipe) -> Result<Vec<Slot<'_>>, RolloutError> {
-    let mut slots = Vec::with_capacity(recipe.inputs.len());
-    for input in &recipe.inputs {
+fn slots(signature: &Signature) -> Result<Vec<Slot<'_>>, RolloutError> {
+    let mut slots = Vec::with_capacity(signature.inputs.len());
+    for input in &signature.inputs {
         let name = input.name.as_str();
+        let ty = signature.input_type(input);
         let unsupported = |why: &str| {
             Err(RolloutError::new(
                 None,
                 Some(name),
-                format!(
-                    "input type {} cannot be read from a rollout file: {why}",
-                    input.ty
-                ),
+                format!("input type {ty} cannot be read from a rollout file: {why}"),
             ))
         };
         if name == GROUP_KEY {
@@ -322,27 +229,30 @@ fn slots(recipe: &hir::Recipe) -> Result<Vec<Slot<'_>>, RolloutError> {
                 "the key `{name}` says where a padded response ends (docs/formats.md); rename the input"
             ));
         }
-        let axis = match &input.ty.feature {
+        let level = input.shape.level;
+        let axis = match &input.shape.feature {
             None => Axis::Plain,
-            Some(_) if input.ty.level == Level::Tok => {
+            Some(_) if level == Level::Tok => {
                 return unsupported("a token-level value has no feature axis")
             }
-            Some(_) if input.ty.level == Level::Pair => {
+            Some(_) if level == Level::Pair => {
                 return unsupported("a pair-level value has no feature axis")
             }
-            Some(Feature::Crit) if input.ty.level == Level::Batch => {
+            Some(Feature::Crit) if level == Level::Batch => {
                 return unsupported("criterion lists are per group")
             }
             Some(Feature::Crit) => Axis::Crit,
             Some(Feature::Dim) => Axis::Dim,
-            Some(feature) => match rectangular_axis(recipe, feature) {
+            Some(feature) => match rectangular_axis(signature, feature) {
                 Some(axis) => axis,
                 None => return unsupported("the recipe does not declare that rubric"),
             },
         };
         slots.push(Slot {
             name,
-            ty: &input.ty,
+            elem: input.elem,
+            level,
+            ty,
             axis,
             default: input.default,
         });
@@ -421,10 +331,14 @@ pub fn read_file(path: &std::path::Path) -> Result<String, String> {
 }
 
 /// Parse a JSONL rollout file (see the module doc) into a packed batch for `recipe`.
-pub fn read_rollouts(text: &str, recipe: &hir::Recipe) -> Result<Rollouts, RolloutError> {
-    let slots = slots(recipe)?;
+pub fn read_rollouts(
+    text: &str,
+    recipe: &(impl HasSignature + ?Sized),
+) -> Result<Rollouts, RolloutError> {
+    let signature = recipe.signature();
+    let slots = slots(&signature)?;
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let has_tok = slots.iter().any(|s| s.ty.level == Level::Tok);
+    let has_tok = slots.iter().any(|s| s.level == Level::Tok);
 
     let mut lines: Vec<Line> = Vec::new();
     let mut groups: Vec<Value> = Vec::new();
@@ -442,13 +356,12 @@ pub fn read_rollouts(text: &str, recipe: &hir::Recipe) -> Result<Rollouts, Rollo
         }
         let number = index + 1;
         let object = parse_line(raw, number)?;
-        if let Some(state) = recipe.states.iter().find(|s| object.contains_key(&s.name)) {
+        if let Some(state) = signature.states.iter().find(|s| object.contains_key(*s)) {
             return Err(RolloutError::new(
                 Some(number),
-                Some(&state.name),
+                Some(state),
                 format!(
-                    "`{}` is the recipe's `state`, carried across steps: a rollout line cannot set it (`rlx score --state FILE` gives it)",
-                    state.name
+                    "`{state}` is the recipe's `state`, carried across steps: a rollout line cannot set it (`rlx score --state FILE` gives it)"
                 ),
             ));
         }
@@ -493,7 +406,7 @@ pub fn read_rollouts(text: &str, recipe: &hir::Recipe) -> Result<Rollouts, Rollo
         // The token count: every token array of the line agrees.
         let mut tokens: Option<(usize, &str)> = None;
         for (slot, value) in slots.iter().zip(&values) {
-            let (Level::Tok, Some(value)) = (slot.ty.level, value) else {
+            let (Level::Tok, Some(value)) = (slot.level, value) else {
                 continue;
             };
             match tokens {
@@ -517,7 +430,7 @@ pub fn read_rollouts(text: &str, recipe: &hir::Recipe) -> Result<Rollouts, Rollo
                 explicit.fits(width, first, number)?;
                 // The padding is dropped from every token-level value of the line.
                 for (slot, value) in slots.iter().zip(values.iter_mut()) {
-                    if let (Level::Tok, Some(value)) = (slot.ty.level, value) {
+                    if let (Level::Tok, Some(value)) = (slot.level, value) {
                         value.truncate(explicit.length);
                     }
                 }
@@ -541,11 +454,8 @@ pub fn read_rollouts(text: &str, recipe: &hir::Recipe) -> Result<Rollouts, Rollo
                 explicit.length
             }
             (None, None) if has_tok => {
-                let names = names_of(&slots, |s| s.ty.level == Level::Tok);
-                let first = slots
-                    .iter()
-                    .find(|s| s.ty.level == Level::Tok)
-                    .map(|s| s.name);
+                let names = names_of(&slots, |s| s.level == Level::Tok);
+                let first = slots.iter().find(|s| s.level == Level::Tok).map(|s| s.name);
                 return Err(RolloutError::new(
                     Some(number),
                     first,
@@ -685,7 +595,7 @@ pub fn read_rollouts(text: &str, recipe: &hir::Recipe) -> Result<Rollouts, Rollo
     // A pair input lists one value per other response of the line's group.
     let group_sizes: Vec<usize> = members.iter().map(Vec::len).collect();
     for (index, slot) in slots.iter().enumerate() {
-        if slot.ty.level != Level::Pair {
+        if slot.level != Level::Pair {
             continue;
         }
         for line in &lines {
@@ -719,7 +629,7 @@ pub fn read_rollouts(text: &str, recipe: &hir::Recipe) -> Result<Rollouts, Rollo
     // Group- and batch-level inputs agree across the lines they repeat on.
     let everything: Vec<usize> = (0..lines.len()).collect();
     for (index, slot) in slots.iter().enumerate() {
-        let scopes: Vec<(Option<usize>, &[usize])> = match slot.ty.level {
+        let scopes: Vec<(Option<usize>, &[usize])> = match slot.level {
             Level::Group => members
                 .iter()
                 .enumerate()
@@ -787,7 +697,7 @@ pub fn read_rollouts(text: &str, recipe: &hir::Recipe) -> Result<Rollouts, Rollo
 
     let mut inputs = Vec::with_capacity(slots.len());
     for (index, slot) in slots.iter().enumerate() {
-        let rows: Vec<&Line> = match slot.ty.level {
+        let rows: Vec<&Line> = match slot.level {
             Level::Batch => lines.first().into_iter().collect(),
             Level::Group => members
                 .iter()
@@ -815,6 +725,10 @@ pub fn read_rollouts(text: &str, recipe: &hir::Recipe) -> Result<Rollouts, Rollo
         ));
     }
 
+    // The reader built every column for the layout; the recipe's signature is the one judge of that.
+    signature
+        .validate(&layout, inputs.iter().map(Vec::len))
+        .map_err(|e| RolloutError::new(None, None, format!("internal error: {e}")))?;
     Ok(Rollouts {
         batch: Batch { layout, inputs },
         groups,
@@ -964,20 +878,20 @@ fn refuse_padding_masks(
 }
 
 /// The reader's axis for a `dim`, rubric or matrix feature (`None`: an undeclared rubric).
-fn rectangular_axis<'r>(recipe: &'r hir::Recipe, feature: &'r Feature) -> Option<Axis<'r>> {
+fn rectangular_axis<'r>(signature: &'r Signature, feature: &'r Feature) -> Option<Axis<'r>> {
     Some(match feature {
         Feature::Crit => Axis::Crit,
         Feature::Dim => Axis::Dim,
-        Feature::Rubric(rubric) => {
-            let found = recipe.rubrics.iter().find(|r| &r.name == rubric)?;
+        Feature::Rubric { index, .. } => {
+            let found = signature.rubrics.get(*index as usize)?;
             Axis::Rubric {
                 name: &found.name,
-                criteria: found.criteria.iter().map(|c| c.name.as_str()).collect(),
+                criteria: found.criteria.iter().map(String::as_str).collect(),
             }
         }
-        Feature::Matrix(rows, cols) => Axis::Matrix(
-            Box::new(rectangular_axis(recipe, rows)?),
-            Box::new(rectangular_axis(recipe, cols)?),
+        Feature::Matrix { rows, cols } => Axis::Matrix(
+            Box::new(rectangular_axis(signature, rows)?),
+            Box::new(rectangular_axis(signature, cols)?),
         ),
     })
 }
@@ -994,8 +908,8 @@ impl Sizes {
     /// The length input `slot`'s value must have on a line of group `group` with `tokens` tokens.
     fn needed(&self, slot: &Slot, group: usize, tokens: usize) -> usize {
         match &slot.axis {
-            Axis::Plain if slot.ty.level == Level::Tok => tokens,
-            Axis::Plain if slot.ty.level == Level::Pair => self
+            Axis::Plain if slot.level == Level::Tok => tokens,
+            Axis::Plain if slot.level == Level::Pair => self
                 .group_sizes
                 .get(group)
                 .copied()
@@ -1054,7 +968,7 @@ fn show_number(elem: Elem, x: f64) -> String {
 }
 
 fn show_values(slot: &Slot, values: &[f64]) -> String {
-    let elem = slot.ty.elem;
+    let elem = slot.elem;
     if !slot.is_array() {
         if let [x] = values {
             return show_number(elem, *x);
@@ -1140,22 +1054,12 @@ fn parse_elem(value: &Value, elem: Elem) -> Result<f64, String> {
                 return Err(format!("number {n} is out of range for f64"));
             };
             match elem {
-                Elem::F32 => Ok(x),
-                Elem::I32 => {
-                    if x.fract() != 0.0 {
-                        Err(format!("expected an integer, found {n}"))
-                    } else if x < f64::from(i32::MIN) || x > f64::from(i32::MAX) {
-                        Err(format!("integer {n} is out of range for i32"))
-                    } else {
-                        Ok(x)
-                    }
-                }
-                Elem::Bool => {
-                    if x == 0.0 || x == 1.0 {
-                        Ok(x)
-                    } else {
-                        Err(format!("expected a boolean (true/false or 0/1), found {n}"))
-                    }
+                _ if elem.admits(x) => Ok(x),
+                Elem::I32 if x.fract() != 0.0 => Err(format!("expected an integer, found {n}")),
+                Elem::I32 => Err(format!("integer {n} is out of range for i32")),
+                // `f32` admits every finite number.
+                Elem::Bool | Elem::F32 => {
+                    Err(format!("expected a boolean (true/false or 0/1), found {n}"))
                 }
             }
         }
@@ -1242,9 +1146,9 @@ fn parse_matrix(value: &Value, elem: Elem, rows: &Axis, cols: &Axis) -> Result<V
 }
 
 fn parse_input(slot: &Slot, value: &Value) -> Result<Vec<f64>, String> {
-    let elem = slot.ty.elem;
+    let elem = slot.elem;
     match &slot.axis {
-        Axis::Plain if matches!(slot.ty.level, Level::Tok | Level::Pair) => {
+        Axis::Plain if matches!(slot.level, Level::Tok | Level::Pair) => {
             parse_array(value, elem)
         }
         Axis::Plain => parse_elem(value, elem).map(|x| vec![x]),
@@ -1580,21 +1484,30 @@ mod tests {
     }
 
     #[test]
-    fn input_len_survives_broken_layouts() {
+    fn a_broken_layout_is_an_error_not_a_panic() {
         let layout = Layout {
             group_offsets: vec![],
             token_offsets: vec![3, 1],
             crit_offsets: vec![5],
             dim: usize::MAX,
         };
-        for level in [Level::Batch, Level::Group, Level::Resp, Level::Tok] {
+        for level in Level::ALL {
             for feature in [None, Some(Feature::Crit), Some(Feature::Dim)] {
-                let ty = Ty {
-                    elem: Elem::F32,
-                    level,
-                    feature,
+                let signature = Signature {
+                    inputs: vec![rlx_core::InputInfo {
+                        name: "x".into(),
+                        elem: Elem::F32,
+                        shape: rlx_core::Shape { level, feature },
+                        differentiable: false,
+                        default: None,
+                    }],
+                    ..Signature::default()
                 };
-                let _ = input_len(&layout, &ty, |_| usize::MAX);
+                let batch = Batch {
+                    layout: layout.clone(),
+                    inputs: vec![Vec::new()],
+                };
+                assert!(validate_batch(&batch, &signature).is_err());
             }
         }
     }

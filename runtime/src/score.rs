@@ -8,6 +8,7 @@ use rlx_compiler::ir::lower::ROLLOUT_SHOWN_PREFIX;
 use rlx_compiler::ir::{
     Feature, Graph, Level, Op, RolloutInfo, RolloutValueInfo, Shape, Value as Builtin,
 };
+use rlx_core::{HasSignature, Signature};
 
 use crate::batch::Layout;
 use crate::geometry::Geometry;
@@ -107,10 +108,11 @@ pub fn score_at_with_state(
     let graph = rlx_compiler::compile_graph(recipe, overrides)?;
     let rollout = rlx_compiler::ir::rollout_settings(recipe, &graph);
     let shown_graph = shown_graph(recipe, &graph, overrides, show)?;
+    let signature = recipe.signature();
     score_graphs(
         &graph,
         shown_graph.as_ref(),
-        recipe,
+        &signature,
         rollouts,
         with_gradients,
         backend,
@@ -132,7 +134,7 @@ pub fn shown_graph(
 ) -> Result<Option<Graph>, String> {
     let lets = top_level_lets(recipe);
     let names: Vec<&str> = lets.iter().map(|(_, name)| *name).collect();
-    let shown: Vec<GlobalId> = resolve_show(recipe, &names, show)?
+    let shown: Vec<GlobalId> = resolve_show(&recipe.signature(), &names, show)?
         .into_iter()
         .filter_map(|name| match name {
             Showable::Let(index) => Some(lets[index].0),
@@ -151,7 +153,7 @@ pub fn shown_graph(
 }
 
 /// `score_at` on a `.rlxc` artifact (`rlx score FILE.rlxc`): its graph, with `overrides` that must
-/// repeat the compiled params (`Artifact::graph_with`); rollouts read against its declarations; its
+/// repeat the compiled params (`Artifact::graph_with`); rollouts read against its signature; its
 /// `rollout { … }` settings under the document's `"rollout"` key; and its `shown` graph (every top-level
 /// `let` and rollout expression by name), evaluated on the interpreter when `show` names a `let` or a
 /// rollout setting is an expression.
@@ -189,10 +191,10 @@ pub fn score_artifact_with_state(
     state: &[(String, f64)],
 ) -> Result<Scored, String> {
     let graph = artifact.graph_with(overrides).map_err(|e| e.to_string())?;
-    let declarations = artifact.declarations().map_err(|e| e.to_string())?;
+    let signature = artifact.signature();
     let shown = &artifact.shown;
     let names: Vec<&str> = shown_lets(shown);
-    let shows_a_let = resolve_show(&declarations, &names, show)?
+    let shows_a_let = resolve_show(&signature, &names, show)?
         .iter()
         .any(|name| matches!(name, Showable::Let(_)));
     let rollout_expressions = artifact
@@ -202,7 +204,7 @@ pub fn score_artifact_with_state(
     score_graphs(
         graph,
         (shows_a_let || rollout_expressions).then_some(shown),
-        &declarations,
+        &signature,
         rollouts,
         with_gradients,
         backend,
@@ -240,14 +242,7 @@ pub fn set_state(
                 }
             ));
         };
-        let fits = match info.elem {
-            rlx_compiler::ir::Elem::F32 => !value.is_nan(),
-            rlx_compiler::ir::Elem::I32 => {
-                value.fract() == 0.0 && value.abs() <= f64::from(i32::MAX)
-            }
-            rlx_compiler::ir::Elem::Bool => *value == 0.0 || *value == 1.0,
-        };
-        if !fits {
+        if !info.elem.admits(*value) {
             return Err(format!(
                 "the state given (`--state`) sets state `{name}`, which is {}, to {value}",
                 info.elem.name()
@@ -370,7 +365,11 @@ enum Showable {
 }
 
 /// Resolve `--show` names: each an input of `recipe` or one of the top-level `let`s named in `lets`.
-fn resolve_show(recipe: &Recipe, lets: &[&str], show: &[String]) -> Result<Vec<Showable>, String> {
+fn resolve_show(
+    recipe: &Signature,
+    lets: &[&str],
+    show: &[String],
+) -> Result<Vec<Showable>, String> {
     show.iter()
         .map(|name| {
             if let Some(index) = recipe.inputs.iter().position(|i| &i.name == name) {
@@ -407,7 +406,7 @@ pub(crate) fn reads_token_counts(graph: &Graph) -> bool {
 fn score_graphs(
     graph: &Graph,
     shown: Option<&Graph>,
-    declarations: &Recipe,
+    signature: &Signature,
     rollouts: &str,
     with_gradients: bool,
     backend: Backend,
@@ -416,12 +415,12 @@ fn score_graphs(
     rollout: &[RolloutInfo],
     state: &[(String, f64)],
 ) -> Result<Scored, String> {
-    let mut read = read_rollouts(rollouts, declarations).map_err(|e| e.to_string())?;
+    let mut read = read_rollouts(rollouts, signature).map_err(|e| e.to_string())?;
     set_state(graph, &mut read.batch, state)?;
     score_read(
         graph,
         shown,
-        declarations,
+        signature,
         read,
         with_gradients,
         backend,
@@ -440,7 +439,7 @@ fn score_graphs(
 pub fn score_read(
     graph: &Graph,
     shown: Option<&Graph>,
-    declarations: &Recipe,
+    signature: &Signature,
     read: crate::rollouts::Rollouts,
     with_gradients: bool,
     backend: Backend,
@@ -448,9 +447,8 @@ pub fn score_read(
     context: &Context,
     rollout: &[RolloutInfo],
 ) -> Result<Scored, String> {
-    let recipe = declarations;
     let lets: Vec<&str> = shown.map(shown_lets).unwrap_or_default();
-    let names = resolve_show(recipe, &lets, show)?;
+    let names = resolve_show(signature, &lets, show)?;
     crate::batch::check_group_sizes_named(graph, &read.batch.layout, |g| {
         format!("group {}", read.groups[g])
     })?;

@@ -6,23 +6,9 @@
 use std::fmt;
 
 /// Element type of a value (`bool → i32 → f32` widen, as in the language).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Elem {
-    Bool,
-    I32,
-    F32,
-}
-
-/// Level of a value: one per batch, per group (prompt), per response, per token.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Level {
-    Batch,
-    Group,
-    Resp,
-    Tok,
-    /// Ordered pairs (i, j ≠ i) of the responses of a group (a `bool[pair]`/`f32[pair]` input).
-    Pair,
-}
+pub use rlx_core::Elem;
+/// Level of a value: one per batch, per group (prompt), per response, per token, per pair.
+pub use rlx_core::Level;
 
 /// The feature axis of a value.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,28 +62,6 @@ pub struct OutType {
     pub elem: Elem,
     pub level: Level,
     pub feature: OutFeature,
-}
-
-impl fmt::Display for Elem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Elem::Bool => "bool",
-            Elem::I32 => "i32",
-            Elem::F32 => "f32",
-        })
-    }
-}
-
-impl fmt::Display for Level {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Level::Batch => "batch",
-            Level::Group => "group",
-            Level::Resp => "resp",
-            Level::Tok => "tok",
-            Level::Pair => "pair",
-        })
-    }
 }
 
 impl fmt::Display for InputDecl {

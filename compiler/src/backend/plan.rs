@@ -552,10 +552,7 @@ pub fn plan(graph: &Graph, options: &Options) -> Result<KernelPlan, PlanError> {
         sinks.push(Sink {
             slot: Slot::Keep(*level),
             node: *node,
-            shape: Shape::new(match level {
-                KeepLevel::Group => Level::Group,
-                KeepLevel::Resp => Level::Resp,
-            }),
+            shape: Shape::new(level.level()),
         });
     }
     for (node, _) in &kept.carried {

@@ -170,10 +170,7 @@ impl<'p> Checker<'p> {
     ) -> Option<Expr> {
         let env = self.root_env();
         let checked = self.expr(&env, expr)?;
-        let target_level = match level {
-            KeepLevel::Group => Level::Group,
-            KeepLevel::Resp => Level::Resp,
-        };
+        let target_level = level.level();
         if checked.ty.elem != Elem::Bool
             || checked.ty.level > target_level
             || checked.ty.feature.is_some()

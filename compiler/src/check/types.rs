@@ -7,62 +7,7 @@ use std::fmt;
 use serde::Serialize;
 
 pub use crate::syntax::ast::ElemType as Elem;
-
-/// How finely a value varies. Ordered coarse → fine, so `max` of two levels is the broadcast level.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Level {
-    Batch,
-    Group,
-    Resp,
-    Tok,
-    /// Ordered pairs (i, j ≠ i) of responses of one group: a pair input (`f32[pair]`, `bool[pair]`),
-    /// or what is computed from one. Below `resp` beside `tok` (neither is below the other); last in
-    /// the order so that no pair value fits a slot of another level.
-    Pair,
-}
-
-impl Level {
-    pub fn name(self) -> &'static str {
-        match self {
-            Level::Batch => "batch",
-            Level::Group => "group",
-            Level::Resp => "resp",
-            Level::Tok => "tok",
-            Level::Pair => "pair",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Level> {
-        Some(match name {
-            "batch" => Level::Batch,
-            "group" => Level::Group,
-            "resp" => Level::Resp,
-            "tok" => Level::Tok,
-            "pair" => Level::Pair,
-            _ => return None,
-        })
-    }
-
-    /// Whether values at `self` broadcast to `finer`: a coarser level to a finer one along the tree
-    /// batch → group → resp → {tok, pair}; `tok` and `pair` never to each other.
-    pub fn broadcasts_to(self, finer: Level) -> bool {
-        match (self, finer) {
-            (a, b) if a == b => true,
-            (Level::Tok | Level::Pair, _) => false,
-            (a, b) => a < b,
-        }
-    }
-
-    /// The level one step coarser (what a reduction over this level's axis yields).
-    pub fn coarser(self) -> Level {
-        match self {
-            Level::Tok | Level::Pair => Level::Resp,
-            Level::Resp => Level::Group,
-            Level::Group | Level::Batch => Level::Batch,
-        }
-    }
-}
+pub use rlx_core::Level;
 
 /// A feature axis: rubric criteria (ragged per prompt, from data), embedding dimensions, or the
 /// named criteria of a declared rubric.
@@ -154,9 +99,7 @@ impl Ty {
     /// Whether a value of type `self` may stand where `target` is expected: same or coarser level
     /// (broadcast), same feature or none, and an element type that converts (bool → i32 → f32).
     pub fn fits(&self, target: &Ty) -> bool {
-        let elem_ok = self.elem == target.elem
-            || (target.elem == Elem::F32 && self.elem != Elem::F32)
-            || (target.elem == Elem::I32 && self.elem == Elem::Bool);
+        let elem_ok = self.elem.widens_to(target.elem);
         let feature_ok = self.feature.is_none() || self.feature == target.feature;
         elem_ok && self.level.broadcasts_to(target.level) && feature_ok
     }

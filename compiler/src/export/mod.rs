@@ -12,7 +12,7 @@ pub mod torch;
 use std::collections::HashMap;
 
 use crate::check::hir::{self, Expr, ExprKind, GlobalKind, InputId};
-use crate::check::types::{Level as HirLevel, Ty};
+use crate::check::types::{Level, Ty};
 use crate::ir::{Graph, NodeId};
 
 /// Why a recipe cannot be exported: the feature the exporter does not support, and a message.
@@ -98,7 +98,7 @@ pub fn symbolic_graph(
     for (param, value) in recipe.params.iter().zip(&values) {
         symbolic.inputs.push(hir::Input {
             name: param.name.clone(),
-            ty: Ty::new(param.elem, HirLevel::Batch),
+            ty: Ty::new(param.elem, Level::Batch),
             role: None,
             default: Some(*value),
             span: param.span,

@@ -2,11 +2,14 @@
 //! params become constants, `mean`/`std`/`var`/`softmax`/`logsumexp`/`cos` become primitive reductions,
 //! and pairwise bodies live at the `pair` level.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
+use rlx_core::{HasSignature, OutputInfo, ParamInfo, Signature};
+
 use super::{
-    Builder, Elem, Feature, Graph, InputInfo, KeepLevel, Level, NodeId, Op, RubricInfo, Shape,
-    StateInfo, STATE_METRIC_PREFIX,
+    Builder, Elem, Feature, Graph, InputInfo, Level, NodeId, Op, RubricInfo, Shape, StateInfo,
+    STATE_METRIC_PREFIX,
 };
 use crate::check::builtins::{Func, ReduceOp};
 use crate::check::hir::{self, Axes, ExprKind, LocalId};
@@ -36,48 +39,15 @@ pub fn lower_showing_rollout(
     shown: &[hir::GlobalId],
     rollout: bool,
 ) -> Graph {
-    let rubrics: Vec<RubricInfo> = recipe
-        .rubrics
-        .iter()
-        .map(|r| RubricInfo {
-            name: r.name.clone(),
-            criteria: r.criteria.iter().map(|c| c.name.clone()).collect(),
-            texts: if r.criteria.iter().any(|c| c.text.is_some()) {
-                r.criteria
-                    .iter()
-                    .map(|c| c.text.clone().unwrap_or_default())
-                    .collect()
-            } else {
-                Vec::new()
-            },
-        })
-        .collect();
+    let signature = signature(recipe, params);
     let mut lowerer = Lowerer {
-        builder: Builder::new(Vec::new(), Vec::new(), rubrics),
+        builder: Builder::new(Vec::new(), Vec::new(), signature.rubrics),
         recipe,
         params,
         locals: HashMap::new(),
         globals: Vec::new(),
     };
-    let inputs: Vec<InputInfo> = recipe
-        .inputs
-        .iter()
-        .map(|input| InputInfo {
-            name: input.name.clone(),
-            elem: input.ty.elem,
-            shape: lowerer.shape_of(&input.ty),
-            differentiable: input.role.is_some(),
-            default: input.default,
-        })
-        .collect();
-    let mut inputs = inputs;
-    let state_init = |state: &hir::State| match state.init {
-        hir::Number::Const(value) => value,
-        hir::Number::Param(id) => params[id.0 as usize],
-    };
-    for state in &recipe.states {
-        inputs[state.input.0 as usize].default = Some(state_init(state));
-    }
+    let inputs = signature.inputs;
     lowerer.builder.graph.inputs = inputs;
     lowerer.builder.graph.params = recipe
         .params
@@ -112,18 +82,14 @@ pub fn lower_showing_rollout(
         graph.states.push(StateInfo {
             name: state.name.clone(),
             elem: state.elem,
-            init: state_init(state),
+            init: state_init(state, params),
             input: state.input.0,
             metric,
         });
     }
     for keep in &recipe.keeps {
         let node = lowerer.expr(&keep.condition);
-        let level = match keep.level {
-            crate::syntax::ast::KeepLevel::Group => KeepLevel::Group,
-            crate::syntax::ast::KeepLevel::Resp => KeepLevel::Resp,
-        };
-        lowerer.builder.graph.outputs.keeps.push((level, node));
+        lowerer.builder.graph.outputs.keeps.push((keep.level, node));
     }
     for id in shown {
         if let (Some(global), Some(&node)) = (
@@ -166,12 +132,7 @@ pub fn param_values(recipe: &hir::Recipe, overrides: &[(String, f64)]) -> Result
             return Err(format!("unknown param `{name}`{hint}"));
         };
         let param = &recipe.params[index];
-        let ok = match param.elem {
-            Elem::Bool => *value == 0.0 || *value == 1.0,
-            Elem::I32 => value.fract() == 0.0 && value.abs() <= i32::MAX as f64,
-            Elem::F32 => !value.is_nan(),
-        };
-        if !ok {
+        if !param.elem.admits(*value) {
             return Err(format!(
                 "param `{name}` is {}, and {value} is not",
                 param.elem.name()
@@ -180,6 +141,130 @@ pub fn param_values(recipe: &hir::Recipe, overrides: &[(String, f64)]) -> Result
         values[index] = *value;
     }
     Ok(values)
+}
+
+/// The signature of `recipe` with its params at `params` (by index): its inputs (a `state`'s
+/// default is its initial value), params, rubrics, states and outputs, as its graph has them.
+pub fn signature(recipe: &hir::Recipe, params: &[f64]) -> Signature {
+    let rubrics = recipe
+        .rubrics
+        .iter()
+        .map(|r| RubricInfo {
+            name: r.name.clone(),
+            criteria: r.criteria.iter().map(|c| c.name.clone()).collect(),
+            texts: if r.criteria.iter().any(|c| c.text.is_some()) {
+                r.criteria
+                    .iter()
+                    .map(|c| c.text.clone().unwrap_or_default())
+                    .collect()
+            } else {
+                Vec::new()
+            },
+        })
+        .collect();
+    let mut inputs: Vec<InputInfo> = recipe
+        .inputs
+        .iter()
+        .map(|input| InputInfo {
+            name: input.name.clone(),
+            elem: input.ty.elem,
+            shape: shape_of(recipe, &input.ty),
+            differentiable: input.role.is_some(),
+            default: input.default,
+        })
+        .collect();
+    for state in &recipe.states {
+        inputs[state.input.0 as usize].default = Some(state_init(state, params));
+    }
+    let params = recipe
+        .params
+        .iter()
+        .zip(params)
+        .map(|(p, value)| ParamInfo {
+            name: p.name.clone(),
+            elem: p.elem,
+            default: p.value,
+            value: *value,
+        })
+        .collect();
+    let output = |name: &str, level: Level| OutputInfo {
+        name: name.to_string(),
+        shape: Shape::new(level),
+    };
+    let outputs = [
+        recipe.reward.map(|_| output("reward", Level::Resp)),
+        recipe.advantage.map(|_| output("advantage", Level::Resp)),
+        recipe.loss.as_ref().map(|_| output("loss", Level::Batch)),
+    ]
+    .into_iter()
+    .flatten()
+    .chain(recipe.metrics.iter().map(|m| OutputInfo {
+        name: m.name.clone(),
+        shape: shape_of(recipe, &m.expr.ty),
+    }))
+    .collect();
+    Signature {
+        states: recipe
+            .states
+            .iter()
+            .map(|s| inputs[s.input.0 as usize].name.clone())
+            .collect(),
+        inputs,
+        params,
+        rubrics,
+        outputs,
+    }
+}
+
+impl HasSignature for hir::Recipe {
+    /// [`signature`] with every param at its declared value.
+    fn signature(&self) -> Cow<'_, Signature> {
+        let defaults: Vec<f64> = self.params.iter().map(|p| p.value).collect();
+        Cow::Owned(signature(self, &defaults))
+    }
+}
+
+/// A `state`'s initial value with the params at `params`.
+fn state_init(state: &hir::State, params: &[f64]) -> f64 {
+    match state.init {
+        hir::Number::Const(value) => value,
+        hir::Number::Param(id) => params[id.0 as usize],
+    }
+}
+
+/// The IR shape of a checked type: a rubric axis by its index among the recipe's rubrics.
+fn shape_of(recipe: &hir::Recipe, ty: &Ty) -> Shape {
+    Shape {
+        level: ty.level,
+        feature: ty.feature.as_ref().map(|f| feature_of(recipe, f)),
+    }
+}
+
+fn feature_of(recipe: &hir::Recipe, feature: &HirFeature) -> Feature {
+    match feature {
+        HirFeature::Crit => Feature::Crit,
+        HirFeature::Dim => Feature::Dim,
+        HirFeature::Rubric(name) => {
+            let index = recipe
+                .rubrics
+                .iter()
+                .position(|r| &r.name == name)
+                .unwrap_or(0);
+            let len = recipe
+                .rubrics
+                .get(index)
+                .map(|r| r.criteria.len())
+                .unwrap_or(0);
+            Feature::Rubric {
+                index: index as u32,
+                len: len as u32,
+            }
+        }
+        HirFeature::Matrix(rows, cols) => Feature::Matrix {
+            rows: Box::new(feature_of(recipe, rows)),
+            cols: Box::new(feature_of(recipe, cols)),
+        },
+    }
 }
 
 struct Lowerer<'r> {
@@ -204,35 +289,6 @@ fn join(a: &Shape, b: &Shape) -> Shape {
 }
 
 impl Lowerer<'_> {
-    fn feature_of(&self, feature: &HirFeature) -> Feature {
-        match feature {
-            HirFeature::Crit => Feature::Crit,
-            HirFeature::Dim => Feature::Dim,
-            HirFeature::Rubric(name) => {
-                let index = self
-                    .recipe
-                    .rubrics
-                    .iter()
-                    .position(|r| &r.name == name)
-                    .unwrap_or(0);
-                let len = self
-                    .recipe
-                    .rubrics
-                    .get(index)
-                    .map(|r| r.criteria.len())
-                    .unwrap_or(0);
-                Feature::Rubric {
-                    index: index as u32,
-                    len: len as u32,
-                }
-            }
-            HirFeature::Matrix(rows, cols) => Feature::Matrix {
-                rows: Box::new(self.feature_of(rows)),
-                cols: Box::new(self.feature_of(cols)),
-            },
-        }
-    }
-
     /// `dot(a, b)` and `outer(a, b)` (docs/language.md, "Matrices"): a matrix product is an
     /// element-wise product on the matrix's elements, the vector spread along the other axis, summed
     /// over the contracted axis (`SpreadRows`/`SpreadCols`, `ContractRows`/`ContractCols`).
@@ -316,10 +372,7 @@ impl Lowerer<'_> {
     }
 
     fn shape_of(&self, ty: &Ty) -> Shape {
-        Shape {
-            level: ty.level.into(),
-            feature: ty.feature.as_ref().map(|f| self.feature_of(f)),
-        }
+        shape_of(self.recipe, ty)
     }
 
     fn shape(&self, id: NodeId) -> Shape {
@@ -530,7 +583,7 @@ impl Lowerer<'_> {
                 (
                     arg,
                     Shape {
-                        level: result.level.into(),
+                        level: result.level,
                         feature,
                     },
                 )
@@ -739,12 +792,12 @@ impl Lowerer<'_> {
                 let value = self.expr(arg);
                 let value = self.conform(value, &arg.ty);
                 let within = match axes {
-                    Axes::Levels { to, .. } => Level::from(to.coarser()),
+                    Axes::Levels { to, .. } => to.coarser(),
                     // The checker orders levels only.
                     _ => Level::Batch,
                 };
                 let mask = mask.as_ref().map(|m| self.expr(m));
-                self.rank(value, mask, arg.ty.level.into(), within)
+                self.rank(value, mask, arg.ty.level, within)
             }
             ExprKind::Quantile { axes, arg, q, mask } => {
                 let value = self.expr(arg);
@@ -753,7 +806,7 @@ impl Lowerer<'_> {
                 let q = self.expr(q);
                 let q = self.stopgrad(q);
                 let mask = mask.as_ref().map(|m| self.expr(m));
-                self.quantile(value, mask, arg.ty.level.into(), q, out)
+                self.quantile(value, mask, arg.ty.level, q, out)
             }
             ExprKind::Let { bindings, body, .. } => {
                 for (local, value) in bindings {

@@ -4,21 +4,8 @@
 //! the loss to the same graph.
 //!
 //! # Shapes and element order
-//! A node's value is a flat array. With G groups, R responses, T tokens, P ordered pairs (i, j ≠ i) of
-//! responses within each group, C_g criteria of group g and D embedding dimensions:
-//!
-//! | level | elements, in order |
-//! |---|---|
-//! | batch | 1 |
-//! | group | G, groups in order |
-//! | resp | R, groups in order, responses within |
-//! | pair | for each group, for each response i, for each other response j of the group (in order) |
-//! | tok | T, the tokens of each response in order, responses in packed order |
-//!
-//! A `crit` axis multiplies each group (or each response, or pair) element by its group's C_g
-//! criteria (ragged); `dim` by D and a rubric axis by its K criteria (row-major: the element, then the
-//! feature index). A matrix of two rectangular axes (`dim`, rubrics) multiplies it by their product,
-//! row-major: feature index f = a·cols + b for row a, column b.
+//! A node's value is a flat array in the element order of its shape (level and feature axis), defined
+//! in crate rlx-core (`rlx_core::Shape`'s module documentation), which the runtime shares.
 //!
 //! # Broadcasting and reductions
 //! An element-wise node reads each operand at the element "above" its own (a token reads its response's
@@ -37,139 +24,9 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::check::builtins::Value;
 pub use crate::check::types::Elem;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Level {
-    Batch,
-    Group,
-    Resp,
-    /// Ordered pairs of distinct responses of one group (inside `… over others`, pair inputs).
-    Pair,
-    Tok,
-}
-
-impl Level {
-    pub fn name(self) -> &'static str {
-        match self {
-            Level::Batch => "batch",
-            Level::Group => "group",
-            Level::Resp => "resp",
-            Level::Pair => "pair",
-            Level::Tok => "tok",
-        }
-    }
-
-    /// Whether values at `self` broadcast to `finer` (the levels form a tree: pair and tok are both
-    /// below resp, and neither is below the other).
-    pub fn broadcasts_to(self, finer: Level) -> bool {
-        match (self, finer) {
-            (a, b) if a == b => true,
-            (Level::Pair, _) | (Level::Tok, _) => false,
-            (_, Level::Pair) | (_, Level::Tok) => self <= Level::Resp,
-            (a, b) => a < b,
-        }
-    }
-}
-
-impl From<crate::check::types::Level> for Level {
-    fn from(level: crate::check::types::Level) -> Level {
-        use crate::check::types::Level as L;
-        match level {
-            L::Batch => Level::Batch,
-            L::Group => Level::Group,
-            L::Resp => Level::Resp,
-            L::Tok => Level::Tok,
-            L::Pair => Level::Pair,
-        }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Feature {
-    Crit,
-    Dim,
-    /// A declared rubric's criteria: its index in `Graph::rubrics` and how many criteria it has.
-    Rubric {
-        index: u32,
-        len: u32,
-    },
-    /// A matrix over two rectangular axes (never `crit`): `rows × cols` values per element, row-major.
-    Matrix {
-        rows: Box<Feature>,
-        cols: Box<Feature>,
-    },
-}
-
-impl Feature {
-    /// How many values the axis has when its length is fixed for the batch: `dim` is `dim`, a rubric
-    /// its criteria, a matrix the product of its axes; `None` for the ragged `crit`.
-    pub fn fixed_len(&self, dim: usize) -> Option<usize> {
-        match self {
-            Feature::Crit => None,
-            Feature::Dim => Some(dim),
-            Feature::Rubric { len, .. } => Some(*len as usize),
-            Feature::Matrix { rows, cols } => {
-                rows.fixed_len(dim)?.checked_mul(cols.fixed_len(dim)?)
-            }
-        }
-    }
-
-    /// The row and column axes of a matrix.
-    pub fn matrix(&self) -> Option<(&Feature, &Feature)> {
-        match self {
-            Feature::Matrix { rows, cols } => Some((rows, cols)),
-            _ => None,
-        }
-    }
-}
-
-impl std::fmt::Display for Feature {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Feature::Crit => f.write_str("crit"),
-            Feature::Dim => f.write_str("dim"),
-            Feature::Rubric { index, len } => write!(f, "rubric{index}:{len}"),
-            Feature::Matrix { rows, cols } => write!(f, "{rows} × {cols}"),
-        }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Shape {
-    pub level: Level,
-    pub feature: Option<Feature>,
-}
-
-impl Shape {
-    pub const BATCH: Shape = Shape {
-        level: Level::Batch,
-        feature: None,
-    };
-
-    pub fn new(level: Level) -> Shape {
-        Shape {
-            level,
-            feature: None,
-        }
-    }
-
-    /// Whether a value of shape `self` can be read at every element of `finer`.
-    pub fn broadcasts_to(&self, finer: &Shape) -> bool {
-        self.level.broadcasts_to(finer.level)
-            && (self.feature.is_none() || self.feature == finer.feature)
-    }
-}
-
-impl std::fmt::Display for Shape {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.feature {
-            None => write!(f, "[{}]", self.level.name()),
-            Some(feature) => write!(f, "[{}, {feature}]", self.level.name()),
-        }
-    }
-}
+pub use rlx_core::{
+    Feature, InputInfo, KeepLevel, Level, OutputInfo, RubricInfo, Shape, Signature,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct NodeId(pub u32);
@@ -366,23 +223,6 @@ pub struct Node {
     pub elem: Elem,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct InputInfo {
-    pub name: String,
-    pub elem: Elem,
-    pub shape: Shape,
-    pub differentiable: bool,
-    #[serde(with = "json_float::option")]
-    pub default: Option<f64>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KeepLevel {
-    Group,
-    Resp,
-}
-
 /// What the graph computes.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Outputs {
@@ -398,16 +238,6 @@ pub struct Outputs {
     /// interpreter only, never planned. Empty in every other graph (and absent from its JSON).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shown: Vec<(String, NodeId)>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RubricInfo {
-    pub name: String,
-    pub criteria: Vec<String>,
-    /// Each criterion's text when the rubric's criteria come from rubric files (docs/sharing.md):
-    /// what a judge signal left without `criteria` asks. Empty when no criterion has a text.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub texts: Vec<String>,
 }
 
 /// A `rollout { … }` setting as a sampler reads it (`rollout_settings`): what a trainer needs of the
@@ -459,83 +289,7 @@ pub fn rollout_settings(recipe: &crate::hir::Recipe, graph: &Graph) -> Vec<Rollo
         .collect()
 }
 
-/// JSON for the graph's floats: finite values as numbers, `inf`, `-inf` and `nan` as those strings
-/// (plain JSON has no non-finite numbers, and a recipe may use `inf`; the `.rlxc` artifact relies on
-/// the graph surviving a round trip exactly).
-pub mod json_float {
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    #[derive(Serialize, Deserialize)]
-    #[serde(untagged)]
-    enum Repr {
-        Number(f64),
-        Name(String),
-    }
-
-    fn repr(value: f64) -> Repr {
-        if value.is_finite() {
-            Repr::Number(value)
-        } else if value.is_nan() {
-            Repr::Name("nan".into())
-        } else if value > 0.0 {
-            Repr::Name("inf".into())
-        } else {
-            Repr::Name("-inf".into())
-        }
-    }
-
-    fn value<E: serde::de::Error>(repr: Repr) -> Result<f64, E> {
-        match repr {
-            Repr::Number(x) => Ok(x),
-            Repr::Name(name) => match name.as_str() {
-                "inf" => Ok(f64::INFINITY),
-                "-inf" => Ok(f64::NEG_INFINITY),
-                "nan" => Ok(f64::NAN),
-                other => Err(E::custom(format!(
-                    "expected a number, \"inf\", \"-inf\" or \"nan\", found \"{other}\""
-                ))),
-            },
-        }
-    }
-
-    pub fn serialize<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
-        repr(*x).serialize(s)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-        value(Repr::deserialize(d)?)
-    }
-
-    pub mod option {
-        use super::*;
-
-        pub fn serialize<S: Serializer>(x: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
-            x.map(repr).serialize(s)
-        }
-
-        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
-            Option::<Repr>::deserialize(d)?.map(value).transpose()
-        }
-    }
-
-    pub mod pairs {
-        use super::*;
-
-        pub fn serialize<S: Serializer>(x: &[(String, f64)], s: S) -> Result<S::Ok, S::Error> {
-            let pairs: Vec<(&String, Repr)> = x.iter().map(|(n, v)| (n, repr(*v))).collect();
-            pairs.serialize(s)
-        }
-
-        pub fn deserialize<'de, D: Deserializer<'de>>(
-            d: D,
-        ) -> Result<Vec<(String, f64)>, D::Error> {
-            Vec::<(String, Repr)>::deserialize(d)?
-                .into_iter()
-                .map(|(n, r)| Ok((n, value(r)?)))
-                .collect()
-        }
-    }
-}
+pub use rlx_core::json_float;
 
 /// The IR of one recipe, for one assignment of its params.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -573,6 +327,38 @@ pub struct StateInfo {
 }
 
 impl Graph {
+    /// The signature of the graph's recipe: its inputs, rubrics, states and outputs, what a batch is
+    /// validated against (`rlx_core::Signature::validate`). Its `params` are empty: a graph keeps only
+    /// their values, folded in (`Graph::params`); a checked recipe's and an artifact's signatures
+    /// list them.
+    pub fn signature(&self) -> Signature {
+        let o = &self.outputs;
+        let output = |name: &str, id: NodeId| OutputInfo {
+            name: name.to_string(),
+            shape: self.node(id).shape.clone(),
+        };
+        let outputs = [
+            ("reward", o.reward),
+            ("advantage", o.advantage),
+            ("loss", o.loss),
+        ]
+        .into_iter()
+        .filter_map(|(name, id)| Some(output(name, id?)))
+        .chain(o.metrics.iter().map(|(name, id)| output(name, *id)))
+        .collect();
+        Signature {
+            inputs: self.inputs.clone(),
+            params: Vec::new(),
+            rubrics: self.rubrics.clone(),
+            states: self
+                .states
+                .iter()
+                .filter_map(|s| Some(self.inputs.get(s.input as usize)?.name.clone()))
+                .collect(),
+            outputs,
+        }
+    }
+
     pub fn node(&self, id: NodeId) -> &Node {
         &self.nodes[id.0 as usize]
     }

@@ -123,22 +123,8 @@ pub struct Import {
     pub names: Option<Vec<Ident>>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
-pub enum ElemType {
-    F32,
-    I32,
-    Bool,
-}
-
-impl ElemType {
-    pub fn name(self) -> &'static str {
-        match self {
-            ElemType::F32 => "f32",
-            ElemType::I32 => "i32",
-            ElemType::Bool => "bool",
-        }
-    }
-}
+/// The element type a type expression names (`f32` in `f32[resp]`).
+pub use rlx_core::Elem as ElemType;
 
 /// `f32[resp, crit]` as written; the checker interprets the axis names.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -312,11 +298,8 @@ pub struct ShapeCall {
     pub span: Span,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum KeepLevel {
-    Group,
-    Resp,
-}
+/// `keep group when …` or `keep resp when …`.
+pub use rlx_core::KeepLevel;
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub enum RolloutValue {
