@@ -10,6 +10,7 @@ pub mod export;
 pub mod files;
 pub mod format;
 pub mod ir;
+pub mod ops;
 pub mod packages;
 pub mod resolve;
 pub mod rubric_file;

@@ -27,8 +27,8 @@
 //! Storage and accumulation follow `Options` exactly as the JIT: buffers are `float` or `double` as the
 //! plan says, registers and reductions are `rlx_acc` (`double` or `float`). Transcendental functions
 //! are CUDA's (or, in the host-C check, libm's) in the accumulation precision; `sigmoid`,
-//! `log_sigmoid`, `softplus` and `lgamma` are the interpreter's stable forms
-//! (`rlx_compiler::ir::{sigmoid, log_sigmoid, softplus, lgamma}`) written out in C; `min`/`max` follow
+//! `log_sigmoid`, `softplus` and `lgamma` are the interpreter's stable forms written out in C (each
+//! beside its Rust form in the op table, `rlx_compiler::ops`); `min`/`max` follow
 //! `f64::min`/`f64::max` (a NaN operand is ignored), comparisons and `where` follow Rust's operators (NaN
 //! is true as a condition), an empty `max`/`min` reads as 0.
 //!
@@ -52,6 +52,7 @@ use super::plan::{
 };
 use super::Precision;
 use crate::ir::{Feature, Graph, Level, NodeId, Op, Shape, Value};
+use crate::ops::{self, Cuda, Primitive};
 
 /// The portability header that makes the generated source plain host C (see the module docs).
 pub const HOST_HEADER: &str = include_str!("cuda_host.h");
@@ -122,44 +123,9 @@ fn functions(ft: Precision) -> String {
 RLX_DEVICE {t} rlx_max({t} a, {t} b) {{ return a != a ? b : (b > a ? b : a); }}
 RLX_DEVICE {t} rlx_min({t} a, {t} b) {{ return a != a ? b : (b < a ? b : a); }}
 /* The interpreter's stable forms (rlx_compiler::ir). */
-RLX_DEVICE {t} rlx_sigmoid({t} x) {{
-    if (x >= 0) return 1 / (1 + exp{s}(-x));
-    {t} e = exp{s}(x);
-    return e / (1 + e);
-}}
-RLX_DEVICE {t} rlx_softplus({t} x) {{ return x > 0 ? x + log1p{s}(exp{s}(-x)) : log1p{s}(exp{s}(x)); }}
-RLX_DEVICE {t} rlx_log_sigmoid({t} x) {{ return -rlx_softplus(-x); }}
 "#
     );
-    out.push_str(
-        r#"/* log Γ(x): Lanczos (g = 7, n = 9) with the reflection formula below 1/2; +inf at the poles. */
-RLX_DEVICE double rlx_lgamma64(double x) {
-    const double c[9] = {0.99999999999980993, 676.5203681218851, -1259.1392167224028,
-                         771.32342877765313, -176.61502916214059, 12.507343278686905,
-                         -0.13857109526572012, 9.9843695780195716e-6, 1.5056327351493116e-7};
-    const double pi = 3.141592653589793;
-    double shift = 0.0, sign = 1.0;
-    if (x != x) return x;
-    if (x <= 0.0 && x - trunc(x) == 0.0) return rlx_inf();
-    if (x < 0.5) {
-        /* lgamma(x) = ln π − ln|sin πx| − lgamma(1 − x) */
-        shift = log(pi) - log(fabs(sin(pi * x)));
-        sign = -1.0;
-        x = 1.0 - x;
-    }
-    x = x - 1.0;
-    double sum = c[0];
-    for (int i = 1; i < 9; i++) sum += c[i] / (x + (double)i);
-    double t = x + 7.0 + 0.5;
-    double value = 0.5 * log(2.0 * pi) + (x + 0.5) * log(t) - t + log(sum);
-    return sign < 0.0 ? shift - value : value;
-}
-"#,
-    );
-    let _ = writeln!(
-        out,
-        "RLX_DEVICE {t} rlx_lgamma({t} x) {{ return ({t})rlx_lgamma64((double)x); }}"
-    );
+    out.push_str(&Primitive::cuda_prelude(t, s));
     let _ = write!(
         out,
         r#"/* A block-wide reduction in a fixed order: a pairwise tree over the thread index (any block size).
@@ -669,9 +635,6 @@ impl Gen<'_> {
         };
         let cond = |k: usize| -> Result<String, String> { Ok(format!("({} != 0)", arg(k)?)) };
         let truth = |c: String| format!("(({c}) ? (rlx_acc)1 : (rlx_acc)0)");
-        let call = |name: &str| -> Result<String, String> {
-            Ok(format!("{}({})", self.fn_name(name), arg(0)?))
-        };
         Ok(match &node.op {
             Op::Const(v) => self.lit(*v),
             Op::Value(value) => match value {
@@ -696,7 +659,6 @@ impl Gen<'_> {
             Op::Sub => format!("({} - {})", arg(0)?, arg(1)?),
             Op::Mul => format!("({} * {})", arg(0)?, arg(1)?),
             Op::Div => format!("({} / {})", arg(0)?, arg(1)?),
-            Op::Pow => format!("{}({}, {})", self.fn_name("pow"), arg(0)?, arg(1)?),
             Op::Min | Op::Max => {
                 let constant = |k: usize| match graph.node(node.args[k]).op {
                     Op::Const(v) => !v.is_nan(),
@@ -731,23 +693,6 @@ impl Gen<'_> {
             Op::And => truth(format!("{} && {}", cond(0)?, cond(1)?)),
             Op::Or => truth(format!("{} || {}", cond(0)?, cond(1)?)),
             Op::Select => format!("({} ? {} : {})", cond(0)?, arg(1)?, arg(2)?),
-            Op::Exp => call("exp")?,
-            Op::Log => call("log")?,
-            Op::Log1p => call("log1p")?,
-            Op::Tanh => call("tanh")?,
-            Op::Sin => call("sin")?,
-            Op::Cos => call("cos")?,
-            Op::Sqrt => call("sqrt")?,
-            Op::Floor => call("floor")?,
-            Op::Abs => call("fabs")?,
-            Op::Lgamma => format!("rlx_lgamma({})", arg(0)?),
-            Op::Sigmoid => format!("rlx_sigmoid({})", arg(0)?),
-            Op::LogSigmoid => format!("rlx_log_sigmoid({})", arg(0)?),
-            Op::Softplus => format!("rlx_softplus({})", arg(0)?),
-            Op::Sign => {
-                let a = arg(0)?;
-                format!("({a} > 0 ? (rlx_acc)1 : ({a} < 0 ? (rlx_acc)(-1) : (rlx_acc)0))")
-            }
             Op::Other => {
                 let operand = node.args[0];
                 let shape = graph.node(operand).shape.clone();
@@ -793,11 +738,27 @@ impl Gen<'_> {
                 };
                 format!("({inside} ? {value} : {})", arg(1)?)
             }
+            // A primitive: its op table expression.
             op => {
-                return Err(format!(
-                    "the CUDA backend cannot express `{}` in registers",
-                    op.name()
-                ))
+                let Some(primitive) = op.primitive() else {
+                    return Err(format!(
+                        "the CUDA backend cannot express `{}` in registers",
+                        op.name()
+                    ));
+                };
+                let operands = (0..primitive.arity)
+                    .map(&arg)
+                    .collect::<Result<Vec<_>, _>>()?;
+                match primitive.cuda {
+                    Cuda::Libm(name) => format!("{}({})", self.fn_name(name), operands.join(", ")),
+                    Cuda::Expr(template) => ops::fill(template, &operands),
+                    Cuda::Inline => {
+                        return Err(format!(
+                            "internal: `{}` has no arm of its own in the CUDA backend",
+                            op.name()
+                        ))
+                    }
+                }
             }
         })
     }

@@ -44,6 +44,7 @@ use super::plan::{
 };
 use super::Precision;
 use crate::ir::{Feature, Graph, Level, NodeId, Op, Shape, Value};
+use crate::ops::{self, Jit, Shims};
 
 /// The most variables one pass function may declare. Each register accumulator, count and scan carry is
 /// a cranelift variable, which can become a parameter of every loop header it is live across, and
@@ -128,132 +129,24 @@ impl Drop for JitKernel {
     }
 }
 
-// The shims: the interpreter's own functions, callable from generated code.
-extern "C" fn shim_exp(x: f64) -> f64 {
-    x.exp()
-}
-extern "C" fn shim_log(x: f64) -> f64 {
-    x.ln()
-}
-extern "C" fn shim_log1p(x: f64) -> f64 {
-    x.ln_1p()
-}
-extern "C" fn shim_tanh(x: f64) -> f64 {
-    x.tanh()
-}
-extern "C" fn shim_sin(x: f64) -> f64 {
-    x.sin()
-}
-extern "C" fn shim_cos(x: f64) -> f64 {
-    x.cos()
-}
-extern "C" fn shim_pow(x: f64, y: f64) -> f64 {
-    x.powf(y)
-}
-extern "C" fn shim_lgamma(x: f64) -> f64 {
-    crate::ir::lgamma(x)
-}
-extern "C" fn shim_sigmoid(x: f64) -> f64 {
-    crate::ir::sigmoid(x)
-}
-extern "C" fn shim_log_sigmoid(x: f64) -> f64 {
-    crate::ir::log_sigmoid(x)
-}
-extern "C" fn shim_softplus(x: f64) -> f64 {
-    crate::ir::softplus(x)
-}
-extern "C" fn shim_expf(x: f32) -> f32 {
-    x.exp()
-}
-extern "C" fn shim_logf(x: f32) -> f32 {
-    x.ln()
-}
-extern "C" fn shim_log1pf(x: f32) -> f32 {
-    x.ln_1p()
-}
-extern "C" fn shim_tanhf(x: f32) -> f32 {
-    x.tanh()
-}
-extern "C" fn shim_sinf(x: f32) -> f32 {
-    x.sin()
-}
-extern "C" fn shim_cosf(x: f32) -> f32 {
-    x.cos()
-}
-extern "C" fn shim_powf(x: f32, y: f32) -> f32 {
-    x.powf(y)
-}
-extern "C" fn shim_lgammaf(x: f32) -> f32 {
-    crate::ir::lgamma(f64::from(x)) as f32
-}
-/// The stable forms of `rlx_compiler::ir`, in f32.
-extern "C" fn shim_sigmoidf(x: f32) -> f32 {
-    if x >= 0.0 {
-        1.0 / (1.0 + (-x).exp())
-    } else {
-        let e = x.exp();
-        e / (1.0 + e)
-    }
-}
-extern "C" fn shim_softplusf(x: f32) -> f32 {
-    if x > 0.0 {
-        x + (-x).exp().ln_1p()
-    } else {
-        x.exp().ln_1p()
-    }
-}
-extern "C" fn shim_log_sigmoidf(x: f32) -> f32 {
-    -shim_softplusf(-x)
+/// The symbol of a primitive's shim in one precision (`rlx_log_sigmoid_f64`).
+fn shim_symbol(op: &Op, precision: &str) -> String {
+    format!("rlx_{}_{precision}", op.name())
 }
 
-/// Unary shims by op, and their symbols, for each precision.
-const UNARY: [(&str, &str); 10] = [
-    ("exp", "rlx_exp"),
-    ("log", "rlx_log"),
-    ("log1p", "rlx_log1p"),
-    ("tanh", "rlx_tanh"),
-    ("sin", "rlx_sin"),
-    ("cos", "rlx_cos"),
-    ("lgamma", "rlx_lgamma"),
-    ("sigmoid", "rlx_sigmoid"),
-    ("log_sigmoid", "rlx_log_sigmoid"),
-    ("softplus", "rlx_softplus"),
-];
-
+/// The shims of the op table (`ops::shims`: the interpreter's own functions, callable from generated
+/// code), by symbol.
 fn symbols() -> Vec<(String, *const u8)> {
-    let f64s: [(&str, extern "C" fn(f64) -> f64); 10] = [
-        ("exp", shim_exp),
-        ("log", shim_log),
-        ("log1p", shim_log1p),
-        ("tanh", shim_tanh),
-        ("sin", shim_sin),
-        ("cos", shim_cos),
-        ("lgamma", shim_lgamma),
-        ("sigmoid", shim_sigmoid),
-        ("log_sigmoid", shim_log_sigmoid),
-        ("softplus", shim_softplus),
-    ];
-    let f32s: [(&str, extern "C" fn(f32) -> f32); 10] = [
-        ("exp", shim_expf),
-        ("log", shim_logf),
-        ("log1p", shim_log1pf),
-        ("tanh", shim_tanhf),
-        ("sin", shim_sinf),
-        ("cos", shim_cosf),
-        ("lgamma", shim_lgammaf),
-        ("sigmoid", shim_sigmoidf),
-        ("log_sigmoid", shim_log_sigmoidf),
-        ("softplus", shim_softplusf),
-    ];
     let mut out: Vec<(String, *const u8)> = Vec::new();
-    for (name, f) in f64s {
-        out.push((format!("rlx_{name}_f64"), f as *const u8));
+    for primitive in ops::PRIMITIVES {
+        let (double, single) = match primitive.shims {
+            Some(Shims::Unary { double, single }) => (double as *const u8, single as *const u8),
+            Some(Shims::Binary { double, single }) => (double as *const u8, single as *const u8),
+            None => continue,
+        };
+        out.push((shim_symbol(&primitive.op, "f64"), double));
+        out.push((shim_symbol(&primitive.op, "f32"), single));
     }
-    for (name, f) in f32s {
-        out.push((format!("rlx_{name}_f32"), f as *const u8));
-    }
-    out.push(("rlx_pow_f64".into(), shim_pow as *const u8));
-    out.push(("rlx_pow_f32".into(), shim_powf as *const u8));
     out
 }
 
@@ -319,16 +212,21 @@ pub fn compile_with(
     let mut binary_sig = unary_sig.clone();
     binary_sig.params.push(AbiParam::new(ft));
     let mut shims: Vec<(&'static str, FuncId)> = Vec::new();
-    for (op, symbol) in UNARY {
+    for primitive in ops::PRIMITIVES {
+        let signature = match primitive.shims {
+            Some(Shims::Unary { .. }) => &unary_sig,
+            Some(Shims::Binary { .. }) => &binary_sig,
+            None => continue,
+        };
         let id = module
-            .declare_function(&format!("{symbol}_{suffix}"), Linkage::Import, &unary_sig)
+            .declare_function(
+                &shim_symbol(&primitive.op, suffix),
+                Linkage::Import,
+                signature,
+            )
             .map_err(|e| e.to_string())?;
-        shims.push((op, id));
+        shims.push((primitive.name, id));
     }
-    let pow = module
-        .declare_function(&format!("rlx_pow_{suffix}"), Linkage::Import, &binary_sig)
-        .map_err(|e| e.to_string())?;
-    shims.push(("pow", pow));
 
     let pointer = module.target_config().pointer_type();
     let mut signature = module.make_signature();
@@ -1212,10 +1110,6 @@ impl Gen<'_, '_> {
                     _ => self.b.ins().fdiv(a, b),
                 }
             }
-            Op::Pow => {
-                let (a, b) = (arg(0)?, arg(1)?);
-                self.call("pow", &[a, b])?
-            }
             Op::Min | Op::Max => {
                 let (a, b) = (arg(0)?, arg(1)?);
                 let constant = |k: usize| match graph.node(node.args[k]).op {
@@ -1275,29 +1169,6 @@ impl Gen<'_, '_> {
                 let r = range(graph, node.args[0], 0);
                 let bounded = r.low >= -EXP_FAST_RANGE && r.high <= EXP_FAST_RANGE;
                 self.exp(a, bounded)
-            }
-            Op::Log
-            | Op::Log1p
-            | Op::Tanh
-            | Op::Sin
-            | Op::Cos
-            | Op::Lgamma
-            | Op::Sigmoid
-            | Op::LogSigmoid
-            | Op::Softplus => {
-                let a = arg(0)?;
-                let name = match node.op {
-                    Op::Log => "log",
-                    Op::Log1p => "log1p",
-                    Op::Tanh => "tanh",
-                    Op::Sin => "sin",
-                    Op::Cos => "cos",
-                    Op::Lgamma => "lgamma",
-                    Op::Sigmoid => "sigmoid",
-                    Op::LogSigmoid => "log_sigmoid",
-                    _ => "softplus",
-                };
-                self.call(name, &[a])?
             }
             Op::Sqrt => {
                 let a = arg(0)?;
@@ -1387,12 +1258,21 @@ impl Gen<'_, '_> {
                 };
                 self.b.ins().select(inside, value, fill)
             }
-            op => {
-                return Err(format!(
-                    "internal: {} cannot be computed in registers",
-                    op.name()
-                ))
-            }
+            // A primitive computed by its op table shim, lane by lane.
+            op => match op.primitive().filter(|p| p.jit == Jit::Call) {
+                Some(primitive) => {
+                    let operands = (0..primitive.arity)
+                        .map(&arg)
+                        .collect::<GenResult<Vec<_>>>()?;
+                    self.call(primitive.name, &operands)?
+                }
+                None => {
+                    return Err(format!(
+                        "internal: {} cannot be computed in registers",
+                        op.name()
+                    ))
+                }
+            },
         })
     }
 

@@ -1,43 +1,13 @@
 //! The built-in functions and values of the language, as data: the checker reads their signatures and
-//! `docs/language.md` lists them (a test keeps the two in step).
+//! `docs/language.md` lists them (a test keeps the two in step). The functions are entries of the op
+//! table (`crate::ops`), which also says what each primitive means to every later stage.
 
 use serde::Serialize;
 
 use super::types::{Elem, Level, Ty};
 
-/// Element-wise built-in functions. Arguments broadcast against each other (coarse → fine).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Func {
-    Exp,
-    Log,
-    Log1p,
-    Sqrt,
-    Sigmoid,
-    LogSigmoid,
-    Tanh,
-    Softplus,
-    Abs,
-    Floor,
-    Min,
-    Max,
-    Pow,
-    Clamp,
-    Where,
-    Stopgrad,
-    /// With two arguments, the cosine similarity of two vectors along their feature axis (`dim`),
-    /// which drops the axis; with one, the trigonometric cosine.
-    Cos,
-    Sin,
-    Sign,
-    /// log Γ(x), without gradient.
-    Lgamma,
-    /// The contraction of a vector or matrix with a vector or matrix along their shared axis: vector ·
-    /// vector (a number), vector · matrix (over the rows), matrix · vector (over the columns).
-    Dot,
-    /// The outer product of two vectors: a matrix.
-    Outer,
-}
+/// The built-in functions (`Func`) and their signatures (`FUNCS`) come from the op table.
+pub use crate::ops::{Func, FUNCS};
 
 /// Reductions: `op(x over AXES)` removes the named axes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -79,151 +49,6 @@ pub struct FuncSig {
     pub optional: usize,
     pub doc: &'static str,
 }
-
-pub const FUNCS: &[FuncSig] = &[
-    FuncSig {
-        func: Func::Exp,
-        name: "exp",
-        params: &["x"],
-        optional: 0,
-        doc: "e^x",
-    },
-    FuncSig {
-        func: Func::Log,
-        name: "log",
-        params: &["x"],
-        optional: 0,
-        doc: "natural logarithm",
-    },
-    FuncSig {
-        func: Func::Log1p,
-        name: "log1p",
-        params: &["x"],
-        optional: 0,
-        doc: "log(1 + x), accurate near 0",
-    },
-    FuncSig {
-        func: Func::Sqrt,
-        name: "sqrt",
-        params: &["x"],
-        optional: 0,
-        doc: "square root",
-    },
-    FuncSig {
-        func: Func::Sigmoid,
-        name: "sigmoid",
-        params: &["x"],
-        optional: 0,
-        doc: "1 / (1 + e^-x)",
-    },
-    FuncSig {
-        func: Func::LogSigmoid,
-        name: "logsigmoid",
-        params: &["x"],
-        optional: 0,
-        doc: "log σ(x), computed stably",
-    },
-    FuncSig {
-        func: Func::Tanh,
-        name: "tanh",
-        params: &["x"],
-        optional: 0,
-        doc: "hyperbolic tangent",
-    },
-    FuncSig {
-        func: Func::Softplus,
-        name: "softplus",
-        params: &["x"],
-        optional: 0,
-        doc: "log(1 + e^x), computed stably",
-    },
-    FuncSig {
-        func: Func::Abs,
-        name: "abs",
-        params: &["x"],
-        optional: 0,
-        doc: "|x| (subgradient 0 at 0)",
-    },
-    FuncSig {
-        func: Func::Floor,
-        name: "floor",
-        params: &["x"],
-        optional: 0,
-        doc: "largest integer ≤ x (gradient 0)",
-    },
-    FuncSig {
-        func: Func::Min,
-        name: "min",
-        params: &["a", "b"],
-        optional: 0,
-        doc: "smaller of a and b; with `over`, a reduction",
-    },
-    FuncSig {
-        func: Func::Max,
-        name: "max",
-        params: &["a", "b"],
-        optional: 0,
-        doc: "larger of a and b; with `over`, a reduction",
-    },
-    FuncSig {
-        func: Func::Pow,
-        name: "pow",
-        params: &["base", "exponent"],
-        optional: 0,
-        doc: "base ^ exponent",
-    },
-    FuncSig {
-        func: Func::Clamp,
-        name: "clamp",
-        params: &["x", "lo", "hi"],
-        optional: 0,
-        doc: "min(max(x, lo), hi); gradient 1 inside [lo, hi], 0 outside",
-    },
-    FuncSig {
-        func: Func::Where,
-        name: "where",
-        params: &["cond", "yes", "no"],
-        optional: 0,
-        doc: "yes where cond holds, else no; the gradient flows through the chosen branch",
-    },
-    FuncSig {
-        func: Func::Stopgrad,
-        name: "stopgrad",
-        params: &["x"],
-        optional: 0,
-        doc: "x, with no gradient flowing through it",
-    },
-    FuncSig {
-        func: Func::Cos,
-        name: "cos",
-        params: &["a", "b"],
-        optional: 1,
-        doc: "cos(a, b): cosine similarity of two vectors along their feature axis; cos(x): trigonometric cosine",
-    },
-    FuncSig {
-        func: Func::Dot,
-        name: "dot",
-        params: &["a", "b"],
-        optional: 0,
-        doc: "the sum of products along the shared feature axis: vector·vector (a number), vector·matrix (Σ over the rows), matrix·vector (Σ over the columns)",
-    },
-    FuncSig {
-        func: Func::Outer,
-        name: "outer",
-        params: &["a", "b"],
-        optional: 0,
-        doc: "the matrix a_i·b_j of two vectors (rows along a's axis, columns along b's)",
-    },
-    FuncSig { func: Func::Sin, name: "sin", params: &["x"], optional: 0, doc: "trigonometric sine" },
-    FuncSig { func: Func::Sign, name: "sign", params: &["x"], optional: 0, doc: "−1, 0 or 1 (no gradient)" },
-    FuncSig {
-        func: Func::Lgamma,
-        name: "lgamma",
-        params: &["x"],
-        optional: 0,
-        doc: "log Γ(x) for x > 0 (no gradient); e.g. log-binomials for pass@k",
-    },
-];
 
 pub struct ReduceSig {
     pub op: ReduceOp,

@@ -402,33 +402,7 @@ impl<'p> Checker<'p> {
                 )
             }
             Func::Stopgrad => (args[0].ty.clone(), false),
-            Func::Cos if args.len() == 1 => {
-                if !numeric(self, &args[0]) {
-                    return None;
-                }
-                (
-                    Ty {
-                        elem: Elem::F32,
-                        level,
-                        feature,
-                    },
-                    args[0].grad,
-                )
-            }
-            Func::Sign | Func::Lgamma => {
-                if !numeric(self, &args[0]) {
-                    return None;
-                }
-                (
-                    Ty {
-                        elem: Elem::F32,
-                        level,
-                        feature,
-                    },
-                    false,
-                )
-            }
-            Func::Cos => {
+            Func::Cos if args.len() == 2 => {
                 for arg in &args {
                     if !numeric(self, arg) {
                         return None;
@@ -444,13 +418,22 @@ impl<'p> Checker<'p> {
                 }
                 (Ty::new(Elem::F32, level), args.iter().any(|a| a.grad))
             }
-            Func::Min | Func::Max | Func::Clamp | Func::Abs => {
+            _ => {
+                // `clamp` and the primitives (their op table entry says the result and gradient).
                 for arg in &args {
                     if !numeric(self, arg) {
                         return None;
                     }
                 }
-                let elem = if args.iter().all(|a| a.ty.elem == Elem::I32) {
+                let (keeps_int, gradient) = match func.primitive() {
+                    Some(primitive) => (
+                        primitive.result == crate::ops::Returns::KeepInt,
+                        primitive.gradient,
+                    ),
+                    // `clamp` (max, then min): an i32 stays i32.
+                    None => (true, true),
+                };
+                let elem = if keeps_int && args.iter().all(|a| a.ty.elem == Elem::I32) {
                     Elem::I32
                 } else {
                     Elem::F32
@@ -461,35 +444,7 @@ impl<'p> Checker<'p> {
                         level,
                         feature,
                     },
-                    args.iter().any(|a| a.grad),
-                )
-            }
-            Func::Floor => {
-                if !numeric(self, &args[0]) {
-                    return None;
-                }
-                (
-                    Ty {
-                        elem: Elem::F32,
-                        level,
-                        feature,
-                    },
-                    false,
-                )
-            }
-            _ => {
-                for arg in &args {
-                    if !numeric(self, arg) {
-                        return None;
-                    }
-                }
-                (
-                    Ty {
-                        elem: Elem::F32,
-                        level,
-                        feature,
-                    },
-                    args.iter().any(|a| a.grad),
+                    gradient && args.iter().any(|a| a.grad),
                 )
             }
         };

@@ -378,7 +378,6 @@ impl<'a> Emitter<'a> {
         let a = |i: usize| self.operand(args[i], shape);
         let src = |i: usize| self.shape(args[i]);
         let dst = self.shape(id);
-        let call1 = |f: &str| format!("{f}({})", a(0));
         let text = match &node.op {
             Op::Copy => format!("_expand(L, {}, \"{dst}\")", a(0)),
             Op::Neg => format!("-{}", a(0)),
@@ -387,12 +386,10 @@ impl<'a> Emitter<'a> {
             Op::Sub => format!("{} - {}", a(0), a(1)),
             Op::Mul => format!("{} * {}", a(0), a(1)),
             Op::Div => format!("{} / {}", a(0), a(1)),
+            // With a differentiable exponent (the table's `torch.pow` otherwise).
             Op::Pow if self.active[args[1].0 as usize] => {
                 format!("_pow(L, {}, {})", a(0), a(1))
             }
-            Op::Pow => format!("torch.pow({}, {})", a(0), a(1)),
-            Op::Min => format!("_minimum({}, {})", a(0), a(1)),
-            Op::Max => format!("_maximum({}, {})", a(0), a(1)),
             Op::Eq => format!("({} == {}).to(L.dtype)", a(0), a(1)),
             Op::Ne => format!("({} != {}).to(L.dtype)", a(0), a(1)),
             Op::Lt => format!("({} < {}).to(L.dtype)", a(0), a(1)),
@@ -402,21 +399,7 @@ impl<'a> Emitter<'a> {
             Op::And => format!("(({} != 0) & ({} != 0)).to(L.dtype)", a(0), a(1)),
             Op::Or => format!("(({} != 0) | ({} != 0)).to(L.dtype)", a(0), a(1)),
             Op::Select => format!("_where(L, {}, {}, {})", a(0), a(1), a(2)),
-            Op::Exp => call1("torch.exp"),
-            Op::Log => call1("torch.log"),
-            Op::Log1p => call1("torch.log1p"),
-            Op::Sqrt => call1("_sqrt"),
-            Op::Sigmoid => call1("torch.sigmoid"),
-            Op::LogSigmoid => call1("F.logsigmoid"),
-            Op::Tanh => call1("torch.tanh"),
-            Op::Softplus => call1("F.softplus"),
-            Op::Abs => call1("torch.abs"),
-            Op::Floor => call1("torch.floor"),
-            Op::Sign => call1("torch.sign"),
             Op::StopGrad => format!("{}.detach()", a(0)),
-            Op::Cos => call1("torch.cos"),
-            Op::Sin => call1("torch.sin"),
-            Op::Lgamma => format!("torch.lgamma({}.detach())", a(0)),
             Op::Shift { offset } => format!("_shift(L, {}, {offset}, {})", a(0), a(1)),
             Op::Scan { reverse } => format!(
                 "_scan(L, {}, {}, reverse={})",
@@ -485,6 +468,14 @@ impl<'a> Emitter<'a> {
             Op::Other => format!("_other(L, {})", self.atom(args[0])),
             Op::SumByOther => format!("_sum_by_other(L, {})", self.atom(args[0])),
             Op::Const(_) | Op::Input(_) | Op::Value(_) => self.atom(id),
+            // A primitive: its op table expression (every other op has its arm above).
+            op => match op.primitive() {
+                Some(primitive) => {
+                    let operands: Vec<String> = (0..primitive.arity).map(a).collect();
+                    primitive.torch_expr(&operands)
+                }
+                None => self.atom(id),
+            },
         };
         // An element-wise result covers the node's shape only if some operand has its level (and
         // its feature axis); otherwise materialise it.

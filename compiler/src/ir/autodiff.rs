@@ -115,7 +115,7 @@ fn sum_to(builder: &mut Builder, contribution: NodeId, target: &Shape) -> NodeId
 }
 
 /// One operand's share of a node's adjoint `g`.
-enum Local {
+pub(crate) enum Local {
     /// `g` moved without arithmetic on it (copied, negated, selected, summed, re-indexed, shifted,
     /// scanned): zero where `g` is zero.
     Routed(NodeId),
@@ -175,8 +175,81 @@ fn at_shape(b: &mut Builder, g: NodeId, shape: &Shape) -> NodeId {
     }
 }
 
+/// The element-wise op of `operands` (F32) at the node's shape, or the finer shape of an operand.
+fn map_at(b: &mut Builder, shape: &Shape, op: Op, operands: Vec<NodeId>) -> NodeId {
+    let mut out = shape.clone();
+    for operand in &operands {
+        let s = b.shape(*operand).clone();
+        if out.broadcasts_to(&s) {
+            out = Shape {
+                level: s.level,
+                feature: s.feature.clone().or(out.feature.clone()),
+            };
+        }
+    }
+    b.add(op, operands, out, Elem::F32)
+}
+
+/// What a primitive's derivative rule (`ops::op_table!`, `derivative`) sees: the node, its operands,
+/// which operand the rule is for, and the constants 1 and 0.
+pub(crate) struct Derivative<'a> {
+    b: &'a mut Builder,
+    shape: Shape,
+    args: &'a [NodeId],
+    /// The node's adjoint.
+    g: NodeId,
+    /// The node's own value (y).
+    pub node: NodeId,
+    /// The operand whose share is asked for.
+    pub position: usize,
+    pub one: NodeId,
+    pub zero: NodeId,
+}
+
+impl Derivative<'_> {
+    /// The first operand.
+    pub fn a(&self) -> Option<NodeId> {
+        self.args.first().copied()
+    }
+
+    /// The second operand.
+    pub fn second(&self) -> Option<NodeId> {
+        self.args.get(1).copied()
+    }
+
+    /// A new element-wise node (F32) over `operands`.
+    pub fn map(&mut self, op: Op, operands: Vec<NodeId>) -> NodeId {
+        map_at(self.b, &self.shape, op, operands)
+    }
+
+    /// `g · factor`.
+    pub fn times(&self, factor: NodeId) -> Local {
+        self.scaled(Op::Mul, factor, None)
+    }
+
+    /// `g / factor`.
+    pub fn over(&self, factor: NodeId) -> Local {
+        self.scaled(Op::Div, factor, None)
+    }
+
+    /// `g op factor` where `only` holds, 0 elsewhere.
+    pub fn scaled(&self, op: Op, factor: NodeId, only: Option<NodeId>) -> Local {
+        Local::Scaled { op, factor, only }
+    }
+
+    /// `g` where `compare(a, second)` holds, 0 elsewhere (the subgradient of `min`/`max`).
+    pub fn choose(&mut self, compare: Op) -> Option<Local> {
+        let (x, y) = (self.a()?, self.second()?);
+        let chosen = self.map(compare, vec![x, y]);
+        Some(Local::Routed(
+            self.map(Op::Select, vec![chosen, self.g, self.zero]),
+        ))
+    }
+}
+
 /// ∂node/∂args[position] for the node's adjoint `g`: `g` routed (at the node's shape, or the arg's for
-/// reductions' operands), or the local derivative that `scaled` multiplies `g` by.
+/// reductions' operands), or the local derivative that `scaled` multiplies `g` by. A primitive's is its
+/// op table entry's rule.
 fn local_gradient(
     b: &mut Builder,
     op: &Op,
@@ -187,23 +260,24 @@ fn local_gradient(
 ) -> Option<Local> {
     let shape = b.shape(node).clone();
     let f = Elem::F32;
-    let map = |b: &mut Builder, op: Op, operands: Vec<NodeId>| {
-        let mut out = shape.clone();
-        for operand in &operands {
-            let s = b.shape(*operand).clone();
-            if out.broadcasts_to(&s) {
-                out = Shape {
-                    level: s.level,
-                    feature: s.feature.clone().or(out.feature.clone()),
-                };
-            }
-        }
-        b.add(op, operands, out, f)
-    };
     let a = args.first().copied();
     let second = args.get(1).copied();
     let one = b.constant(1.0, f);
     let zero = b.constant(0.0, f);
+    if op.primitive().is_some() {
+        let mut derivative = Derivative {
+            b,
+            shape,
+            args,
+            node,
+            position,
+            g,
+            one,
+            zero,
+        };
+        return crate::ops::derivative(op, &mut derivative).flatten();
+    }
+    let map = |b: &mut Builder, op: Op, operands: Vec<NodeId>| map_at(b, &shape, op, operands);
     let routed = Local::Routed;
     let times = |factor: NodeId| Local::Scaled {
         op: Op::Mul,
@@ -226,66 +300,9 @@ fn local_gradient(
             let ratio = map(b, Op::Div, vec![node, second?]);
             times(map(b, Op::Neg, vec![ratio]))
         }
-        (Op::Pow, 0) => {
-            // g·e·a^(e−1)
-            let exponent = second?;
-            let e_minus_one = map(b, Op::Sub, vec![exponent, one]);
-            let power = map(b, Op::Pow, vec![a?, e_minus_one]);
-            times(map(b, Op::Mul, vec![exponent, power]))
-        }
-        (Op::Pow, 1) => {
-            // g·y·ln a, for a > 0 (0 elsewhere).
-            let base = a?;
-            let positive = map(b, Op::Gt, vec![base, zero]);
-            let safe = map(b, Op::Select, vec![positive, base, one]);
-            let log = map(b, Op::Log, vec![safe]);
-            Local::Scaled {
-                op: Op::Mul,
-                factor: map(b, Op::Mul, vec![node, log]),
-                only: Some(positive),
-            }
-        }
-        (Op::Min, _) | (Op::Max, _) => {
-            // The first operand wins ties.
-            let (x, y) = (a?, second?);
-            let compare = match (op, position) {
-                (Op::Min, 0) => Op::Le,
-                (Op::Min, _) => Op::Gt,
-                (Op::Max, 0) => Op::Ge,
-                _ => Op::Lt,
-            };
-            let chosen = map(b, compare, vec![x, y]);
-            routed(map(b, Op::Select, vec![chosen, g, zero]))
-        }
         (Op::Select, 0) => return None,
         (Op::Select, 1) => routed(map(b, Op::Select, vec![a?, g, zero])),
         (Op::Select, _) => routed(map(b, Op::Select, vec![a?, zero, g])),
-        (Op::Exp, _) => times(node),
-        (Op::Log, _) => over(a?),
-        (Op::Log1p, _) => over(map(b, Op::Add, vec![a?, one])),
-        (Op::Sqrt, _) => {
-            let positive = map(b, Op::Gt, vec![node, zero]);
-            let safe = map(b, Op::Select, vec![positive, node, one]);
-            Local::Scaled {
-                op: Op::Div,
-                factor: map(b, Op::Add, vec![safe, safe]),
-                only: Some(positive),
-            }
-        }
-        (Op::Sigmoid, _) => {
-            let complement = map(b, Op::Sub, vec![one, node]);
-            times(map(b, Op::Mul, vec![node, complement]))
-        }
-        (Op::LogSigmoid, _) => {
-            let negated = map(b, Op::Neg, vec![a?]);
-            times(map(b, Op::Sigmoid, vec![negated]))
-        }
-        (Op::Tanh, _) => {
-            let square = map(b, Op::Mul, vec![node, node]);
-            times(map(b, Op::Sub, vec![one, square]))
-        }
-        (Op::Softplus, _) => times(map(b, Op::Sigmoid, vec![a?])),
-        (Op::Abs, _) => times(map(b, Op::Sign, vec![a?])),
         (Op::ReduceSum, _) => {
             let arg_shape = b.shape(a?).clone();
             routed(b.add(Op::Copy, vec![g], arg_shape, f))
@@ -349,11 +366,6 @@ fn local_gradient(
             let arg_shape = b.shape(a?).clone();
             routed(b.add(Op::Other, vec![g], arg_shape, f))
         }
-        (Op::Cos, _) => {
-            let sine = map(b, Op::Sin, vec![a?]);
-            times(map(b, Op::Neg, vec![sine]))
-        }
-        (Op::Sin, _) => times(map(b, Op::Cos, vec![a?])),
         (Op::Shift { offset }, 0) => {
             // y_t = x_{t+k} ⇒ x_s receives g_{s−k}.
             routed(b.add(

@@ -820,33 +820,23 @@ impl Lowerer<'_> {
 
     fn call(&mut self, func: Func, args: Vec<NodeId>, expr: &hir::Expr) -> NodeId {
         let elem = expr.ty.elem;
+        // A primitive is its op (`cos` with one argument; with two, the form below).
+        if let Some(primitive) = func.primitive() {
+            if !(func == Func::Cos && args.len() == 2) {
+                return self.map(primitive.op.clone(), args, elem);
+            }
+        }
         match func {
-            Func::Exp => self.unary(Op::Exp, args[0]),
-            Func::Log => self.unary(Op::Log, args[0]),
-            Func::Log1p => self.unary(Op::Log1p, args[0]),
-            Func::Sqrt => self.unary(Op::Sqrt, args[0]),
-            Func::Sigmoid => self.unary(Op::Sigmoid, args[0]),
-            Func::LogSigmoid => self.unary(Op::LogSigmoid, args[0]),
-            Func::Tanh => self.unary(Op::Tanh, args[0]),
-            Func::Softplus => self.unary(Op::Softplus, args[0]),
-            Func::Abs => self.map(Op::Abs, vec![args[0]], elem),
-            Func::Floor => self.unary(Op::Floor, args[0]),
-            Func::Sin => self.unary(Op::Sin, args[0]),
-            Func::Sign => self.unary(Op::Sign, args[0]),
-            Func::Lgamma => self.unary(Op::Lgamma, args[0]),
-            Func::Cos if args.len() == 1 => self.unary(Op::Cos, args[0]),
             Func::Dot | Func::Outer => self.product(func, args, expr),
-            Func::Min => self.map(Op::Min, args, elem),
-            Func::Max => self.map(Op::Max, args, elem),
-            Func::Pow => self.binary(Op::Pow, args[0], args[1]),
             Func::Clamp => {
                 let low = self.map(Op::Max, vec![args[0], args[1]], elem);
                 self.map(Op::Min, vec![low, args[2]], elem)
             }
             Func::Where => self.map(Op::Select, args, elem),
             Func::Stopgrad => self.stopgrad(args[0]),
-            Func::Cos => {
-                // dot / max(|a|·|b|, tiny), along the shared feature axis.
+            // `cos(a, b)` (every other primitive returned above): dot / max(|a|·|b|, tiny), along the
+            // shared feature axis.
+            _ => {
                 let product = self.binary(Op::Mul, args[0], args[1]);
                 let dot = self.drop_feature(Op::ReduceSum, product);
                 let a2 = self.binary(Op::Mul, args[0], args[0]);

@@ -27,10 +27,35 @@ pub use crate::check::types::Elem;
 pub use rlx_core::{
     Feature, InputInfo, KeepLevel, Level, OutputInfo, RubricInfo, Shape, Signature,
 };
+/// The stable scalar forms, which live in the op table (`crate::ops`).
+pub use crate::ops::scalar::double::{log_sigmoid, sigmoid, softplus};
+pub use crate::ops::scalar::lgamma;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct NodeId(pub u32);
 
+/// The `Op` enum: the variants written here, then one per primitive of the op table (`crate::ops`),
+/// documented there.
+macro_rules! op_enum {
+    (
+        { $(#[$attr:meta])* pub enum Op { $($fixed:tt)* } }
+        $(
+            $func:ident {
+                name: $name:literal, params: $params:tt, optional: $optional:literal, doc: $doc:literal
+                $(, op: $op:ident $body:tt)?
+                $(,)?
+            }
+        ),* $(,)?
+    ) => {
+        $(#[$attr])*
+        pub enum Op {
+            $($fixed)*
+            $($( #[doc = $doc] $op, )?)*
+        }
+    };
+}
+
+crate::ops::op_table!(op_enum! {
 /// Operations. Element-wise ones broadcast their operands to the node's shape.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -47,9 +72,6 @@ pub enum Op {
     Sub,
     Mul,
     Div,
-    Pow,
-    Min,
-    Max,
     Eq,
     Ne,
     Lt,
@@ -60,24 +82,8 @@ pub enum Op {
     Or,
     /// `where(cond, yes, no)`.
     Select,
-    Exp,
-    Log,
-    Log1p,
-    Sqrt,
-    Sigmoid,
-    LogSigmoid,
-    Tanh,
-    Softplus,
-    Abs,
-    Floor,
-    /// −1, 0 or 1 (used by gradients of `abs`).
-    Sign,
     /// The operand's value; no gradient flows through it.
     StopGrad,
-    Cos,
-    Sin,
-    /// log Γ(x); no gradient.
-    Lgamma,
     /// Token t + offset of the same response, or the second operand (`fill`) outside it.
     Shift {
         offset: i32,
@@ -128,6 +134,7 @@ pub enum Op {
     /// elements (a, b) (adjoint of `SpreadRows`).
     ContractCols,
 }
+});
 
 impl Op {
     /// Whether the op works element by element (operands broadcast to the node's shape).
@@ -158,43 +165,33 @@ impl Op {
         )
     }
 
-    /// Whether the op passes a gradient to its operands (autodiff and the torch exporter agree on it).
+    /// Whether the op passes a gradient to its operands (autodiff and the torch exporter agree on it);
+    /// a primitive's entry in the op table says whether it does.
     pub fn passes_gradient(&self) -> bool {
-        matches!(
-            self,
-            Op::Copy
-                | Op::Neg
-                | Op::Add
-                | Op::Sub
-                | Op::Mul
-                | Op::Div
-                | Op::Pow
-                | Op::Min
-                | Op::Max
-                | Op::Select
-                | Op::Exp
-                | Op::Log
-                | Op::Log1p
-                | Op::Sqrt
-                | Op::Sigmoid
-                | Op::LogSigmoid
-                | Op::Tanh
-                | Op::Softplus
-                | Op::Abs
-                | Op::ReduceSum
-                | Op::ReduceMax
-                | Op::ReduceMin
-                | Op::Index(_)
-                | Op::Unindex(_)
-                | Op::Other
-                | Op::SumByOther
-                | Op::Cos
-                | Op::Sin
-                | Op::SpreadRows
-                | Op::SpreadCols
-                | Op::ContractRows
-                | Op::ContractCols
-        )
+        match self.primitive() {
+            Some(primitive) => primitive.gradient,
+            None => matches!(
+                self,
+                Op::Copy
+                    | Op::Neg
+                    | Op::Add
+                    | Op::Sub
+                    | Op::Mul
+                    | Op::Div
+                    | Op::Select
+                    | Op::ReduceSum
+                    | Op::ReduceMax
+                    | Op::ReduceMin
+                    | Op::Index(_)
+                    | Op::Unindex(_)
+                    | Op::Other
+                    | Op::SumByOther
+                    | Op::SpreadRows
+                    | Op::SpreadCols
+                    | Op::ContractRows
+                    | Op::ContractCols
+            ),
+        }
     }
 
     pub fn name(&self) -> String {
@@ -520,7 +517,8 @@ impl Builder {
     }
 }
 
-/// Evaluate an element-wise op on scalars (the interpreter uses the same definitions).
+/// Evaluate an element-wise op on scalars (the interpreter uses the same definitions; a primitive's
+/// are its op table entry's, `ops::eval`).
 pub fn fold(op: &Op, values: &[f64]) -> Option<f64> {
     let a = values.first().copied().unwrap_or(0.0);
     let b = values.get(1).copied().unwrap_or(0.0);
@@ -533,9 +531,6 @@ pub fn fold(op: &Op, values: &[f64]) -> Option<f64> {
         Op::Sub => a - b,
         Op::Mul => a * b,
         Op::Div => a / b,
-        Op::Pow => a.powf(b),
-        Op::Min => a.min(b),
-        Op::Max => a.max(b),
         Op::Eq => truth(a == b),
         Op::Ne => truth(a != b),
         Op::Lt => truth(a < b),
@@ -551,29 +546,7 @@ pub fn fold(op: &Op, values: &[f64]) -> Option<f64> {
                 values.get(2).copied().unwrap_or(0.0)
             }
         }
-        Op::Exp => a.exp(),
-        Op::Log => a.ln(),
-        Op::Log1p => a.ln_1p(),
-        Op::Sqrt => a.sqrt(),
-        Op::Sigmoid => sigmoid(a),
-        Op::LogSigmoid => log_sigmoid(a),
-        Op::Tanh => a.tanh(),
-        Op::Softplus => softplus(a),
-        Op::Abs => a.abs(),
-        Op::Floor => a.floor(),
-        Op::Cos => a.cos(),
-        Op::Sin => a.sin(),
-        Op::Lgamma => lgamma(a),
-        Op::Sign => {
-            if a > 0.0 {
-                1.0
-            } else if a < 0.0 {
-                -1.0
-            } else {
-                0.0
-            }
-        }
-        _ => return None,
+        _ => return crate::ops::eval(op, values),
     })
 }
 
@@ -592,65 +565,6 @@ pub fn uniform(seed: f64, position: u64) -> f64 {
     let s = seed as i64 as u64;
     let h = splitmix64_mix(splitmix64_mix(s.wrapping_add(0x9E37_79B9_7F4A_7C15)) ^ position);
     (h >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-}
-
-/// σ(x), stable for large |x|.
-pub fn sigmoid(x: f64) -> f64 {
-    if x >= 0.0 {
-        1.0 / (1.0 + (-x).exp())
-    } else {
-        let e = x.exp();
-        e / (1.0 + e)
-    }
-}
-
-/// log σ(x) = −softplus(−x), stable.
-pub fn log_sigmoid(x: f64) -> f64 {
-    -softplus(-x)
-}
-
-/// log(1 + eˣ), stable.
-pub fn softplus(x: f64) -> f64 {
-    if x > 0.0 {
-        x + (-x).exp().ln_1p()
-    } else {
-        x.exp().ln_1p()
-    }
-}
-
-/// log Γ(x) for x > 0 (Lanczos approximation, g = 7, n = 9; relative error below 1e-14), with the
-/// reflection formula below 1/2; +∞ at the poles (0, −1, −2, …).
-pub fn lgamma(x: f64) -> f64 {
-    const G: f64 = 7.0;
-    const COEFFICIENTS: [f64; 9] = [
-        0.999_999_999_999_809_9,
-        676.520_368_121_885_1,
-        -1_259.139_216_722_402_8,
-        771.323_428_777_653_1,
-        -176.615_029_162_140_6,
-        12.507_343_278_686_905,
-        -0.138_571_095_265_720_12,
-        9.984_369_578_019_572e-6,
-        1.505_632_735_149_311_6e-7,
-    ];
-    if x.is_nan() {
-        return f64::NAN;
-    }
-    if x <= 0.0 && x.fract() == 0.0 {
-        return f64::INFINITY;
-    }
-    if x < 0.5 {
-        // Γ(x)Γ(1 − x) = π / sin(πx)
-        let sine = (std::f64::consts::PI * x).sin().abs();
-        return std::f64::consts::PI.ln() - sine.ln() - lgamma(1.0 - x);
-    }
-    let x = x - 1.0;
-    let mut sum = COEFFICIENTS[0];
-    for (i, c) in COEFFICIENTS.iter().enumerate().skip(1) {
-        sum += c / (x + i as f64);
-    }
-    let t = x + G + 0.5;
-    0.5 * (2.0 * std::f64::consts::PI).ln() + (x + 0.5) * t.ln() - t + sum.ln()
 }
 
 #[cfg(test)]
@@ -672,17 +586,5 @@ mod tests {
         assert!((mean - 0.5).abs() < 0.05, "mean {mean}");
         assert_ne!(uniform(7.0, 3), uniform(8.0, 3));
         assert_eq!(uniform(-1.9, 5), uniform(-1.0, 5));
-    }
-
-    #[test]
-    fn lgamma_matches_known_values() {
-        // ln Γ(n) = ln (n − 1)!
-        assert!((lgamma(1.0)).abs() < 1e-13);
-        assert!((lgamma(5.0) - 24f64.ln()).abs() < 1e-12);
-        assert!((lgamma(11.0) - 3_628_800f64.ln()).abs() < 1e-11);
-        // Γ(1/2) = √π
-        assert!((lgamma(0.5) - std::f64::consts::PI.sqrt().ln()).abs() < 1e-13);
-        assert!((lgamma(0.1) - 2.252_712_651_734_206).abs() < 1e-12);
-        assert_eq!(lgamma(0.0), f64::INFINITY);
     }
 }
