@@ -215,14 +215,7 @@ pub fn bench_model(
                 0 => options.rows,
                 m => m.min(options.rows),
             };
-            let mut opt = AdamW::new(
-                policy.vars(),
-                AdamWParams {
-                    lr: config.train.lr,
-                    weight_decay: config.train.weight_decay,
-                    ..Default::default()
-                },
-            );
+            let mut opt = AdamW::new(policy.vars(), AdamWParams::of(&config.train));
             let count: usize = tokens.iter().map(Vec::len).sum();
             let mut times = Vec::new();
             let mut cpu_times = Vec::new();

@@ -28,6 +28,17 @@ pub struct AdamWParams {
     pub weight_decay: f64,
 }
 
+impl AdamWParams {
+    /// A run's optimizer: `train.lr` and `train.weight_decay`, the default betas and eps.
+    pub fn of(train: &crate::config::TrainConfig) -> AdamWParams {
+        AdamWParams {
+            lr: train.lr,
+            weight_decay: train.weight_decay,
+            ..AdamWParams::default()
+        }
+    }
+}
+
 impl Default for AdamWParams {
     fn default() -> Self {
         AdamWParams {

@@ -206,14 +206,7 @@ impl Trainer {
         let eval = task.eval_prompts(config.seed)?;
         let uses_reference = fills.contains(&Fill::RefLogp);
         let kl_monitor = uses_reference.then(kl_monitor_graph).transpose()?;
-        let mut opt = AdamW::new(
-            policy.vars(),
-            AdamWParams {
-                lr: config.train.lr,
-                weight_decay: config.train.weight_decay,
-                ..Default::default()
-            },
-        );
+        let mut opt = AdamW::new(policy.vars(), AdamWParams::of(&config.train));
         let eval_settings = EvalSettings {
             max_new_tokens: config.sampler.max_new_tokens,
             samples: config.train.eval_samples,

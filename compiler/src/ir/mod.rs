@@ -24,12 +24,12 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::check::builtins::Value;
 pub use crate::check::types::Elem;
-pub use rlx_core::{
-    Feature, InputInfo, KeepLevel, Level, OutputInfo, RubricInfo, Shape, Signature,
-};
 /// The stable scalar forms, which live in the op table (`crate::ops`).
 pub use crate::ops::scalar::double::{log_sigmoid, sigmoid, softplus};
 pub use crate::ops::scalar::lgamma;
+pub use rlx_core::{
+    Feature, InputInfo, KeepLevel, Level, OutputInfo, RubricInfo, Shape, Signature,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct NodeId(pub u32);
