@@ -29,6 +29,7 @@ use rlx_compiler::ir::{Elem, Graph, KeepLevel, Level, NodeId, Shape};
 
 use rlx_core::{CoreError, Signature, Sizes};
 
+use crate::arrays::first_where;
 use crate::batch::{Batch, Layout};
 use crate::geometry::Geometry;
 use crate::interp::{finite, rubric_lens, Context, EvalError, Outcome, Selection};
@@ -94,10 +95,12 @@ impl Column {
         }
     }
 
+    /// Whether every value is finite (`arrays::first_where`'s branch-free blocks: a gradient is
+    /// batch-sized, and `Iterator::all` stops at each element to test it).
     fn all_finite(&self) -> bool {
         match self {
-            Column::F32(v) => v.iter().all(|x| x.is_finite()),
-            Column::F64(v) => v.iter().all(|x| x.is_finite()),
+            Column::F32(v) => first_where(v, |x: f32| !x.is_finite()).is_none(),
+            Column::F64(v) => first_where(v, |x: f64| !x.is_finite()).is_none(),
         }
     }
 }

@@ -18,9 +18,11 @@
 //! to the response before loading).
 //!
 //! # Numerics
-//! `exp`, the hot function of every ratio and KL term, is inlined (`Gen::exp_f64`: fdlibm's range
-//! reduction, a degree-13 polynomial by Estrin's scheme, degree 8 when the result is rounded to f32;
-//! within 1 ulp of libm). The other transcendental functions are calls to registered `extern "C"` shims
+//! `exp`, the hot function of every ratio and KL term, is inlined: an argument known to lie within
+//! [−700, 700] (`range`) by Tang's table method (`Gen::exp_table`: 2^(j/128) from a table, a degree-5
+//! polynomial, degree 3 when the result is rounded to f32), any other by fdlibm's range reduction and
+//! a degree-13 polynomial by Estrin's scheme (`Gen::exp_f64`, degree 8 for f32 results); both within
+//! 1 ulp of libm. The other transcendental functions are calls to registered `extern "C"` shims
 //! around the Rust functions the interpreter uses (`f64::ln`…, `rlx_compiler::ir::{sigmoid,
 //! log_sigmoid, softplus, lgamma}`), so in f64 they give the interpreter's values bit for bit.
 //! `min`/`max` follow `f64::min`/`f64::max` (a NaN operand is ignored), comparisons, `and`/`or`/`not`
@@ -31,8 +33,8 @@ use std::sync::Mutex;
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
-    types, AbiParam, Block, FuncRef, InstBuilder, MemFlagsData, Type, UserFuncName,
-    Value as ClifValue,
+    types, AbiParam, Block, FuncRef, InstBuilder, InstructionData, MemFlagsData, Opcode, Type,
+    UserFuncName, Value as ClifValue,
 };
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
@@ -502,9 +504,43 @@ impl Gen<'_, '_> {
         let ty = self.type_of(yes);
         if ty.is_vector() {
             let mask = self.b.ins().bitcast(ty, lanes_flags(), condition);
+            // Against +0.0 (all bits zero) a lane mask selects with one `and` (x64: `andpd` /
+            // `andnpd`, one µop, where a `blendv` takes two or three): the same bits.
+            if self.is_positive_zero(no) {
+                return self.b.ins().band(yes, mask);
+            }
+            if self.is_positive_zero(yes) {
+                return self.b.ins().band_not(no, mask);
+            }
             self.b.ins().bitselect(mask, yes, no)
         } else {
             self.b.ins().select(condition, yes, no)
+        }
+    }
+
+    /// Whether `value` is the constant +0.0 (all bits zero), or a vector of it (`const_of`'s `splat`).
+    fn is_positive_zero(&self, value: ClifValue) -> bool {
+        let dfg = &self.b.func.dfg;
+        let mut value = value;
+        loop {
+            let Some(inst) = dfg.value_def(value).inst() else {
+                return false;
+            };
+            match &dfg.insts[inst] {
+                InstructionData::Unary {
+                    opcode: Opcode::Splat,
+                    arg,
+                } => value = *arg,
+                InstructionData::UnaryIeee64 {
+                    opcode: Opcode::F64const,
+                    imm,
+                } => return imm.bits() == 0,
+                InstructionData::UnaryIeee32 {
+                    opcode: Opcode::F32const,
+                    imm,
+                } => return imm.bits() == 0,
+                _ => return false,
+            }
         }
     }
 
@@ -586,10 +622,11 @@ impl Gen<'_, '_> {
             }
             // Same precision: one unaligned vector load.
             Some(vt) if ty == self.ft => Ok(self.b.ins().load(vt, vector_flags(), address, 0)),
-            // Two f32 into f64 lanes: one 64-bit load, widened.
+            // Two f32 into f64 lanes: one 64-bit load straight into a vector register (as an f64,
+            // so it does not pass through an integer register), widened.
             Some(vt) if ty == types::F32 && vt == types::F64X2 => {
-                let bits = self.b.ins().load(I64, vector_flags(), address, 0);
-                let v = self.b.ins().scalar_to_vector(types::I64X2, bits);
+                let bits = self.b.ins().load(types::F64, vector_flags(), address, 0);
+                let v = self.b.ins().scalar_to_vector(types::F64X2, bits);
                 let v = self.b.ins().bitcast(types::F32X4, lanes_flags(), v);
                 Ok(self.b.ins().fvpromote_low(v))
             }
@@ -626,10 +663,11 @@ impl Gen<'_, '_> {
             Some(_) if ty == self.ft => {
                 self.b.ins().store(vector_flags(), value, address, 0);
             }
-            // f64 lanes into two f32: narrowed, one 64-bit store.
+            // f64 lanes into two f32: narrowed, one 64-bit store (of the low lane as an f64, from
+            // the vector register itself).
             Some(vt) if ty == types::F32 && vt == types::F64X2 => {
                 let narrow = self.b.ins().fvdemote(value);
-                let bits = self.b.ins().bitcast(types::I64X2, lanes_flags(), narrow);
+                let bits = self.b.ins().bitcast(types::F64X2, lanes_flags(), narrow);
                 let low = self.b.ins().extractlane(bits, 0);
                 self.b.ins().store(vector_flags(), low, address, 0);
             }
@@ -809,28 +847,22 @@ impl Gen<'_, '_> {
     /// underflow 0, NaN stays NaN. `x` is an `f64` or an `f64x2`: rounding and 2ᵏ use the 1.5·2⁵²
     /// trick (adding it rounds to an integer, whose bits are then in the low mantissa), so no
     /// float-to-integer conversion is needed. `for_f32`: the result will be rounded to f32, so a
-    /// shorter polynomial suffices (below).
+    /// shorter polynomial suffices (below). A `bounded` argument (within ±`EXP_FAST_RANGE`) takes
+    /// `exp_table` instead, which needs no range handling and a shorter polynomial.
     fn exp_f64(&mut self, x: ClifValue, bounded: bool, for_f32: bool) -> ClifValue {
-        const INV_LN2: f64 = std::f64::consts::LOG2_E;
-        const LN2_HI: f64 = 6.931_471_803_691_238e-1;
-        const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
-        // 1.5·2⁵²: for |k| < 2⁵¹, k + MAGIC is exact after rounding k to an integer, and its bits
-        // are MAGIC's bits + k.
-        const MAGIC: f64 = 6_755_399_441_055_744.0;
+        if bounded {
+            return self.exp_table(x, for_f32);
+        }
         let ty = self.type_of(x);
         let int_ty = if ty.is_vector() { types::I64X2 } else { I64 };
         let c = |gen: &mut Self, v: f64| gen.const_of(ty, v);
         // Clamp to [−746, 710] (a NaN stays NaN: both compares are false).
-        let clamped = if bounded {
-            x
-        } else {
-            let low = c(self, -746.0);
-            let high = c(self, 710.0);
-            let below = self.b.ins().fcmp(FloatCC::LessThan, x, low);
-            let clamped = self.pick(below, low, x);
-            let above = self.b.ins().fcmp(FloatCC::GreaterThan, clamped, high);
-            self.pick(above, high, clamped)
-        };
+        let low = c(self, -746.0);
+        let high = c(self, 710.0);
+        let below = self.b.ins().fcmp(FloatCC::LessThan, x, low);
+        let clamped = self.pick(below, low, x);
+        let above = self.b.ins().fcmp(FloatCC::GreaterThan, clamped, high);
+        let clamped = self.pick(above, high, clamped);
         let inv_ln2 = c(self, INV_LN2);
         let scaled = self.b.ins().fmul(clamped, inv_ln2);
         let magic = c(self, MAGIC);
@@ -891,18 +923,13 @@ impl Gen<'_, '_> {
         let s = self.b.ins().fadd(hi, q);
         let one = c(self, 1.0);
         let y = self.b.ins().fadd(one, s);
-        // 2ᵏ = 2^(k − k₁) · 2^k₁ with k₁ = round(k/2), each a normal number for |k| ≤ 1076. For
-        // |x| ≤ 700, |k| ≤ 1010: 2ᵏ itself is normal and so is the result, one factor is exact.
-        let parts = if bounded {
-            vec![k]
-        } else {
-            let half = c(self, 0.5);
-            let k1 = self.b.ins().fmul(k, half);
-            let k1 = self.b.ins().fadd(k1, magic);
-            let k1 = self.b.ins().fsub(k1, magic);
-            let k2 = self.b.ins().fsub(k, k1);
-            vec![k1, k2]
-        };
+        // 2ᵏ = 2^(k − k₁) · 2^k₁ with k₁ = round(k/2), each a normal number for |k| ≤ 1076.
+        let half = c(self, 0.5);
+        let k1 = self.b.ins().fmul(k, half);
+        let k1 = self.b.ins().fadd(k1, magic);
+        let k1 = self.b.ins().fsub(k1, magic);
+        let k2 = self.b.ins().fsub(k, k1);
+        let parts = [k1, k2];
         // (bits(kᵢ + MAGIC) − bits(MAGIC) + 1023) << 52 is the f64 2^kᵢ.
         let offset = (MAGIC.to_bits() as i64) - 1023;
         let offset = self.b.ins().iconst(I64, offset);
@@ -920,9 +947,6 @@ impl Gen<'_, '_> {
             let power = self.b.ins().bitcast(ty, lanes_flags(), bits);
             result = self.b.ins().fmul(result, power);
         }
-        if bounded {
-            return result;
-        }
         let overflow = c(self, 709.782_712_893_384);
         let underflow = c(self, -745.133_219_101_941_1);
         let infinity = c(self, f64::INFINITY);
@@ -931,6 +955,112 @@ impl Gen<'_, '_> {
         let under = self.b.ins().fcmp(FloatCC::LessThan, x, underflow);
         let result = self.pick(under, zero, result);
         self.pick(over, infinity, result)
+    }
+
+    /// eˣ of an argument within [−700, 700] (`EXP_FAST_RANGE`), in f64 or f64×2, by Tang's table method
+    /// (ACM TOMS 15(2), 1989; the form of glibc's `exp`): k = round(x·128/ln 2), r = x − k·ln 2/128 in
+    /// two parts (|r| ≤ ln 2/256), k = 128·e + j; then eˣ = 2ᵉ · 2^(j/128) · eʳ with 2^(j/128) = hi·(1 + t)
+    /// from `EXP_TABLE` and p(r) = eʳ − 1 by its Taylor polynomial to r⁵ (the next term is below 6e-19,
+    /// 0.003 ulp; to r³ when the result is rounded to f32: below 2.3e-12): eˣ = s + s·(t + p(r)) (t·p is
+    /// below 1e-18) with s = hi·2ᵉ, built by adding e to hi's exponent bits (normal for |x| ≤ 700).
+    /// Within 0.51 ulp of eˣ, so nearly always libm's result (tested); two thirds of `exp_f64`'s
+    /// vector instructions: two table loads per lane pair and a degree-5 polynomial instead of the
+    /// degree-13 one.
+    fn exp_table(&mut self, x: ClifValue, for_f32: bool) -> ClifValue {
+        let ty = self.type_of(x);
+        let int_ty = if ty.is_vector() { types::I64X2 } else { I64 };
+        let c = |gen: &mut Self, v: f64| gen.const_of(ty, v);
+        let n = EXP_TABLE_SIZE as f64;
+        let scaled = c(self, INV_LN2 * n);
+        let scaled = self.b.ins().fmul(x, scaled);
+        let magic = c(self, MAGIC);
+        let biased = self.b.ins().fadd(scaled, magic);
+        let k = self.b.ins().fsub(biased, magic);
+        // k·(LN2_HI/128) is exact (LN2_HI has 32 trailing zero bits, |k| < 2¹⁷), so is x minus it.
+        let ln2_hi = c(self, LN2_HI / n);
+        let ln2_lo = c(self, LN2_LO / n);
+        let k_hi = self.b.ins().fmul(k, ln2_hi);
+        let hi = self.b.ins().fsub(x, k_hi);
+        let k_lo = self.b.ins().fmul(k, ln2_lo);
+        let r = self.b.ins().fsub(hi, k_lo);
+        // p = eʳ − 1 = r + r²·(1/2 + r/6) [+ r⁴·(1/24 + r/120)].
+        let r2 = self.b.ins().fmul(r, r);
+        let c2 = c(self, 0.5);
+        let c3 = c(self, 1.0 / 6.0);
+        let c3r = self.b.ins().fmul(c3, r);
+        let low = self.b.ins().fadd(c2, c3r);
+        let mut terms = self.b.ins().fmul(r2, low);
+        if !for_f32 {
+            let c4 = c(self, 1.0 / 24.0);
+            let c5 = c(self, 1.0 / 120.0);
+            let c5r = self.b.ins().fmul(c5, r);
+            let high = self.b.ins().fadd(c4, c5r);
+            let r4 = self.b.ins().fmul(r2, r2);
+            let high = self.b.ins().fmul(r4, high);
+            terms = self.b.ins().fadd(terms, high);
+        }
+        let p = self.b.ins().fadd(r, terms);
+        // j = k mod 128 and e = (k − j)/128 from the bits of k + MAGIC (k in the low mantissa, two's
+        // complement): j is the low 7 bits; the bits above, shifted to the exponent field, add e.
+        let bits = self.b.ins().bitcast(int_ty, lanes_flags(), biased);
+        let mask = self.int_const(int_ty, EXP_TABLE_SIZE as i64 - 1);
+        let j = self.b.ins().band(bits, mask);
+        let (table_hi, table_t) = self.exp_table_entries(j, ty);
+        let tail = self.b.ins().fadd(table_t, p);
+        let above = self.b.ins().band_not(bits, mask);
+        let exponent = self.b.ins().ishl_imm_u(above, 52 - EXP_TABLE_BITS);
+        let hi_bits = self.b.ins().bitcast(int_ty, lanes_flags(), table_hi);
+        let scale = self.b.ins().iadd(hi_bits, exponent);
+        let scale = self.b.ins().bitcast(ty, lanes_flags(), scale);
+        let product = self.b.ins().fmul(scale, tail);
+        self.b.ins().fadd(scale, product)
+    }
+
+    /// An integer constant of `ty` (`I64`, or splatted to `I64X2`).
+    fn int_const(&mut self, ty: Type, value: i64) -> ClifValue {
+        let scalar = self.b.ins().iconst(I64, value);
+        if ty.is_vector() {
+            self.b.ins().splat(ty, scalar)
+        } else {
+            scalar
+        }
+    }
+
+    /// `EXP_TABLE[j]` as (hi, t) of the register type: one 16-byte entry per lane, loaded whole and
+    /// split into the his and the ts (an f64×2 gathers its two lanes' entries with two loads).
+    fn exp_table_entries(&mut self, j: ClifValue, ty: Type) -> (ClifValue, ClifValue) {
+        let table = self
+            .b
+            .ins()
+            .iconst(I64, EXP_TABLE.0.as_ptr() as usize as i64);
+        let table_flags = MemFlagsData::trusted().with_readonly();
+        let offset = self.b.ins().ishl_imm_u(j, 4);
+        if !ty.is_vector() {
+            let address = self.b.ins().iadd(table, offset);
+            let hi = self.b.ins().load(ty, table_flags, address, 0);
+            let lo = self.b.ins().load(ty, table_flags, address, 8);
+            return (hi, lo);
+        }
+        let entries: Vec<ClifValue> = (0..2)
+            .map(|lane| {
+                let offset = self.b.ins().extractlane(offset, lane);
+                let address = self.b.ins().iadd(table, offset);
+                self.b.ins().load(ty, table_flags, address, 0)
+            })
+            .collect();
+        let bytes =
+            |gen: &mut Self, v: ClifValue| gen.b.ins().bitcast(types::I8X16, lanes_flags(), v);
+        let (first, second) = (bytes(self, entries[0]), bytes(self, entries[1]));
+        let halves = [0u8, 8].map(|start| {
+            let mask: Vec<u8> = (start..start + 8)
+                .chain(16 + start..16 + start + 8)
+                .collect();
+            let mask = self.b.func.dfg.immediates.push(mask.into());
+            let shuffled = self.b.ins().shuffle(first, second, mask);
+            self.b.ins().bitcast(ty, lanes_flags(), shuffled)
+        });
+        let [hi, lo] = halves;
+        (hi, lo)
     }
 
     /// eˣ in the register type: f64 and f64×2 directly; f32 through f64 (f32×4 as two f64×2 halves),
@@ -978,9 +1108,10 @@ impl Gen<'_, '_> {
         } else {
             self.b.ins().fcmp(FloatCC::LessThan, b, a)
         };
-        let pick = self.pick(better, b, a);
+        // b where it is better or `a` is NaN: one selection of the two conditions.
         let a_nan = self.b.ins().fcmp(FloatCC::Unordered, a, a);
-        self.pick(a_nan, b, pick)
+        let take_b = self.b.ins().bor(better, a_nan);
+        self.pick(take_b, b, a)
     }
 
     /// A shim call (lane by lane in a vector body).
@@ -1100,6 +1231,12 @@ impl Gen<'_, '_> {
                 };
                 self.conds.insert(entry.node, not);
                 self.truth(not)
+            }
+            Op::Mul if zero_times_index(graph, &node.args).is_some() => {
+                // 0 · an index (a whole number ≥ 0, never NaN or ∞) is that zero, whatever the
+                // index: `token_weight`'s `0 * token_index` costs no conversion per token.
+                let zero = zero_times_index(graph, &node.args).unwrap_or(0.0);
+                self.fconst(zero)
             }
             Op::Add | Op::Sub | Op::Mul | Op::Div => {
                 let (a, b) = (arg(0)?, arg(1)?);
@@ -1706,7 +1843,8 @@ impl Gen<'_, '_> {
         self.b.ins().jump(header, &[]);
         self.b.switch_to_block(header);
         let t = self.b.use_var(counter);
-        let step = lanes * VECTORS_PER_STEP as i64;
+        let vectors = TOKENS_PER_STEP / lanes;
+        let step = lanes * vectors;
         let end = self.b.ins().iadd_imm_s(t, step);
         let done = self.b.ins().icmp(IntCC::UnsignedGreaterThan, end, te);
         self.b.ins().brif(done, exit, &[], body, &[]);
@@ -1714,12 +1852,12 @@ impl Gen<'_, '_> {
 
         // `vector_body` works on per-copy scopes; the outer values stay as they are.
         let saved_t = self.c.t;
-        let copies: Vec<ClifValue> = (0..VECTORS_PER_STEP)
+        let copies: Vec<ClifValue> = (0..vectors)
             .map(|k| {
                 if k == 0 {
                     t
                 } else {
-                    self.b.ins().iadd_imm_s(t, lanes * k as i64)
+                    self.b.ins().iadd_imm_s(t, lanes * k)
                 }
             })
             .collect();
@@ -1854,8 +1992,80 @@ impl Gen<'_, '_> {
     }
 }
 
-/// Vectors of tokens per iteration of a vectorised token loop.
-const VECTORS_PER_STEP: usize = 2;
+/// For a product of two nodes: the constant ±0.0 when one is that constant and the other an index
+/// (`n`, `resp_index`, `length`, `token_index`: a `usize` as a float, never NaN, ∞ or −0), so that the
+/// product is the constant itself.
+fn zero_times_index(graph: &Graph, args: &[NodeId]) -> Option<f64> {
+    let [a, b] = args else {
+        return None;
+    };
+    let is_index = |node: NodeId| {
+        matches!(
+            graph.node(node).op,
+            Op::Value(Value::N | Value::RespIndex | Value::Length | Value::TokenIndex)
+        )
+    };
+    let zero = |node: NodeId| match graph.node(node).op {
+        Op::Const(v) if v == 0.0 => Some(v),
+        _ => None,
+    };
+    match (zero(*a), zero(*b)) {
+        (Some(v), _) if is_index(*b) => Some(v),
+        (_, Some(v)) if is_index(*a) => Some(v),
+        _ => None,
+    }
+}
+
+const INV_LN2: f64 = std::f64::consts::LOG2_E;
+/// ln 2 in two parts (fdlibm's): LN2_HI has 32 trailing zero bits, so k·LN2_HI is exact for |k| < 2²¹.
+const LN2_HI: f64 = 6.931_471_803_691_238e-1;
+const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
+/// 1.5·2⁵²: for |k| < 2⁵¹, k + MAGIC is exact after rounding k to an integer, and its bits are MAGIC's
+/// bits + k.
+const MAGIC: f64 = 6_755_399_441_055_744.0;
+
+/// `Gen::exp_table`'s table: 2^(j/128) for j = 0…127 as hi·(1 + t), hi the f64 nearest and t the
+/// relative rest (|t| ≤ 2⁻⁵³), one 16-byte entry each.
+const EXP_TABLE_BITS: i64 = 7;
+const EXP_TABLE_SIZE: usize = 1 << EXP_TABLE_BITS;
+
+#[repr(C, align(16))]
+struct ExpTable([[f64; 2]; EXP_TABLE_SIZE]);
+
+static EXP_TABLE: std::sync::LazyLock<ExpTable> = std::sync::LazyLock::new(|| {
+    let mut table = [[0.0; 2]; EXP_TABLE_SIZE];
+    for (j, entry) in table.iter_mut().enumerate() {
+        *entry = exp2_parts(j as i32, EXP_TABLE_SIZE as i32);
+    }
+    ExpTable(table)
+});
+
+/// 2^(j/n) (n a power of two, 0 ≤ j < n) as hi·(1 + t): hi = libm's `exp2(j/n)` and t its relative
+/// error, from one Newton step on yⁿ = 2ʲ in double-double arithmetic: q = hiⁿ by repeated exact
+/// squaring (each square split into its rounded value and its error with a fused multiply-add),
+/// d = q/2ʲ − 1 (≈ 1e-14), and 2^(j/n) = hi·(1 + d)^(−1/n) = hi·(1 − d/n) to within d², far below
+/// t's own ulp.
+fn exp2_parts(j: i32, n: i32) -> [f64; 2] {
+    let hi = (f64::from(j) / f64::from(n)).exp2();
+    let (mut q, mut q_lo) = (hi, 0.0);
+    let mut power = 1;
+    while power < n {
+        let square = q * q;
+        let error = q.mul_add(q, -square) + 2.0 * q * q_lo;
+        q = square + error;
+        q_lo = error - (q - square);
+        power *= 2;
+    }
+    let target = 2f64.powi(j);
+    // q − 2ʲ is exact (Sterbenz: q is within a factor 2 of 2ʲ); dividing by 2ʲ is exact.
+    let d = ((q - target) + q_lo) / target;
+    [hi, -d / f64::from(n)]
+}
+
+/// Tokens per iteration of a vectorised token loop: four f64×2 or two f32×4 vectors, their code
+/// interleaved (DAPO's kernel, f64: 4.8–5.1 ms with four vectors against 5.2–5.3 with two and 5.5–5.9
+/// with one; f32: the same with two or four).
+const TOKENS_PER_STEP: i64 = 8;
 
 /// Below this magnitude `exp` needs no range handling (`Gen::exp_f64`).
 const EXP_FAST_RANGE: f64 = 700.0;
@@ -2017,5 +2227,36 @@ mod tests {
             "input x : f32[tok] policy\ninput y : f32[tok]\nloss = sum(exp(max(x, y)) over tok, batch)",
         );
         assert_eq!(r, UNKNOWN);
+    }
+
+    /// `EXP_TABLE`: hi is the f64 nearest 2^(j/128) (|t| at most 2⁻⁵³), and hi·(1 + t) is exact far
+    /// beyond f64: squared in double-double arithmetic, entry j gives entry 2j (or twice entry
+    /// 2j − 128) to within 2⁻⁹⁸ relative, which a t wrong by more than 2⁻⁹⁹ fails (an f64 t alone is
+    /// worth 2⁻¹⁰⁶).
+    #[test]
+    fn exp_table_entries_are_hi_and_lo_of_powers_of_two() {
+        let table = &EXP_TABLE.0;
+        for (j, &[hi, t]) in table.iter().enumerate() {
+            assert!(t.abs() <= 2f64.powi(-53), "entry {j}: {hi}·(1 + {t})");
+            // (hi·(1 + t))² = hi²·(1 + 2t + t²), hi² as square + error exactly.
+            let square = hi * hi;
+            let error = hi.mul_add(hi, -square);
+            let (target, target_t) = if 2 * j < EXP_TABLE_SIZE {
+                let [h, t] = table[2 * j];
+                (h, t)
+            } else {
+                let [h, t] = table[2 * j - EXP_TABLE_SIZE];
+                (2.0 * h, t)
+            };
+            let difference = ((square - target) + error + square * (2.0 * t + t * t)
+                - target * target_t)
+                / square;
+            assert!(
+                difference.abs() < 2f64.powi(-98),
+                "entry {j}: (hi·(1 + t))² differs from entry {} by {difference:e} relative",
+                2 * j % EXP_TABLE_SIZE
+            );
+        }
+        assert_eq!(table[0], [1.0, 0.0]);
     }
 }
