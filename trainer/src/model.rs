@@ -277,14 +277,27 @@ struct Linear {
     compute: DType,
 }
 
+/// `x: [.., in]` as the rows `[positions, in]` of one matrix product.
+fn as_rows(x: &Tensor) -> Result<Tensor> {
+    let inp = x.dims().last().copied().unwrap_or(0);
+    x.reshape((x.elem_count() / inp.max(1), inp))
+}
+
+/// The rows `y: [positions, out]` of a product of [`as_rows`]`(x)` back in `x`'s leading shape:
+/// `[.., out]`.
+fn like_rows_of(y: &Tensor, x: &Tensor) -> Result<Tensor> {
+    let mut shape = x.dims().to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = y.dim(1)?;
+    }
+    y.reshape(shape)
+}
+
 impl Linear {
     /// `x: [.., in]` → `[.., out]`, as one matrix product over all the leading positions (a batched
     /// product against a broadcast weight would backpropagate a weight-sized gradient per batch row).
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let dims = x.dims().to_vec();
-        let inp = dims.last().copied().unwrap_or(0);
-        let rows = x.elem_count() / inp.max(1);
-        let x2 = x.reshape((rows, inp))?;
+        let x2 = as_rows(x)?;
         // A frozen weight (LoRA's base) gets no gradient computed for it (`fused::linear`).
         let mut y = self.product(&x2)?;
         if let Some(bias) = &self.bias {
@@ -297,11 +310,7 @@ impl Linear {
             let low = x2.matmul(&adapter.a.t()?)?.matmul(&b.t()?)?;
             y = (y + low)?;
         }
-        let mut out = dims;
-        if let Some(last) = out.last_mut() {
-            *last = y.dim(1)?;
-        }
-        y.reshape(out)
+        like_rows_of(&y, x)
     }
 
     /// `x · Wᵀ` for x: [rows, in], in the compute dtype: f32 as `fused::linear`; bf16 as a product of
@@ -343,9 +352,7 @@ impl Linear {
 
     /// [`Linear::forward_all`] of projections without adapters.
     fn products(layers: &[&Linear], x: &Tensor) -> Result<Vec<Tensor>> {
-        let dims = x.dims().to_vec();
-        let inp = dims.last().copied().unwrap_or(0);
-        let x2 = x.reshape((x.elem_count() / inp.max(1), inp))?;
+        let x2 = as_rows(x)?;
         let weights: Vec<&Tensor> = layers.iter().map(|l| &l.weight).collect();
         let ys = linears(&x2, &weights)?;
         let mut out = Vec::with_capacity(layers.len());
@@ -354,11 +361,7 @@ impl Linear {
                 Some(bias) => y.broadcast_add(bias)?,
                 None => y,
             };
-            let mut shape = dims.clone();
-            if let Some(last) = shape.last_mut() {
-                *last = y.dim(1)?;
-            }
-            out.push(y.reshape(shape)?);
+            out.push(like_rows_of(&y, x)?);
         }
         Ok(out)
     }
@@ -370,15 +373,7 @@ impl Linear {
         if !(plain(gate) && plain(up)) {
             return swiglu(&gate.forward(x)?, &up.forward(x)?);
         }
-        let dims = x.dims().to_vec();
-        let inp = dims.last().copied().unwrap_or(0);
-        let x2 = x.reshape((x.elem_count() / inp.max(1), inp))?;
-        let y = linear_swiglu(&x2, &gate.weight, &up.weight)?;
-        let mut shape = dims;
-        if let Some(last) = shape.last_mut() {
-            *last = y.dim(1)?;
-        }
-        y.reshape(shape)
+        like_rows_of(&linear_swiglu(&as_rows(x)?, &gate.weight, &up.weight)?, x)
     }
 
     fn detached(&self) -> Linear {
