@@ -259,12 +259,9 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     }
     let bmnk = (1, n, out, inp);
     if w.is_variable() || w.track_op() {
-        if n <= MATVEC_ROWS && x.dtype() == candle_core::DType::F32 {
-            return x
-                .contiguous()?
-                .apply_op2(&w.contiguous()?, TrackedRows { bmnk });
-        }
-        return x.matmul(&w.t()?);
+        return x
+            .contiguous()?
+            .apply_op2(&w.contiguous()?, TrackedLinear { bmnk });
     }
     x.contiguous()?.apply_op1(FrozenLinear {
         w: w.detach(),
@@ -288,9 +285,129 @@ fn cpu_product(
         let y = matvec(x, w, n, out, inp);
         return Ok((CpuStorage::F32(y), Shape::from((n, out))));
     }
+    if f32s && xl.is_contiguous() && wl.is_contiguous() {
+        let x = cpu_f32("linear: x", x, xl)?;
+        let w = cpu_f32("linear: the weight", w, wl)?;
+        // wᵀ: w's rows read as columns.
+        let y = product_f32((n, out, inp), (x, inp, 1), (w, 1, inp));
+        return Ok((CpuStorage::F32(y), Shape::from((n, out))));
+    }
     // wᵀ as a strided view of w: the layout candle's own `x.matmul(&w.t())` hands the kernel.
     let y = x.matmul(w, bmnk, xl, &wl.transpose(0, 1)?)?;
     Ok((y, Shape::from((n, out))))
+}
+
+/// An f32 matrix given by its elements and its row and column strides (in elements).
+type Strided<'a> = (&'a [f32], usize, usize);
+
+/// `a · b` for a: [m, k] and b: [k, n] into a new row-major [m, n]: the `gemm` crate's product, as
+/// candle calls it (the same kernels, over rayon's threads), except that the result is not first
+/// filled with zeros, which gemm does not read when `read_dst` is false. candle's zeroed result cost
+/// a memset of every product's output, about 2 % of a training step (docs/performance.md, item 17).
+fn product_f32(
+    (m, n, k): (usize, usize, usize),
+    (a, a_rs, a_cs): Strided<'_>,
+    (b, b_rs, b_cs): Strided<'_>,
+) -> Vec<f32> {
+    let reach = |rows: usize, cols: usize, rs: usize, cs: usize| {
+        if rows == 0 || cols == 0 {
+            0
+        } else {
+            (rows - 1) * rs + (cols - 1) * cs + 1
+        }
+    };
+    assert!(
+        a.len() >= reach(m, k, a_rs, a_cs) && b.len() >= reach(k, n, b_rs, b_cs),
+        "product_f32: an operand is shorter than its shape and strides"
+    );
+    if k == 0 || m == 0 || n == 0 {
+        return vec![0f32; m * n];
+    }
+    let threads = candle_core::utils::get_num_threads();
+    let parallelism = if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    let mut y: Vec<f32> = Vec::with_capacity(m * n);
+    // SAFETY: the operands hold every element their shapes and strides reach (asserted above); the
+    // destination has room for m·n elements, which gemm writes all of (row-major strides n, 1)
+    // without reading any (`read_dst` false), so they are initialised when the length is set.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            y.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            a.as_ptr(),
+            a_cs as isize,
+            a_rs as isize,
+            b.as_ptr(),
+            b_cs as isize,
+            b_rs as isize,
+            0f32,
+            1f32,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+        y.set_len(m * n);
+    }
+    y
+}
+
+/// `∂x = ∂y·w` and, when `weight_grad`, `∂w = ∂yᵀ·x` of `y = x·wᵀ` (x: [n, in], w: [out, in], ∂y:
+/// [n, out]): by [`product_f32`] for contiguous f32 tensors on the CPU, else candle's products.
+fn linear_grads(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    weight_grad: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let direct = [x, w, dy]
+        .iter()
+        .all(|t| t.device().is_cpu() && t.dtype() == candle_core::DType::F32 && t.is_contiguous());
+    if !direct {
+        let dw = if weight_grad {
+            Some(dy.t()?.matmul(x)?)
+        } else {
+            None
+        };
+        return Ok((dy.matmul(w)?, dw));
+    }
+    let (n, inp) = x.dims2()?;
+    let (out, w_in) = w.dims2()?;
+    if w_in != inp || dy.dims2()? != (n, out) {
+        bail!(
+            "linear: the gradient {:?} does not fit x {:?} and the weight {:?}",
+            dy.dims(),
+            x.dims(),
+            w.dims()
+        )
+    }
+    let (xs, xl) = x.storage_and_layout();
+    let (ws, wl) = w.storage_and_layout();
+    let (gs, gl) = dy.storage_and_layout();
+    let (Storage::Cpu(xs), Storage::Cpu(ws), Storage::Cpu(gs)) = (&*xs, &*ws, &*gs) else {
+        bail!("linear: the gradient's operands are not on the CPU")
+    };
+    let xv = cpu_f32("linear: x", xs, xl)?;
+    let wv = cpu_f32("linear: the weight", ws, wl)?;
+    let gv = cpu_f32("linear: the gradient", gs, gl)?;
+    let dx = product_f32((n, inp, out), (gv, out, 1), (wv, inp, 1));
+    let dx = Tensor::from_vec(dx, (n, inp), x.device())?;
+    let dw = if weight_grad {
+        // ∂yᵀ: ∂y's columns read as rows.
+        let dw = product_f32((out, inp, n), (gv, 1, out), (xv, inp, 1));
+        Some(Tensor::from_vec(dw, (out, inp), w.device())?)
+    } else {
+        None
+    };
+    Ok((dx, dw))
 }
 
 struct FrozenLinear {
@@ -311,20 +428,23 @@ impl CustomOp1 for FrozenLinear {
         cpu_product(x, xl, w, wl, self.bmnk)
     }
 
-    fn bwd(&self, _x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(dy.matmul(&self.w)?))
+    fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(linear_grads(x, &self.w, dy, false)?.0))
     }
 }
 
-/// A few rows times a trained weight: the forward by [`matvec`], the backward candle's products
-/// (∂x = ∂y·w, ∂w = ∂yᵀ·x).
-struct TrackedRows {
+/// Rows times a trained weight: the forward [`cpu_product`] (by [`matvec`] for a few rows), the
+/// backward candle's products ∂x = ∂y·w and ∂w = ∂yᵀ·x, each written in its own layout. candle's
+/// `x.matmul(&w.t())` computes ∂(wᵀ) = xᵀ·∂y instead and hands back its transpose, a strided view
+/// that the gradient store then copies into a contiguous weight-sized buffer: one transposing copy of
+/// every trained weight per backward pass (docs/performance.md, item 17).
+struct TrackedLinear {
     bmnk: (usize, usize, usize, usize),
 }
 
-impl CustomOp2 for TrackedRows {
+impl CustomOp2 for TrackedLinear {
     fn name(&self) -> &'static str {
-        "linear-rows"
+        "tracked-linear"
     }
 
     fn cpu_fwd(
@@ -344,7 +464,8 @@ impl CustomOp2 for TrackedRows {
         _y: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        Ok((Some(dy.matmul(w)?), Some(dy.t()?.matmul(x)?)))
+        let (dx, dw) = linear_grads(x, w, dy, true)?;
+        Ok((Some(dx), dw))
     }
 }
 
