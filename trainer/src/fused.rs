@@ -22,6 +22,9 @@
 //!   own matrix product always computes both operands' gradients, so a frozen [out, in] weight would
 //!   cost one more product of the forward's size per projection in every backward pass (a third of a
 //!   LoRA step's backward and forward compute) and a weight-sized buffer each, only to be dropped.
+//! * A trained weight: the same product, with ∂w = ∂yᵀ·x computed in the weight's own layout (candle's
+//!   `x.matmul(&w.t())` gives the transpose of xᵀ·∂y, which the gradient store then copies). On the CPU
+//!   all three products call `gemm` directly into an unfilled result (`product_f32`).
 //!
 //! These are CPU kernels (f32, any layout: inputs are made contiguous first). On any other device (a CUDA
 //! device with the `cuda` feature) each layer is its plain candle version instead ([`plain_rms_norm`],
