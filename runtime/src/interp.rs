@@ -80,14 +80,6 @@ pub(crate) fn rubric_lens(graph: &Graph) -> Vec<usize> {
     graph.rubrics.iter().map(|r| r.criteria.len()).collect()
 }
 
-/// Check that the batch fits the graph's signature (`rlx_core::Signature::validate`: a valid layout,
-/// one vector of the right length per input), then that its groups are within the pairwise limit
-/// (`batch::check_group_sizes`): `Executor::check_layout`.
-pub fn check_batch(graph: &Graph, batch: &Batch) -> Result<(), EvalError> {
-    Executor::new(&Interpreter::new(graph))
-        .check_layout(&batch.layout, batch.inputs.iter().map(Vec::len))
-}
-
 /// Evaluate every output of `graph` on `batch`.
 pub fn evaluate(graph: &Graph, batch: &Batch, context: &Context) -> Result<Outcome, EvalError> {
     evaluate_showing(graph, batch, context).map(|(outcome, _)| outcome)
