@@ -756,7 +756,8 @@ fn collect(phase: &Phase, buffers: &mut [Option<Column>]) -> Result<PhaseResult,
     Ok(result)
 }
 
-fn column(buffers: &[Option<Column>], b: u32) -> Result<&Column, EvalError> {
+/// Buffer `b` of a phase's buffers (an error when it is missing or was moved out).
+pub(crate) fn column(buffers: &[Option<Column>], b: u32) -> Result<&Column, EvalError> {
     buffers
         .get(b as usize)
         .and_then(Option::as_ref)

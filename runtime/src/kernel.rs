@@ -33,7 +33,7 @@ use rlx_core::{Signature, Sizes};
 use crate::arrays::first_where;
 use crate::batch::{Batch, Layout};
 use crate::executor::{
-    run_plan_phase, sealed, Executor, PassRun, PhaseResult, PhaseRun, PlanBackend,
+    column, run_plan_phase, sealed, Executor, PassRun, PhaseResult, PhaseRun, PlanBackend,
 };
 use crate::interp::{Context, EvalError, Outcome};
 
@@ -642,11 +642,11 @@ impl PlanBackend for Kernel {
     }
 
     fn read(&self, buffers: &Self::State, b: u32) -> Result<Vec<f64>, EvalError> {
-        buffer(buffers, b).map(Column::to_f64)
+        column(buffers, b).map(Column::to_f64)
     }
 
     fn buffer_len(&self, buffers: &Self::State, b: u32) -> Result<usize, EvalError> {
-        buffer(buffers, b).map(Column::len)
+        column(buffers, b).map(Column::len)
     }
 
     fn write(&self, buffers: &mut Self::State, b: u32, values: &[f64]) -> Result<(), EvalError> {
@@ -667,13 +667,6 @@ impl PlanBackend for Kernel {
     ) -> Result<Vec<Option<Column>>, EvalError> {
         Ok(buffers)
     }
-}
-
-fn buffer(buffers: &[Option<Column>], b: u32) -> Result<&Column, EvalError> {
-    buffers
-        .get(b as usize)
-        .and_then(Option::as_ref)
-        .ok_or_else(|| EvalError(format!("internal: buffer b{b} missing")))
 }
 
 #[cfg(test)]
