@@ -22,10 +22,8 @@ use std::sync::Arc;
 
 use rlx_compiler::backend::cuda::{self, CudaSource};
 use rlx_compiler::ir::Graph;
-use rlx_runtime::cuda::{Device, DeviceKernel};
-use rlx_runtime::interp::{evaluate, Context, Outcome};
-use rlx_runtime::kernel::{Kernel, Options, Precision};
 use rlx_runtime::synthetic::{self, Spec};
+use rlx_runtime::{evaluate, Context, Device, DeviceKernel, Kernel, Options, Outcome, Precision};
 
 #[path = "../runtime/tests/common/agreement.rs"]
 mod agreement;
@@ -723,7 +721,7 @@ fn compile_and_assemble(
 #[cfg(feature = "cuda")]
 mod gpu {
     use super::*;
-    use rlx_runtime::cuda::CudaDevice;
+    use rlx_runtime::CudaDevice;
     use std::time::{Duration, Instant};
 
     fn ordinal() -> usize {

@@ -2,26 +2,28 @@
 //! [`Device`] — an NVIDIA GPU through cudarc behind the `cuda` feature (`CudaDevice`), or the host-C
 //! build of the same source that the tests use on machines without a GPU (tests/cuda.rs).
 //!
-//! Validation, the two-phase `keep` semantics and the outputs are `Kernel`'s own code (the JIT's driver,
-//! `crate::kernel`): nothing runs on a batch it rejects. This module only runs one phase's passes on
-//! the device: it uploads the layout tables, the inputs (or reuses a batch already on the device,
-//! `DeviceKernel::upload`) and the initial buffers, launches the loop and `combine` kernels in plan
-//! order (a block per group, `block_size` threads for token passes, one thread otherwise), computes
-//! `distinct_ngrams` on the host, and downloads the phase's buffers. docs/gpu.md has the details.
+//! Validation, the two-phase `keep` semantics, the host passes (`distinct_ngrams`, `rank`, …) and the
+//! outputs are the executor's (`crate::executor`, shared with the JIT and the interpreter): nothing
+//! runs on a batch it rejects. This module is a backend of it: for each phase it uploads the layout
+//! tables, the inputs (or reuses a batch already on the device, `DeviceKernel::upload`) and the
+//! initial buffers, launches the loop and `combine` kernels as the executor walks the plan (a block
+//! per group, `block_size` threads for token passes, one thread otherwise), moves a host pass's
+//! source and result between host and device, and downloads the phase's buffers. docs/gpu.md has the
+//! details.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use rlx_compiler::backend::cuda::{self, CudaSource, Launch, MAX_BLOCK};
-use rlx_compiler::backend::plan::{BufferKind, Pass, Phase};
-use rlx_compiler::ir::NodeId;
+use rlx_compiler::backend::plan::{BufferKind, KernelPlan, LoopPass};
+use rlx_compiler::ir::Graph;
+use rlx_core::Signature;
 
 use crate::batch::{Batch, Layout};
-use crate::interp::{Context, EvalError, Outcome};
-use crate::kernel::{
-    components, distinct_ngrams, ranks, Column, ColumnRef, Kernel, PackedBatch, PackedOutcome,
-    PhaseRunner, Tables,
+use crate::executor::{
+    run_plan_phase, sealed, Executor, PassRun, PhaseResult, PhaseRun, PlanBackend,
 };
+use crate::interp::{Context, EvalError, Outcome};
+use crate::kernel::{Column, ColumnRef, Kernel, PackedBatch, PackedOutcome, Precision};
 
 #[cfg(feature = "cuda")]
 mod nvidia;
@@ -150,7 +152,8 @@ impl<D: Device> DeviceKernel<D> {
             resident: None,
             external: None,
         };
-        self.kernel.run_packed_with(batch, context, &runner)
+        let inputs: Vec<ColumnRef<'_>> = batch.inputs.iter().map(Column::as_column_ref).collect();
+        Executor::new(&runner).run(&batch.layout, &inputs, context)
     }
 
     /// Evaluate every output on borrowed input columns (`Kernel::run_view` on the device: validated
@@ -183,7 +186,7 @@ impl<D: Device> DeviceKernel<D> {
             resident: None,
             external: Some((inputs, device_inputs)),
         };
-        self.kernel.run_view_with(layout, inputs, context, &runner)
+        Executor::new(&runner).run(layout, inputs, context)
     }
 
     /// Validate a packed batch and copy its inputs to the device once.
@@ -211,7 +214,13 @@ impl<D: Device> DeviceKernel<D> {
             resident: Some(batch),
             external: None,
         };
-        self.kernel.run_packed_with(&batch.batch, context, &runner)
+        let inputs: Vec<ColumnRef<'_>> = batch
+            .batch
+            .inputs
+            .iter()
+            .map(Column::as_column_ref)
+            .collect();
+        Executor::new(&runner).run(&batch.batch.layout, &inputs, context)
     }
 }
 
@@ -253,52 +262,6 @@ fn byte_len(column: &Column) -> usize {
     }
 }
 
-/// The values of buffer `b` on the host, for a pass that runs there (`uniform`, `rank`, n-grams): an
-/// input's own column, or the phase's buffer downloaded from the device.
-fn host_values<D: Device>(
-    device: &D,
-    phase: &Phase,
-    inputs: &[ColumnRef<'_>],
-    owned: &[Option<Column>],
-    uploaded: &[Option<D::Buffer>],
-    b: u32,
-) -> Result<Vec<f64>, EvalError> {
-    let missing = || EvalError("internal: buffer missing".into());
-    Ok(match phase.buffers[b as usize].kind {
-        BufferKind::Input(i) => inputs[i as usize].to_f64(),
-        _ => {
-            let mut column = owned[b as usize].clone().ok_or_else(missing)?;
-            let device_buffer = uploaded[b as usize].as_ref().ok_or_else(missing)?;
-            let mut bytes = vec![0u8; byte_len(&column)];
-            device
-                .download(device_buffer, &mut bytes)
-                .map_err(device_error)?;
-            column_from_bytes(&mut column, &bytes);
-            column.to_f64()
-        }
-    })
-}
-
-/// A host pass's result into buffer `target`: the host column (in its storage precision), then the
-/// same values written to the device.
-fn store_host_values<D: Device>(
-    device: &D,
-    owned: &mut [Option<Column>],
-    uploaded: &mut [Option<D::Buffer>],
-    target: u32,
-    values: Vec<f64>,
-) -> Result<(), EvalError> {
-    let missing = || EvalError("internal: buffer missing".into());
-    let column = owned[target as usize].as_mut().ok_or_else(missing)?;
-    *column = match column {
-        Column::F32(_) => Column::F32(values.iter().map(|v| *v as f32).collect()),
-        Column::F64(_) => Column::F64(values),
-    };
-    let bytes = column_bytes(column.as_column_ref());
-    let device_buffer = uploaded[target as usize].as_mut().ok_or_else(missing)?;
-    device.write(device_buffer, &bytes).map_err(device_error)
-}
-
 struct Runner<'a, D: Device> {
     kernel: &'a DeviceKernel<D>,
     resident: Option<&'a DeviceBatch<D>>,
@@ -328,73 +291,186 @@ impl<D: Device> Runner<'_, D> {
     }
 }
 
-impl<D: Device> PhaseRunner for Runner<'_, D> {
-    fn run_phase(
+/// A phase on the device: its buffers on the host (`None` for inputs) and on the device, the fixed
+/// tables, the pointer table the kernels read.
+struct DevicePhase<B> {
+    owned: Vec<Option<Column>>,
+    /// Buffers by id: `Some` for those this phase owns (uploaded by `begin`), else an input.
+    uploaded: Vec<Option<B>>,
+    /// The layout's tables, the context and the sizes, which `table` points to.
+    _fixed: Vec<B>,
+    table: B,
+    groups: u32,
+    /// When the first launch could start (the device synchronised after the uploads).
+    start: Instant,
+}
+
+impl<D: Device> Runner<'_, D> {
+    /// The device's address of input `i` (`column`): the resident or the caller's copy, else a new
+    /// upload (returned with it).
+    fn input_address(
         &self,
-        kernel: &Kernel,
-        phase_index: usize,
-        layout: &Layout,
-        tables: &Tables,
-        inputs: &[ColumnRef<'_>],
-        carried: HashMap<NodeId, Column>,
-        context: &Context,
-    ) -> Result<Vec<Option<Column>>, EvalError> {
+        i: usize,
+        column: ColumnRef<'_>,
+    ) -> Result<(Option<D::Buffer>, u64), EvalError> {
         let device = &self.kernel.device;
-        let fail = device_error;
-        let phase = &kernel.plan().phases[phase_index];
-        let launches = self
-            .kernel
+        Ok(
+            match (
+                self.resident_input(i, column),
+                self.external_input(i, column),
+            ) {
+                (Some(resident), _) => (None, device.address(resident)),
+                (None, Some(address)) => (None, address),
+                (None, None) => {
+                    let b = device.upload(&column_bytes(column)).map_err(device_error)?;
+                    let address = device.address(&b);
+                    (Some(b), address)
+                }
+            },
+        )
+    }
+
+    /// The kernel launched for pass `pass` of the phase being run.
+    fn launch_of(&self, run: &PassRun<'_>, pass: usize) -> Result<Launch, EvalError> {
+        self.kernel
             .source
             .launches
-            .get(phase_index)
-            .ok_or_else(|| EvalError("internal: no CUDA kernels for a phase".into()))?;
-        let mut owned = kernel.phase_buffers(phase_index, tables, carried)?;
-        let as_u64 = |v: &[usize]| u64_bytes(v.iter().map(|&x| x as u64));
-        let fixed = [
-            as_u64(&layout.group_offsets),
-            as_u64(&layout.token_offsets),
-            as_u64(&layout.crit_offsets),
-            as_u64(&tables.resp_crit_base),
-            as_u64(&tables.pair_offsets),
-            as_u64(&tables.pair_crit_base),
-            [context.step, context.progress]
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect(),
-            u64_bytes([tables.dim as u64]),
-        ];
-        let fixed: Vec<D::Buffer> = fixed
+            .get(run.phase)
+            .and_then(|launches| launches.get(pass).cloned().flatten())
+            .ok_or_else(|| {
+                EvalError(format!(
+                    "internal: pass {pass} of phase {} has no CUDA kernel",
+                    run.phase
+                ))
+            })
+    }
+
+    /// Launch pass `pass`'s kernel over every group.
+    fn launch(
+        &self,
+        run: &PassRun<'_>,
+        state: &DevicePhase<D::Buffer>,
+        pass: usize,
+    ) -> Result<(), EvalError> {
+        let Launch {
+            name,
+            per_group,
+            threads,
+        } = self.launch_of(run, pass)?;
+        let device = &self.kernel.device;
+        let grid = if per_group { state.groups } else { 1 };
+        if grid == 0 {
+            return Ok(());
+        }
+        let block = if threads { device.block_size() } else { 1 };
+        // SAFETY: `state.table` holds, in the plan's order, the fixed tables of `run.layout`
+        // (validated by the executor before any phase runs) and this phase's buffers, each uploaded
+        // at `Tables::size` for that layout or a resident or external input of the same validated
+        // batch (`device_table`); 0..groups is the whole layout.
+        unsafe { device.launch(&name, grid, block, &state.table, 0, u64::from(state.groups)) }
+            .map_err(|e| device_error(format!("kernel {name}: {e}")))
+    }
+}
+
+/// The pointer table the CUDA kernels read (`rlx_compiler::backend::jit::slot`, as the JIT's): the
+/// layout's offset tables, the context's scalars and the sizes (uploaded into `fixed`), then the
+/// address of every buffer of the phase.
+fn device_table<D: Device>(
+    device: &D,
+    run: &PassRun<'_>,
+    buffers: impl IntoIterator<Item = u64>,
+) -> Result<(Vec<D::Buffer>, D::Buffer), EvalError> {
+    let (layout, tables, context) = (run.layout, run.tables, run.context);
+    let as_u64 = |v: &[usize]| u64_bytes(v.iter().map(|&x| x as u64));
+    let fixed = [
+        as_u64(&layout.group_offsets),
+        as_u64(&layout.token_offsets),
+        as_u64(&layout.crit_offsets),
+        as_u64(&tables.resp_crit_base),
+        as_u64(&tables.pair_offsets),
+        as_u64(&tables.pair_crit_base),
+        [context.step, context.progress]
             .iter()
-            .map(|bytes| device.upload(bytes))
-            .collect::<Result<_, _>>()
-            .map_err(fail)?;
-        // Buffers by id: `Some` for those this phase owns (uploaded now), else a resident input.
+            .flat_map(|x| x.to_le_bytes())
+            .collect(),
+        u64_bytes([tables.dim as u64]),
+    ];
+    let fixed: Vec<D::Buffer> = fixed
+        .iter()
+        .map(|bytes| device.upload(bytes))
+        .collect::<Result<_, _>>()
+        .map_err(device_error)?;
+    let mut addresses: Vec<u64> = fixed.iter().map(|b| device.address(b)).collect();
+    addresses.extend(buffers);
+    let table = device.upload(&u64_bytes(addresses)).map_err(device_error)?;
+    Ok((fixed, table))
+}
+
+impl<D: Device> sealed::Backend for Runner<'_, D> {
+    fn graph(&self) -> &Graph {
+        self.kernel.kernel.graph()
+    }
+
+    fn signature(&self) -> &Signature {
+        sealed::Backend::signature(&self.kernel.kernel)
+    }
+
+    fn phases(&self) -> usize {
+        self.kernel.kernel.plan().phases.len()
+    }
+
+    fn check_layout(&self, layout: &Layout) -> Result<(), EvalError> {
+        self.kernel.kernel.check_tables(layout)
+    }
+
+    fn input_storage(&self, index: usize) -> Precision {
+        self.kernel.kernel.storage_of(index)
+    }
+
+    fn run_phase(&self, phase: usize, run: PhaseRun<'_>) -> Result<PhaseResult, EvalError> {
+        run_plan_phase(self, phase, run)
+    }
+}
+
+/// The CUDA kernels run a phase's loop passes and combines on the device; the buffers are uploaded
+/// when the phase begins and downloaded when it ends (and for a host pass's source).
+impl<D: Device> PlanBackend for Runner<'_, D> {
+    type State = DevicePhase<D::Buffer>;
+
+    fn plan(&self) -> &KernelPlan {
+        self.kernel.kernel.plan()
+    }
+
+    fn graph(&self) -> &Graph {
+        self.kernel.kernel.graph()
+    }
+
+    fn begin(
+        &self,
+        run: &PassRun<'_>,
+        owned: Vec<Option<Column>>,
+    ) -> Result<Self::State, EvalError> {
+        let device = &self.kernel.device;
+        let phase = &self.kernel.kernel.plan().phases[run.phase];
+        if self.kernel.source.launches.get(run.phase).is_none() {
+            return Err(EvalError("internal: no CUDA kernels for a phase".into()));
+        }
         let mut uploaded: Vec<Option<D::Buffer>> = Vec::with_capacity(phase.buffers.len());
-        let mut addresses: Vec<u64> = fixed.iter().map(|b| device.address(b)).collect();
+        let mut addresses: Vec<u64> = Vec::with_capacity(phase.buffers.len());
         for (buffer, column) in phase.buffers.iter().zip(&owned) {
             let (own, address) = match (buffer.kind, column) {
                 (BufferKind::Input(i), _) => {
                     let i = i as usize;
-                    let column = inputs
+                    let column = run
+                        .inputs
                         .get(i)
                         .ok_or_else(|| EvalError("internal: an input is missing".into()))?;
-                    match (
-                        self.resident_input(i, *column),
-                        self.external_input(i, *column),
-                    ) {
-                        (Some(resident), _) => (None, device.address(resident)),
-                        (None, Some(address)) => (None, address),
-                        (None, None) => {
-                            let b = device.upload(&column_bytes(*column)).map_err(fail)?;
-                            let address = device.address(&b);
-                            (Some(b), address)
-                        }
-                    }
+                    self.input_address(i, *column)?
                 }
                 (_, Some(column)) => {
                     let b = device
                         .upload(&column_bytes(column.as_column_ref()))
-                        .map_err(fail)?;
+                        .map_err(device_error)?;
                     let address = device.address(&b);
                     (Some(b), address)
                 }
@@ -403,112 +479,100 @@ impl<D: Device> PhaseRunner for Runner<'_, D> {
             uploaded.push(own);
             addresses.push(address);
         }
-        let table = device.upload(&u64_bytes(addresses)).map_err(fail)?;
-        let groups = u32::try_from(tables.groups)
-            .map_err(|_| EvalError(format!("{} groups: too many for one launch", tables.groups)))?;
-        device.synchronize().map_err(fail)?;
-        let start = Instant::now();
-        for (pass_index, pass) in phase.passes.iter().enumerate() {
-            match (pass, launches.get(pass_index).cloned().flatten()) {
-                (
-                    Pass::Loop(_) | Pass::Combine { .. },
-                    Some(Launch {
-                        name,
-                        per_group,
-                        threads,
-                    }),
-                ) => {
-                    let grid = if per_group { groups } else { 1 };
-                    if grid == 0 {
-                        continue;
-                    }
-                    let block = if threads { device.block_size() } else { 1 };
-                    // SAFETY: `table` holds, in the plan's order, the fixed tables of `layout`
-                    // (validated by `Kernel::run_packed` before any phase runs) and this phase's
-                    // buffers, each uploaded at `Tables::size` for that layout or a resident or
-                    // external input of the same validated batch; 0..groups is the whole layout.
-                    unsafe { device.launch(&name, grid, block, &table, 0, u64::from(groups)) }
-                        .map_err(|e| fail(format!("kernel {name}: {e}")))?;
-                }
-                (Pass::Uniform { seed, target, .. }, None) => {
-                    // On the host: the interpreter's function, then one upload.
-                    let seed = host_values(device, phase, inputs, &owned, &uploaded, *seed)?
-                        .first()
-                        .copied()
-                        .unwrap_or(0.0);
-                    let len = owned[*target as usize].as_ref().map_or(0, Column::len);
-                    let values = (0..len)
-                        .map(|i| rlx_compiler::ir::uniform(seed, i as u64))
-                        .collect();
-                    store_host_values(device, &mut owned, &mut uploaded, *target, values)?;
-                }
-                (
-                    Pass::Rank {
-                        node,
-                        within,
-                        source,
-                        mask,
-                        target,
-                        ..
-                    },
-                    None,
-                ) => {
-                    // On the host: it sorts.
-                    let read = |b: u32| host_values(device, phase, inputs, &owned, &uploaded, b);
-                    let source_column = read(*source)?;
-                    let mask_column = mask.map(read).transpose()?;
-                    let level = kernel.graph().node(*node).shape.level;
-                    let values = ranks(
-                        &source_column,
-                        mask_column.as_deref(),
-                        layout,
-                        level,
-                        *within,
-                    );
-                    store_host_values(device, &mut owned, &mut uploaded, *target, values)?;
-                }
-                (Pass::Components { source, target, .. }, None) => {
-                    // On the host: union-find (the JIT's function).
-                    let verdicts = host_values(device, phase, inputs, &owned, &uploaded, *source)?;
-                    let values = components(&verdicts, layout);
-                    store_host_values(device, &mut owned, &mut uploaded, *target, values)?;
-                }
-                (
-                    Pass::Ngrams {
-                        n, source, target, ..
-                    },
-                    None,
-                ) => {
-                    // On the host: it needs a set.
-                    let source_column =
-                        host_values(device, phase, inputs, &owned, &uploaded, *source)?;
-                    let n = *n as usize;
-                    let values = (0..layout.responses())
-                        .map(|r| {
-                            let tokens = &source_column
-                                [layout.token_offsets[r]..layout.token_offsets[r + 1]];
-                            distinct_ngrams(tokens, n)
-                        })
-                        .collect();
-                    store_host_values(device, &mut owned, &mut uploaded, *target, values)?;
-                }
-                _ => {
-                    return Err(EvalError(format!(
-                        "internal: pass {pass_index} of phase {phase_index} has no CUDA kernel"
-                    )))
-                }
-            }
+        let (fixed, table) = device_table(device, run, addresses)?;
+        let groups = u32::try_from(run.tables.groups).map_err(|_| {
+            EvalError(format!(
+                "{} groups: too many for one launch",
+                run.tables.groups
+            ))
+        })?;
+        device.synchronize().map_err(device_error)?;
+        Ok(DevicePhase {
+            owned,
+            uploaded,
+            _fixed: fixed,
+            table,
+            groups,
+            start: Instant::now(),
+        })
+    }
+
+    fn run_loop(
+        &self,
+        run: &PassRun<'_>,
+        state: &mut Self::State,
+        pass: usize,
+        _loop_pass: &LoopPass,
+    ) -> Result<(), EvalError> {
+        self.launch(run, state, pass)
+    }
+
+    fn combine(
+        &self,
+        run: &PassRun<'_>,
+        state: &mut Self::State,
+        pass: usize,
+    ) -> Result<bool, EvalError> {
+        // A `combine` kernel of the generated source (the same fixed pairwise order).
+        self.launch(run, state, pass).map(|()| true)
+    }
+
+    fn read(&self, state: &Self::State, b: u32) -> Result<Vec<f64>, EvalError> {
+        let missing = || EvalError("internal: buffer missing".into());
+        let mut column = state.owned[b as usize].clone().ok_or_else(missing)?;
+        let device_buffer = state.uploaded[b as usize].as_ref().ok_or_else(missing)?;
+        let mut bytes = vec![0u8; byte_len(&column)];
+        self.kernel
+            .device
+            .download(device_buffer, &mut bytes)
+            .map_err(device_error)?;
+        column_from_bytes(&mut column, &bytes);
+        Ok(column.to_f64())
+    }
+
+    fn buffer_len(&self, state: &Self::State, b: u32) -> Result<usize, EvalError> {
+        state.owned[b as usize]
+            .as_ref()
+            .map(Column::len)
+            .ok_or_else(|| EvalError("internal: buffer missing".into()))
+    }
+
+    fn write(&self, state: &mut Self::State, b: u32, values: &[f64]) -> Result<(), EvalError> {
+        // The host column (in its storage precision), then the same values written to the device.
+        let missing = || EvalError("internal: buffer missing".into());
+        let column = state.owned[b as usize].as_mut().ok_or_else(missing)?;
+        for (i, value) in values.iter().enumerate() {
+            column.set(i, *value);
         }
-        device.synchronize().map_err(fail)?;
+        let bytes = column_bytes(column.as_column_ref());
+        let device_buffer = state.uploaded[b as usize].as_mut().ok_or_else(missing)?;
+        self.kernel
+            .device
+            .write(device_buffer, &bytes)
+            .map_err(device_error)
+    }
+
+    fn finish(
+        &self,
+        _run: &PassRun<'_>,
+        state: Self::State,
+    ) -> Result<Vec<Option<Column>>, EvalError> {
+        let device = &self.kernel.device;
+        device.synchronize().map_err(device_error)?;
         *self
             .kernel
             .kernel_time
             .lock()
-            .unwrap_or_else(|e| e.into_inner()) += start.elapsed();
+            .unwrap_or_else(|e| e.into_inner()) += state.start.elapsed();
+        let DevicePhase {
+            mut owned,
+            uploaded,
+            ..
+        } = state;
         for (column, buffer) in owned.iter_mut().zip(&uploaded) {
             if let (Some(column), Some(buffer)) = (column.as_mut(), buffer) {
                 let mut bytes = vec![0u8; byte_len(column)];
-                device.download(buffer, &mut bytes).map_err(fail)?;
+                device.download(buffer, &mut bytes).map_err(device_error)?;
                 column_from_bytes(column, &bytes);
             }
         }

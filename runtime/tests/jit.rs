@@ -16,10 +16,10 @@
 use std::path::PathBuf;
 
 use rlx_compiler::ir::{Elem, Graph};
-use rlx_runtime::batch::{Batch, Layout};
-use rlx_runtime::interp::{evaluate, Context, Outcome};
-use rlx_runtime::kernel::{Column, Kernel, Options, PackedBatch, Precision};
 use rlx_runtime::synthetic::{self, Spec};
+use rlx_runtime::{
+    evaluate, Batch, Column, Context, Kernel, Layout, Options, Outcome, PackedBatch, Precision,
+};
 
 mod common;
 
@@ -339,7 +339,7 @@ fn empty_responses_and_edge_cases_agree() {
 
 /// A batch over `layout` with values for every input of `graph` (as `synthetic::batch` fills them).
 fn batch_for(graph: &Graph, layout: Layout, seed: u64) -> Batch {
-    let geometry = rlx_runtime::geometry::Geometry::new(
+    let geometry = rlx_runtime::Geometry::new(
         layout.clone(),
         graph.rubrics.iter().map(|r| r.criteria.len()).collect(),
     );

@@ -7,10 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use rlx_compiler::ir::Graph;
-use rlx_runtime::batch::Batch;
-use rlx_runtime::cuda::GpuKernel;
-use rlx_runtime::interp::{evaluate, Context, EvalError, Outcome};
-use rlx_runtime::kernel::{Kernel, Options};
+use rlx_runtime::{evaluate, Batch, Context, EvalError, GpuKernel, Kernel, Options, Outcome};
 
 /// How a compiled recipe is evaluated: the f64 reference interpreter, the cranelift kernel, or the
 /// same kernel plan as CUDA C on a GPU (`rlx run --device cuda:N`, docs/gpu.md).
@@ -228,7 +225,7 @@ impl RecipeOp {
     ) -> candle_core::Result<Outcome> {
         use candle_core::backend::{BackendDevice, BackendStorage};
         use candle_core::cuda_backend::cudarc::driver::DevicePtr;
-        use rlx_runtime::kernel::Column;
+        use rlx_runtime::Column;
 
         let recipe = |e: String| candle_core::Error::Msg(format!("recipe: {e}"));
         let packed = gpu

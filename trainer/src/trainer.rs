@@ -14,9 +14,7 @@ use candle_core::Device;
 use serde_json::{json, Map, Value};
 
 use rlx_compiler::ir::Graph;
-use rlx_runtime::batch::{Batch, Layout};
-use rlx_runtime::geometry::Geometry;
-use rlx_runtime::interp::{Context, Outcome};
+use rlx_runtime::{Batch, Context, Geometry, Layout, Outcome};
 
 use crate::checkpoint::{self, BaseModel, State};
 use crate::config::Config;
@@ -1338,8 +1336,7 @@ fn monitor_kl(
         step: 0.0,
         progress: 0.0,
     };
-    let outcome =
-        rlx_runtime::interp::evaluate(graph, &batch, &context).map_err(|e| e.to_string())?;
+    let outcome = rlx_runtime::evaluate(graph, &batch, &context).map_err(|e| e.to_string())?;
     outcome
         .metrics
         .iter()

@@ -16,10 +16,8 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor, Var};
 use candle_objectives::{Objective as CandleObjective, Padded};
 use rlx_compiler::ir::Graph;
-use rlx_runtime::batch::{Batch, Layout};
-use rlx_runtime::interp::{evaluate, Context, Outcome};
-use rlx_runtime::kernel::{Kernel, Options};
 use rlx_runtime::synthetic::Rng;
+use rlx_runtime::{evaluate, Batch, Context, Kernel, Layout, Options, Outcome};
 use rlx_trainer::op::{Objective, RecipeOp};
 
 const GROUPS: usize = 4;
