@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 
-use rlx_compiler::backend::jit::{self, slot, JitKernel, PassFn};
+use rlx_compiler::backend::abi::{self, Fixed};
+use rlx_compiler::backend::jit::{self, JitKernel, PassFn};
 use rlx_compiler::backend::plan::{self, BufferKind, Init, KernelPlan, Pass, Reduction};
 pub use rlx_compiler::backend::{Options, Precision};
 use rlx_compiler::ir::{Elem, Graph, KeepLevel, Level, NodeId, Shape};
@@ -818,8 +819,8 @@ impl Kernel {
     ) -> Result<Vec<Option<Column>>, EvalError> {
         let phase = &self.plan.phases[phase_index];
         let mut owned = self.phase_buffers(phase_index, tables, carried)?;
-        let scalars = [context.step, context.progress];
-        let sizes = [tables.dim];
+        let scalars = abi::scalars(context.step, context.progress);
+        let sizes = abi::sizes(tables.dim as u64);
         for (pass_index, pass) in phase.passes.iter().enumerate() {
             match pass {
                 Pass::Loop(loop_pass) => {
@@ -827,19 +828,9 @@ impl Kernel {
                         self.jit.functions[phase_index][pass_index].ok_or_else(|| {
                             EvalError("internal: a loop pass was not compiled".into())
                         })?;
-                    let mut table: Vec<*mut u8> = vec![
-                        layout.group_offsets.as_ptr().cast_mut().cast(),
-                        layout.token_offsets.as_ptr().cast_mut().cast(),
-                        layout.crit_offsets.as_ptr().cast_mut().cast(),
-                        tables.resp_crit_base.as_ptr().cast_mut().cast(),
-                        tables.pair_offsets.as_ptr().cast_mut().cast(),
-                        tables.pair_crit_base.as_ptr().cast_mut().cast(),
-                        scalars.as_ptr().cast_mut().cast(),
-                        sizes.as_ptr().cast_mut().cast(),
-                    ];
-                    debug_assert_eq!(table.len(), slot::FIRST_BUFFER);
+                    let mut buffers: Vec<*mut u8> = Vec::with_capacity(phase.buffers.len());
                     for (buffer, column) in phase.buffers.iter().zip(owned.iter_mut()) {
-                        table.push(match (buffer.kind, column) {
+                        buffers.push(match (buffer.kind, column) {
                             (BufferKind::Input(i), _) => inputs[i as usize].const_pointer(),
                             (_, Some(column)) => column.pointer(),
                             (_, None) => {
@@ -847,6 +838,20 @@ impl Kernel {
                             }
                         });
                     }
+                    let usizes = |v: &[usize]| -> *mut u8 { v.as_ptr().cast_mut().cast() };
+                    let table = abi::table(
+                        |fixed| match fixed {
+                            Fixed::GroupOffsets => usizes(&layout.group_offsets),
+                            Fixed::TokenOffsets => usizes(&layout.token_offsets),
+                            Fixed::CritOffsets => usizes(&layout.crit_offsets),
+                            Fixed::RespCritBase => usizes(&tables.resp_crit_base),
+                            Fixed::PairOffsets => usizes(&tables.pair_offsets),
+                            Fixed::PairCritBase => usizes(&tables.pair_crit_base),
+                            Fixed::Scalars => scalars.as_ptr().cast_mut().cast(),
+                            Fixed::Sizes => sizes.as_ptr().cast_mut().cast(),
+                        },
+                        buffers,
+                    );
                     self.call(function, &SharedTable(table), loop_pass.parallel(), layout);
                 }
                 Pass::Combine {

@@ -4,9 +4,9 @@
 //! registers (f64, or f32 with `Precision::F32` accumulation), accumulates reductions and stores values.
 //!
 //! # Calling convention
-//! `extern "C" fn(table: *const *mut u8, g_begin: usize, g_end: usize)`. The table holds the layout
-//! (slots `slot::*`, `usize` arrays and the f64 scalars) and then the phase's buffers in plan order
-//! (`slot::FIRST_BUFFER + id`). A pass whose nest starts with groups visits groups `g_begin..g_end` only,
+//! `extern "C" fn(table: *const *mut u8, g_begin: usize, g_end: usize)`. The table is the ABI of
+//! `super::abi` (the layout's `usize` arrays and the f64 scalars, then the phase's buffers in plan
+//! order). A pass whose nest starts with groups visits groups `g_begin..g_end` only,
 //! so the runtime can split groups across threads; other passes ignore the range.
 //!
 //! # Safety contract
@@ -41,6 +41,7 @@ use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{default_libcall_names, FuncId, Linkage, Module};
 
+use super::abi::{self, Fixed, Scalar, Size};
 use super::plan::{
     Action, BufferId, Entry, KernelPlan, LoopKind, LoopPass, Phase, Reduction, Role,
 };
@@ -76,28 +77,6 @@ fn pass_variables(pass: &LoopPass) -> usize {
 
 /// A compiled loop pass (see the calling convention above).
 pub type PassFn = unsafe extern "C" fn(table: *const *mut u8, g_begin: usize, g_end: usize);
-
-/// Fixed slots of the pointer table.
-pub mod slot {
-    /// `usize[G + 1]`: `Layout::group_offsets`.
-    pub const GROUP_OFFSETS: usize = 0;
-    /// `usize[R + 1]`: `Layout::token_offsets`.
-    pub const TOKEN_OFFSETS: usize = 1;
-    /// `usize[G + 1]`: `Layout::crit_offsets`.
-    pub const CRIT_OFFSETS: usize = 2;
-    /// `usize[G + 1]`: where group g's `[resp, crit]` elements start (Σ over earlier groups of n·C).
-    pub const RESP_CRIT_BASE: usize = 3;
-    /// `usize[G + 1]`: where group g's pairs start (Σ over earlier groups of n·(n − 1)).
-    pub const PAIR_OFFSETS: usize = 4;
-    /// `usize[G + 1]`: where group g's `[pair, crit]` elements start.
-    pub const PAIR_CRIT_BASE: usize = 5;
-    /// `f64[2]`: `step`, `progress`.
-    pub const SCALARS: usize = 6;
-    /// `usize[1]`: the `dim` axis length.
-    pub const SIZES: usize = 7;
-    /// The plan's buffers follow, by id.
-    pub const FIRST_BUFFER: usize = 8;
-}
 
 /// The native code of a plan: one function per loop pass.
 pub struct JitKernel {
@@ -432,19 +411,20 @@ impl Gen<'_, '_> {
         let (table, g_begin, g_end) = (params[0], params[1], params[2]);
         self.table = Some(table);
         self.range = Some((g_begin, g_end));
-        let mut slots: Vec<usize> = (0..slot::FIRST_BUFFER).collect();
+        let mut slots: Vec<usize> = Fixed::ALL.iter().map(|f| f.slot()).collect();
         slots.extend(
             self.pass
                 .buffers_used(self.graph, self.phase)
                 .into_iter()
-                .map(|b| slot::FIRST_BUFFER + b as usize),
+                .map(abi::buffer_slot),
         );
         for s in slots {
             let base = self.b.ins().load(I64, flags(), table, (s * 8) as i32);
             self.bases.insert(s, base);
         }
-        let sizes = self.bases[&slot::SIZES];
-        self.dim = Some(self.b.ins().load(I64, flags(), sizes, 0));
+        let sizes = self.base(Fixed::Sizes.slot())?;
+        let dim = (Size::Dim.index() * 8) as i32;
+        self.dim = Some(self.b.ins().load(I64, flags(), sizes, dim));
         self.level(0)?;
         self.b.ins().return_(&[]);
         self.b.seal_all_blocks();
@@ -459,7 +439,7 @@ impl Gen<'_, '_> {
     }
 
     fn buffer_base(&self, buffer: BufferId) -> GenResult<ClifValue> {
-        self.base(slot::FIRST_BUFFER + buffer as usize)
+        self.base(abi::buffer_slot(buffer))
     }
 
     fn iconst(&mut self, value: i64) -> ClifValue {
@@ -1135,8 +1115,13 @@ impl Gen<'_, '_> {
         let c = self.c.clone();
         Ok(match value {
             Value::Step | Value::Progress => {
-                let scalars = self.base(slot::SCALARS)?;
-                let offset = if *value == Value::Step { 0 } else { 8 };
+                let scalars = self.base(Fixed::Scalars.slot())?;
+                let scalar = if *value == Value::Step {
+                    Scalar::Step
+                } else {
+                    Scalar::Progress
+                };
+                let offset = (scalar.index() * 8) as i32;
                 let v = self.b.ins().load(types::F64, flags(), scalars, offset);
                 self.convert(v, types::F64, self.ft)
             }
@@ -1661,22 +1646,22 @@ impl Gen<'_, '_> {
                 let (g_begin, g_end) = self.range.ok_or("internal: no group range")?;
                 let (blocks, g) = self.open(g_begin, g_end, false);
                 let next = self.b.ins().iadd_imm_s(g, 1);
-                let load = |gen: &mut Self, slot: usize, at: ClifValue| -> GenResult<ClifValue> {
-                    let base = gen.base(slot)?;
+                let load = |gen: &mut Self, slot: Fixed, at: ClifValue| -> GenResult<ClifValue> {
+                    let base = gen.base(slot.slot())?;
                     Ok(gen.load_index(base, at))
                 };
-                let gs = load(self, slot::GROUP_OFFSETS, g)?;
-                let ge = load(self, slot::GROUP_OFFSETS, next)?;
-                let cs = load(self, slot::CRIT_OFFSETS, g)?;
-                let ce = load(self, slot::CRIT_OFFSETS, next)?;
+                let gs = load(self, Fixed::GroupOffsets, g)?;
+                let ge = load(self, Fixed::GroupOffsets, next)?;
+                let cs = load(self, Fixed::CritOffsets, g)?;
+                let ce = load(self, Fixed::CritOffsets, next)?;
                 self.c.g = Some(g);
                 self.c.gs = Some(gs);
                 self.c.n = Some(self.b.ins().isub(ge, gs));
                 self.c.cs = Some(cs);
                 self.c.cn = Some(self.b.ins().isub(ce, cs));
-                self.c.resp_crit_base = Some(load(self, slot::RESP_CRIT_BASE, g)?);
-                self.c.pair_base = Some(load(self, slot::PAIR_OFFSETS, g)?);
-                self.c.pair_crit_base = Some(load(self, slot::PAIR_CRIT_BASE, g)?);
+                self.c.resp_crit_base = Some(load(self, Fixed::RespCritBase, g)?);
+                self.c.pair_base = Some(load(self, Fixed::PairOffsets, g)?);
+                self.c.pair_crit_base = Some(load(self, Fixed::PairCritBase, g)?);
                 self.level(depth + 1)?;
                 self.close(blocks);
             }
@@ -1685,7 +1670,7 @@ impl Gen<'_, '_> {
                 let n = self.coordinate(self.c.n, "group")?;
                 let ge = self.b.ins().iadd(gs, n);
                 let (blocks, r) = self.open(gs, ge, false);
-                let tokens = self.base(slot::TOKEN_OFFSETS)?;
+                let tokens = self.base(Fixed::TokenOffsets.slot())?;
                 let next = self.b.ins().iadd_imm_s(r, 1);
                 self.c.r = Some(r);
                 self.c.li = Some(self.b.ins().isub(r, gs));

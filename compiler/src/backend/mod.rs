@@ -3,8 +3,11 @@
 //! one native function compiled with cranelift (`jit.rs`). Execution (buffers, threads, keep filters)
 //! lives in the runtime (`rlx_runtime::kernel`). docs/kernels.md describes the design.
 
+pub mod abi;
 pub mod cuda;
 pub mod jit;
+pub mod layout;
+pub mod loops;
 pub mod plan;
 
 use serde::Serialize;
