@@ -1,5 +1,6 @@
-//! Stage `codegen` for NVIDIA GPUs: every loop pass and every `combine` pass of a kernel plan becomes
-//! one `extern "C" __global__` CUDA C kernel, compiled at run time with NVRTC (`rlx_runtime::cuda`).
+//! Stage `codegen` for NVIDIA GPUs: every loop function and every combine of a plan's loop IR
+//! (`super::loops`) becomes one `extern "C" __global__` CUDA C kernel, compiled at run time with NVRTC
+//! (`rlx_runtime::cuda`). This module is instruction selection over the loop IR (C text).
 //! `rlxc compile RECIPE --emit cuda` prints the source. docs/gpu.md describes the design and the checks.
 //!
 //! # Launch geometry
@@ -49,7 +50,7 @@ use std::fmt::Write as _;
 use super::abi::{self, Fixed};
 use super::layout::{Cond, Coord, Index, Scope};
 use super::loops::{self, Combine, Expr, Function, Loop, LoopFunction, Operand, Order, Stmt};
-use super::plan::{BufferId, KernelPlan, Phase, Reduction};
+use super::plan::{BufferId, KernelPlan, LoopKind, Phase, Reduction};
 use super::Precision;
 use crate::ir::{Graph, NodeId, Op};
 use crate::ops::{self, Cuda, Primitive};
@@ -430,7 +431,7 @@ impl Gen<'_> {
         phase_index: usize,
         pass_index: usize,
     ) -> Result<(), String> {
-        let path: Vec<&str> = function.path.iter().map(loops::loop_name).collect();
+        let path: Vec<&str> = function.path.iter().map(LoopKind::name).collect();
         let _ = writeln!(
             self.out,
             "\n/* phase {phase_index} ({}), pass {pass_index} (stage {}): loop {}{}; {}. */",

@@ -556,33 +556,6 @@ impl Lower<'_> {
     }
 }
 
-/// The name of a loop kind in printed forms (as the plan's).
-pub fn loop_name(kind: &LoopKind) -> &'static str {
-    match kind {
-        LoopKind::Group => "group",
-        LoopKind::Resp => "resp",
-        LoopKind::Tok => "tok",
-        LoopKind::Pair => "pair",
-        LoopKind::Feature(Feature::Crit) => "crit",
-        LoopKind::Feature(Feature::Dim) => "dim",
-        LoopKind::Feature(Feature::Rubric { .. }) => "rubric",
-        LoopKind::Feature(Feature::Matrix { .. }) => "matrix",
-    }
-}
-
-/// The name of a reduction in printed forms.
-pub fn reduction_name(op: Reduction) -> &'static str {
-    match op {
-        Reduction::Sum => "sum",
-        Reduction::Max => "max",
-        Reduction::Min => "min",
-        Reduction::Count => "count",
-        Reduction::SumByOther => "sum_by_other",
-        Reduction::ContractRows => "contract_rows",
-        Reduction::ContractCols => "contract_cols",
-    }
-}
-
 impl fmt::Display for Index {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -650,7 +623,7 @@ impl LoopKernel {
             for (pass_index, function) in phase.functions.iter().enumerate() {
                 match function {
                     Function::Loop(function) => {
-                        let path: Vec<&str> = function.path.iter().map(loop_name).collect();
+                        let path: Vec<&str> = function.path.iter().map(LoopKind::name).collect();
                         let buffers: Vec<String> =
                             function.buffers.iter().map(|b| format!("b{b}")).collect();
                         let _ = writeln!(
@@ -688,7 +661,7 @@ impl LoopKernel {
                             out,
                             "  fn c{phase_index}_{pass_index} (stage {}): combine {} of %{} over groups, b{} → b{}{counts}, width {}",
                             c.stage,
-                            reduction_name(c.op),
+                            c.op.name(),
                             c.node.0,
                             c.partial,
                             c.value,
@@ -743,7 +716,7 @@ fn print_block(out: &mut String, graph: &Graph, body: &[Stmt], indent: usize) {
                         Some(skip) => format!(" except {skip}"),
                         None => String::new(),
                     },
-                    loop_name(&l.kind)
+                    l.kind.name()
                 );
                 for (coord, value) in &head.binds {
                     let _ = writeln!(out, "{pad}  {} = {value}", coord.name());
@@ -768,7 +741,7 @@ fn print_block(out: &mut String, graph: &Graph, body: &[Stmt], indent: usize) {
                 let _ = writeln!(
                     out,
                     "{pad}b{buffer}[{index}] {}= {x}{}",
-                    reduction_name(*op),
+                    op.name(),
                     once(*o)
                 );
                 match count {
@@ -779,13 +752,13 @@ fn print_block(out: &mut String, graph: &Graph, body: &[Stmt], indent: usize) {
             Stmt::Reset { acc, op, count } => writeln!(
                 out,
                 "{pad}a{acc} = empty {}{}",
-                reduction_name(*op),
+                op.name(),
                 if *count { ", n{acc} = 0" } else { "" }
             ),
             Stmt::Accumulate { acc, op, x, count } => writeln!(
                 out,
                 "{pad}a{acc} {}= {x}{}",
-                reduction_name(*op),
+                op.name(),
                 if *count { ", n{acc} += 1" } else { "" }
             ),
             Stmt::ScanReset { carry } => writeln!(out, "{pad}s{carry} = 0"),
@@ -813,7 +786,7 @@ fn print_block(out: &mut String, graph: &Graph, body: &[Stmt], indent: usize) {
                     out,
                     "{pad}b{buffer}[{index}] = a{acc}{}{}",
                     if *block {
-                        format!(" (block {})", reduction_name(*op))
+                        format!(" (block {})", op.name())
                     } else {
                         String::new()
                     },
