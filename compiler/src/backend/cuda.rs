@@ -482,14 +482,7 @@ impl Gen<'_> {
             self.line(&format!("const {ty}* {name} = (const {ty}*)table[{slot}];"));
             unused.push(name);
         }
-        for (coord, value) in &function.binds {
-            self.line(&format!(
-                "const long long {} = {};",
-                coord.name(),
-                c_index(value)
-            ));
-            unused.push(coord.name());
-        }
+        unused.extend(self.binds(&function.binds));
         unused.push("g_end");
         self.void(&unused);
         for &b in &function.buffers {
@@ -501,6 +494,18 @@ impl Gen<'_> {
         self.out.push_str("}\n");
         let _ = writeln!(self.out, "RLX_HOST_LAUNCHER({name})");
         Ok(())
+    }
+
+    /// A declaration of each bound coordinate; returns their names.
+    fn binds(&mut self, binds: &[(Coord, Index)]) -> Vec<&'static str> {
+        for (coord, value) in binds {
+            self.line(&format!(
+                "const long long {} = {};",
+                coord.name(),
+                c_index(value)
+            ));
+        }
+        binds.iter().map(|(coord, _)| coord.name()).collect()
     }
 
     /// `(void)x;` for names that may be unused.
@@ -816,15 +821,7 @@ impl Gen<'_> {
         if let Some(skip) = &head.skip {
             self.line(&format!("if ({c} == {}) continue;", c_index(skip)));
         }
-        let mut names = Vec::new();
-        for (coord, value) in &head.binds {
-            self.line(&format!(
-                "const long long {} = {};",
-                coord.name(),
-                c_index(value)
-            ));
-            names.push(coord.name());
-        }
+        let names = self.binds(&head.binds);
         self.void(&names);
         self.block(&l.body)?;
         self.close();
