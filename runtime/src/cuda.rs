@@ -13,6 +13,7 @@
 
 use std::time::{Duration, Instant};
 
+use rlx_compiler::backend::abi;
 use rlx_compiler::backend::cuda::{self, CudaSource, Launch, MAX_BLOCK};
 use rlx_compiler::backend::plan::{BufferKind, KernelPlan, LoopPass};
 use rlx_compiler::ir::Graph;
@@ -31,7 +32,7 @@ mod nvidia;
 pub use nvidia::CudaDevice;
 
 /// Where the kernels run: memory, copies and launches. Buffers are untyped bytes; kernels take the
-/// address of a table of buffer addresses (`rlx_compiler::backend::jit::slot`).
+/// address of a table of buffer addresses (`rlx_compiler::backend::abi`).
 pub trait Device {
     type Buffer;
     /// Compile and load the kernels (called once by `DeviceKernel::new`).
@@ -372,7 +373,7 @@ impl<D: Device> Runner<'_, D> {
     }
 }
 
-/// The pointer table the CUDA kernels read (`rlx_compiler::backend::jit::slot`, as the JIT's): the
+/// The pointer table the CUDA kernels read (`rlx_compiler::backend::abi`, as the JIT's): the
 /// layout's offset tables, the context's scalars and the sizes (uploaded into `fixed`), then the
 /// address of every buffer of the phase.
 fn device_table<D: Device>(
@@ -382,20 +383,20 @@ fn device_table<D: Device>(
 ) -> Result<(Vec<D::Buffer>, D::Buffer), EvalError> {
     let (layout, tables, context) = (run.layout, run.tables, run.context);
     let as_u64 = |v: &[usize]| u64_bytes(v.iter().map(|&x| x as u64));
-    let fixed = [
-        as_u64(&layout.group_offsets),
-        as_u64(&layout.token_offsets),
-        as_u64(&layout.crit_offsets),
-        as_u64(&tables.resp_crit_base),
-        as_u64(&tables.pair_offsets),
-        as_u64(&tables.pair_crit_base),
-        [context.step, context.progress]
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect(),
-        u64_bytes([tables.dim as u64]),
-    ];
-    let fixed: Vec<D::Buffer> = fixed
+    let fixed: Vec<D::Buffer> = abi::Fixed::ALL
+        .map(|fixed| match fixed {
+            abi::Fixed::GroupOffsets => as_u64(&layout.group_offsets),
+            abi::Fixed::TokenOffsets => as_u64(&layout.token_offsets),
+            abi::Fixed::CritOffsets => as_u64(&layout.crit_offsets),
+            abi::Fixed::RespCritBase => as_u64(&tables.resp_crit_base),
+            abi::Fixed::PairOffsets => as_u64(&tables.pair_offsets),
+            abi::Fixed::PairCritBase => as_u64(&tables.pair_crit_base),
+            abi::Fixed::Scalars => abi::scalars(context.step, context.progress)
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+            abi::Fixed::Sizes => u64_bytes(abi::sizes(tables.dim as u64)),
+        })
         .iter()
         .map(|bytes| device.upload(bytes))
         .collect::<Result<_, _>>()

@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 
-use rlx_compiler::backend::jit::{self, slot, JitKernel, PassFn};
+use rlx_compiler::backend::abi::{self, Fixed, Scalar, Size};
+use rlx_compiler::backend::jit::{self, JitKernel, PassFn};
 use rlx_compiler::backend::plan::{self, BufferKind, KernelPlan, LoopPass};
 pub use rlx_compiler::backend::{Options, Precision};
 use rlx_compiler::ir::{Elem, Graph, Shape};
@@ -527,36 +528,39 @@ impl Kernel {
     }
 }
 
-/// The pointer table a JIT pass reads (`rlx_compiler::backend::jit::slot`): the layout's offset
-/// tables, the context's scalars, the sizes, then every buffer of the phase (inputs where they are).
-/// `scalars` and `sizes` must outlive the table's use.
+/// The pointer table a JIT pass reads (`rlx_compiler::backend::abi`): the layout's offset tables, the
+/// context's scalars, the sizes, then every buffer of the phase (inputs where they are). `scalars` and
+/// `sizes` must outlive the table's use.
 fn pointer_table(
     run: &PassRun<'_>,
     buffers: &mut [Option<Column>],
     phase: &rlx_compiler::backend::plan::Phase,
-    scalars: &[f64; 2],
-    sizes: &[usize; 1],
+    scalars: &[f64; Scalar::COUNT],
+    sizes: &[u64; Size::COUNT],
 ) -> Result<Vec<*mut u8>, EvalError> {
     let (layout, tables) = (run.layout, run.tables);
-    let mut table: Vec<*mut u8> = vec![
-        layout.group_offsets.as_ptr().cast_mut().cast(),
-        layout.token_offsets.as_ptr().cast_mut().cast(),
-        layout.crit_offsets.as_ptr().cast_mut().cast(),
-        tables.resp_crit_base.as_ptr().cast_mut().cast(),
-        tables.pair_offsets.as_ptr().cast_mut().cast(),
-        tables.pair_crit_base.as_ptr().cast_mut().cast(),
-        scalars.as_ptr().cast_mut().cast(),
-        sizes.as_ptr().cast_mut().cast(),
-    ];
-    debug_assert_eq!(table.len(), slot::FIRST_BUFFER);
+    let mut pointers: Vec<*mut u8> = Vec::with_capacity(phase.buffers.len());
     for (buffer, column) in phase.buffers.iter().zip(buffers.iter_mut()) {
-        table.push(match (buffer.kind, column) {
+        pointers.push(match (buffer.kind, column) {
             (BufferKind::Input(i), _) => run.inputs[i as usize].const_pointer(),
             (_, Some(column)) => column.pointer(),
             (_, None) => return Err(EvalError("internal: a buffer was released".into())),
         });
     }
-    Ok(table)
+    let usizes = |v: &[usize]| -> *mut u8 { v.as_ptr().cast_mut().cast() };
+    Ok(abi::table(
+        |fixed| match fixed {
+            Fixed::GroupOffsets => usizes(&layout.group_offsets),
+            Fixed::TokenOffsets => usizes(&layout.token_offsets),
+            Fixed::CritOffsets => usizes(&layout.crit_offsets),
+            Fixed::RespCritBase => usizes(&tables.resp_crit_base),
+            Fixed::PairOffsets => usizes(&tables.pair_offsets),
+            Fixed::PairCritBase => usizes(&tables.pair_crit_base),
+            Fixed::Scalars => scalars.as_ptr().cast_mut().cast(),
+            Fixed::Sizes => sizes.as_ptr().cast_mut().cast(),
+        },
+        pointers,
+    ))
 }
 
 impl sealed::Backend for Kernel {
@@ -618,8 +622,8 @@ impl PlanBackend for Kernel {
             .get(run.phase)
             .and_then(|functions| functions.get(pass).copied().flatten())
             .ok_or_else(|| EvalError("internal: a loop pass was not compiled".into()))?;
-        let scalars = [run.context.step, run.context.progress];
-        let sizes = [run.tables.dim];
+        let scalars = abi::scalars(run.context.step, run.context.progress);
+        let sizes = abi::sizes(run.tables.dim as u64);
         let phase = &self.plan.phases[run.phase];
         let table = pointer_table(run, buffers, phase, &scalars, &sizes)?;
         self.call(

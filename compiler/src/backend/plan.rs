@@ -85,7 +85,8 @@ pub enum LoopKind {
 }
 
 impl LoopKind {
-    fn name(&self) -> &'static str {
+    /// The loop's name in printed forms (`--emit plan`, `--emit loops`, CUDA comments).
+    pub fn name(&self) -> &'static str {
         match self {
             LoopKind::Group => "group",
             LoopKind::Resp => "resp",
@@ -227,7 +228,8 @@ pub enum Reduction {
 }
 
 impl Reduction {
-    fn name(self) -> &'static str {
+    /// The reduction's name in printed forms.
+    pub fn name(self) -> &'static str {
         match self {
             Reduction::Sum => "sum",
             Reduction::Max => "max",
