@@ -256,7 +256,8 @@ impl<D: Device> DeviceKernel<D> {
         let mut gradients = Vec::new();
         for (input, b) in &last.outputs.gradients {
             let info = &graph.inputs[*input as usize];
-            let Some((_, buffer, precision, len)) = buffers.iter_mut().find(|(o, ..)| o == b) else {
+            let Some((_, buffer, precision, len)) = buffers.iter_mut().find(|(o, ..)| o == b)
+            else {
                 return Err(EvalError(format!(
                     "internal: ∂loss/∂{} was not left on the device",
                     info.name
@@ -1025,7 +1026,10 @@ mod tests {
         }
         .expect("runs");
         let outputs_only = downloaded();
-        assert!(outcome.gradients.is_empty(), "the gradients are not on the host");
+        assert!(
+            outcome.gradients.is_empty(),
+            "the gradients are not on the host"
+        );
         assert_eq!(outcome.loss, full.loss);
         assert_eq!(gradients.len(), 1);
         let gradient = &gradients[0];

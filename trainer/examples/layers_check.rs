@@ -32,7 +32,13 @@ fn main() {
             let ordinal = other
                 .strip_prefix("cuda")
                 .map(|rest| rest.trim_start_matches(':'))
-                .and_then(|n| if n.is_empty() { Some(0) } else { n.parse().ok() });
+                .and_then(|n| {
+                    if n.is_empty() {
+                        Some(0)
+                    } else {
+                        n.parse().ok()
+                    }
+                });
             let Some(ordinal) = ordinal else {
                 eprintln!("layers_check: --device {other}: expected cpu, cuda or cuda:N");
                 std::process::exit(2);

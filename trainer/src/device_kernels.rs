@@ -192,7 +192,9 @@ pub fn compare_layers(device: &Device) -> Result<LayersReport> {
     };
     let model = crate::model::Model::new(&config, 7, device)?;
     let (b, t) = (2usize, 16usize);
-    let ids: Vec<u32> = (0..b * t).map(|i| ((i * 37 + 11) % config.vocab) as u32).collect();
+    let ids: Vec<u32> = (0..b * t)
+        .map(|i| ((i * 37 + 11) % config.vocab) as u32)
+        .collect();
     let ids = Tensor::from_vec(ids, (b, t), device)?;
     let pass = |layers: Layers| -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
         set_layers(Some(layers));
@@ -224,7 +226,11 @@ pub fn compare_layers(device: &Device) -> Result<LayersReport> {
         worst_parameter: String::new(),
         parameters: model.vars().len(),
     };
-    for ((name, _), (f, p)) in model.vars().iter().zip(fused_grads.iter().zip(&plain_grads)) {
+    for ((name, _), (f, p)) in model
+        .vars()
+        .iter()
+        .zip(fused_grads.iter().zip(&plain_grads))
+    {
         let d = relative_difference(f, p);
         if d >= report.gradients {
             report.gradients = d;
@@ -268,8 +274,9 @@ mod gpu {
             options: vec![format!("--gpu-architecture={arch}")],
             ..Default::default()
         };
-        let ptx = compile_ptx_with_opts(SOURCE, options)
-            .map_err(|e| candle_core::Error::Msg(format!("NVRTC rejected the trainer's kernels: {e}")))?;
+        let ptx = compile_ptx_with_opts(SOURCE, options).map_err(|e| {
+            candle_core::Error::Msg(format!("NVRTC rejected the trainer's kernels: {e}"))
+        })?;
         let ptx = Arc::new(ptx.to_src());
         cache.push((arch, ptx.clone()));
         Ok(ptx)

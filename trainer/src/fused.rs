@@ -172,7 +172,15 @@ impl CustomOp2 for RmsNorm {
             let w = at(s2, l2, "rms_norm: the weight")?;
             let table = [x, w, out, rows as u64, h as u64, k::f32_word(self.eps)];
             // SAFETY: x holds rows × h f32, w h, y rows × h (`rlx_rms_norm`'s table), on this stream.
-            unsafe { k::launch(device, "rlx_rms_norm", k::row_grid(rows), k::ROW_BLOCK, &table) }?;
+            unsafe {
+                k::launch(
+                    device,
+                    "rlx_rms_norm",
+                    k::row_grid(rows),
+                    k::ROW_BLOCK,
+                    &table,
+                )
+            }?;
         }
         Ok((k::storage(device, y), l1.shape().clone()))
     }
@@ -279,7 +287,13 @@ impl CustomOp3 for RmsNormBwd {
             let table = [x, w, dy, out, inv_at, rows as u64, h as u64, eps];
             // SAFETY: x and dy hold rows × h f32, w h, out (rows + 1) × h, inv rows; on this stream.
             unsafe {
-                k::launch(device, "rlx_rms_norm_bwd_rows", k::row_grid(rows), k::ROW_BLOCK, &table)
+                k::launch(
+                    device,
+                    "rlx_rms_norm_bwd_rows",
+                    k::row_grid(rows),
+                    k::ROW_BLOCK,
+                    &table,
+                )
             }?;
             let table = [x, dy, inv_at, out, rows as u64, h as u64];
             // SAFETY: as above; the weight's row is the last of `out`.
@@ -726,9 +740,22 @@ impl CustomOp2 for SwiGlu {
         let device = s1.device();
         let (y, out) = k::zeros(device, n)?;
         if n > 0 {
-            let table = [at(s1, l1, "swiglu: gate")?, at(s2, l2, "swiglu: up")?, out, n as u64];
+            let table = [
+                at(s1, l1, "swiglu: gate")?,
+                at(s2, l2, "swiglu: up")?,
+                out,
+                n as u64,
+            ];
             // SAFETY: the three buffers hold n f32 each, on this stream.
-            unsafe { k::launch(device, "rlx_swiglu", k::element_grid(n), k::ELEMENT_BLOCK, &table) }?;
+            unsafe {
+                k::launch(
+                    device,
+                    "rlx_swiglu",
+                    k::element_grid(n),
+                    k::ELEMENT_BLOCK,
+                    &table,
+                )
+            }?;
         }
         Ok((k::storage(device, y), l1.shape().clone()))
     }
@@ -817,7 +844,13 @@ impl CustomOp3 for SwiGluBwd {
             ];
             // SAFETY: gate, up and the gradient hold n f32, out 2n; on this stream.
             unsafe {
-                k::launch(device, "rlx_swiglu_bwd", k::element_grid(n), k::ELEMENT_BLOCK, &table)
+                k::launch(
+                    device,
+                    "rlx_swiglu_bwd",
+                    k::element_grid(n),
+                    k::ELEMENT_BLOCK,
+                    &table,
+                )
             }?;
         }
         Ok((k::storage(device, both), Shape::from(2 * n)))
@@ -963,7 +996,14 @@ impl CustomOp1 for Rope {
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let (t, half) = (self.tables.t, self.tables.half);
         let rows = l.shape().elem_count() / (t * 2 * half).max(1);
-        let y = gpu_heads(s, l, (rows, t, 1, 2 * half), Some(&self.tables), 0, self.inverse)?;
+        let y = gpu_heads(
+            s,
+            l,
+            (rows, t, 1, 2 * half),
+            Some(&self.tables),
+            0,
+            self.inverse,
+        )?;
         Ok((y, l.shape().clone()))
     }
 
@@ -1161,7 +1201,15 @@ fn gpu_heads(
     ];
     // SAFETY: the input and `y` hold b·t·n·d f32, the tables t × d/2 each (checked by the callers
     // against the tables' dims); on this stream, the tables freed after the launch in stream order.
-    unsafe { k::launch(device, "rlx_heads", k::element_grid(total), k::ELEMENT_BLOCK, &table) }?;
+    unsafe {
+        k::launch(
+            device,
+            "rlx_heads",
+            k::element_grid(total),
+            k::ELEMENT_BLOCK,
+            &table,
+        )
+    }?;
     drop(uploaded);
     Ok(k::storage(device, y))
 }

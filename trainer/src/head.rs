@@ -104,6 +104,9 @@ pub fn fused_logp_entropy(
         #[cfg(feature = "cuda")]
         if gpu::applies(&h)? {
             // f32 on a GPU: the chunk passes of `device_kernels.cu`, the same formulas.
+            if v == 0 {
+                bail!("fused_logp_entropy: empty vocabulary")
+            }
             let (logp, lse, entropy) =
                 gpu::forward_rows(&h, &weight_d, &targets.narrow(0, r0, rc)?, cols)?;
             logp_parts.push(logp);
@@ -400,17 +403,18 @@ impl CustomOp2 for FusedHead {
         let g2 = grad.narrow(1, 1, 1)?;
         let row_starts: Vec<usize> = (0..n).step_by(self.rows).collect();
         // f32 on the CPU: ∂z of each chunk in one parallel pass (`head_cpu.rs`) from these rows' values.
-        let cpu = if n > 0 && head_cpu::applies(&h_all) && crate::device_kernels::fused_layers(device)? {
-            Some((
-                self.targets.to_vec1::<u32>()?,
-                head_cpu::values(&self.lse)?,
-                head_cpu::values(&self.entropy)?,
-                head_cpu::values(&g1)?,
-                head_cpu::values(&g2)?,
-            ))
-        } else {
-            None
-        };
+        let cpu =
+            if n > 0 && head_cpu::applies(&h_all) && crate::device_kernels::fused_layers(device)? {
+                Some((
+                    self.targets.to_vec1::<u32>()?,
+                    head_cpu::values(&self.lse)?,
+                    head_cpu::values(&self.entropy)?,
+                    head_cpu::values(&g1)?,
+                    head_cpu::values(&g2)?,
+                ))
+            } else {
+                None
+            };
         // f32 on a GPU: ∂z of each chunk by `rlx_head_backward_chunk` from contiguous per-row columns.
         #[cfg(feature = "cuda")]
         let gpu_rows = if n > 0 && gpu::applies(&h_all)? {
@@ -720,7 +724,11 @@ mod gpu {
                 )
             }?;
         }
-        Ok((out.narrow(1, 0, 1)?, out.narrow(1, 1, 1)?, out.narrow(1, 2, 1)?))
+        Ok((
+            out.narrow(1, 0, 1)?,
+            out.narrow(1, 1, 1)?,
+            out.narrow(1, 2, 1)?,
+        ))
     }
 
     /// ∂loss/∂z of one chunk `z: [rc, vc]` (columns `c0..`), from the rows' targets and contiguous
@@ -752,7 +760,10 @@ mod gpu {
             (&dz, DType::F32, "∂z"),
         ] {
             if t.dim(0)? != rc {
-                bail!("fused-lm-head: {what} has {} rows, the chunk {rc}", t.dim(0)?)
+                bail!(
+                    "fused-lm-head: {what} has {} rows, the chunk {rc}",
+                    t.dim(0)?
+                )
             }
             let (address, guard) = address_of(t, dtype, &format!("fused-lm-head: {what}"))?;
             addresses.push(address);

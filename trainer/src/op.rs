@@ -232,8 +232,7 @@ impl RecipeOp {
     /// `components`, `distinct_ngrams`, `uniform`'s seed). Otherwise the kernels read the columns
     /// where candle holds them and the host column is a placeholder of the right length (the runner
     /// validates lengths, not values).
-    #[cfg(feature = "cuda")]
-    fn needs_host_values(&self, kernel: &Kernel) -> bool {
+    pub fn needs_host_values(&self, kernel: &Kernel) -> bool {
         use rlx_compiler::backend::plan::{BufferKind, Pass};
         use rlx_runtime::kernel::Precision;
         let plan = kernel.plan();

@@ -25,10 +25,8 @@ use rlx_trainer::head_cpu;
 
 /// A fresh scratch folder.
 fn scratch(label: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "rlx-device-kernels-{}-{label}",
-        std::process::id()
-    ));
+    let dir =
+        std::env::temp_dir().join(format!("rlx-device-kernels-{}-{label}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
@@ -254,7 +252,9 @@ fn heads_kernel(
 #[test]
 fn rope_and_the_head_moves_agree_with_the_cpu_kernels_both_ways() {
     let (b, t, n, d) = (2usize, 5usize, 3usize, 8usize);
-    let inv_freq: Vec<f64> = (0..d / 2).map(|i| 1.0 / 10_000f64.powf(2.0 * i as f64 / d as f64)).collect();
+    let inv_freq: Vec<f64> = (0..d / 2)
+        .map(|i| 1.0 / 10_000f64.powf(2.0 * i as f64 / d as f64))
+        .collect();
     let tables = RopeTables::new(&inv_freq, 3, t);
     let cpu = Device::Cpu;
     let x = random(7, b * t * n * d, 1.0);
@@ -266,7 +266,11 @@ fn rope_and_the_head_moves_agree_with_the_cpu_kernels_both_ways() {
         let gt = Tensor::from_vec(g.clone(), (b * n, t, d), &cpu).unwrap();
         let grads = (&y * &gt).unwrap().sum_all().unwrap().backward().unwrap();
         let dims = (b * n, t, 1, d);
-        assert_close("rope", &heads_kernel(&x, dims, Some(&tables), 0, 1.0, shape), &values(&y));
+        assert_close(
+            "rope",
+            &heads_kernel(&x, dims, Some(&tables), 0, 1.0, shape),
+            &values(&y),
+        );
         assert_close(
             "rope backward",
             &heads_kernel(&g, dims, Some(&tables), 0, -1.0, shape),
@@ -321,14 +325,19 @@ fn the_lm_head_chunks_agree_with_the_cpu_passes() {
     let full = Tensor::from_vec(z.clone(), (rows, v), &cpu).unwrap();
     // The CPU passes over the same chunks.
     let mut states = vec![head_cpu::RowState::default(); rows];
-    let chunks: Vec<(usize, usize)> = (0..v).step_by(chunk).map(|c0| (c0, chunk.min(v - c0))).collect();
+    let chunks: Vec<(usize, usize)> = (0..v)
+        .step_by(chunk)
+        .map(|c0| (c0, chunk.min(v - c0)))
+        .collect();
     for &(c0, vc) in &chunks {
         let part = full.narrow(1, c0, vc).unwrap().contiguous().unwrap();
         head_cpu::forward_chunk(&part, c0, &targets, &mut states).unwrap();
     }
     let done = head_cpu::finish(&states);
     for (block, grid) in SHAPES {
-        let mut state: Vec<f32> = (0..rows).flat_map(|_| [f32::NEG_INFINITY, 0.0, 0.0, 0.0]).collect();
+        let mut state: Vec<f32> = (0..rows)
+            .flat_map(|_| [f32::NEG_INFINITY, 0.0, 0.0, 0.0])
+            .collect();
         for &(c0, vc) in &chunks {
             let part = values(&full.narrow(1, c0, vc).unwrap().contiguous().unwrap());
             let table = [
@@ -355,8 +364,9 @@ fn the_lm_head_chunks_agree_with_the_cpu_passes() {
         let entropy: Vec<f32> = done.iter().map(|d| d.2).collect();
         for &(c0, vc) in &chunks {
             let part = full.narrow(1, c0, vc).unwrap().contiguous().unwrap();
-            let expected = head_cpu::backward_chunk(&part, c0, &targets, &lse, &entropy, &g1, &g2, &cpu)
-                .unwrap();
+            let expected =
+                head_cpu::backward_chunk(&part, c0, &targets, &lse, &entropy, &g1, &g2, &cpu)
+                    .unwrap();
             let part = values(&part);
             let mut dz = vec![f32::NAN; rows * vc];
             let table = [
@@ -383,7 +393,10 @@ fn gradient_columns_land_in_the_argument_layout_and_report_the_first_non_finite_
     let f32_column = random(12, elements, 3.0);
     // A filtered run: 20 kept elements (every other one from 5), stored in f64.
     let map: Vec<u64> = (0..20).map(|i| 5 + 2 * i as u64).collect();
-    let f64_column: Vec<f64> = random(13, map.len(), 3.0).iter().map(|v| *v as f64).collect();
+    let f64_column: Vec<f64> = random(13, map.len(), 3.0)
+        .iter()
+        .map(|v| *v as f64)
+        .collect();
     for (block, grid) in SHAPES {
         let mut out = vec![0f32; elements * width];
         let mut first_bad = vec![u64::MAX; width];
@@ -522,7 +535,10 @@ fn nvrtc_compiles_the_kernels_and_ptxas_assembles_them() {
         )
         .unwrap_or_else(|log| panic!("compute_{sm}: {log}"));
         for name in KERNELS {
-            assert!(ptx.contains(&format!(".entry {name}(")), "no entry {name} for compute_{sm}");
+            assert!(
+                ptx.contains(&format!(".entry {name}(")),
+                "no entry {name} for compute_{sm}"
+            );
         }
         let file = work.join(format!("kernels-{sm}.ptx"));
         std::fs::write(&file, &ptx).unwrap();

@@ -190,7 +190,9 @@ fn the_layers_check_finds_the_fused_and_plain_layers_alike_and_rejects_a_differe
     assert!(report.parameters >= 10, "{report:?}");
     let json = report.to_json("cpu");
     assert_eq!(json["agree"], true, "{json}");
-    assert!(json["gradients_relative_difference"].as_f64().is_some_and(f64::is_finite));
+    assert!(json["gradients_relative_difference"]
+        .as_f64()
+        .is_some_and(f64::is_finite));
     // A value off by 1 % is beyond the tolerance; a NaN or a missing value is never agreement.
     let plain = [0.5f32, -2.0, 3.0, 0.0];
     let off: Vec<f32> = plain.iter().map(|v| v * 1.01).collect();
