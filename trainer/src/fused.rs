@@ -63,8 +63,8 @@ fn check_f32(op: &str, t: &Tensor) -> Result<()> {
 
 // ---------------------------------------------------------------------------------------------------
 // The plain candle versions: what each fused layer computes, in differentiable candle ops. They are the
-// layers on any device other than the CPU (a CUDA device: candle's own kernels, until the fused layers
-// have CUDA kernels of their own), and the references of the fused layers' tests.
+// layers on devices without kernels of their own and under `RLX_GPU_LAYERS=plain` (on a GPU: candle's
+// own kernels), and the references of the fused layers' tests.
 
 /// [`rms_norm`] in candle ops: `x / √(mean(x²) + eps) · w`.
 pub fn plain_rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
@@ -90,8 +90,8 @@ pub fn plain_rope(x: &Tensor, tables: &RopeTables) -> Result<Tensor> {
 // ---------------------------------------------------------------------------------------------------
 // RMS norm
 
-/// `x / √(mean(x²) + eps) · w` over the last axis; x: [.., h], w: [h] (f32). The fused kernel on the CPU,
-/// [`plain_rms_norm`] on any other device.
+/// `x / √(mean(x²) + eps) · w` over the last axis; x: [.., h], w: [h] (f32). The fused kernel on the CPU
+/// and on a CUDA device, [`plain_rms_norm`] elsewhere or as `device_kernels::fused_layers` says.
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     check_f32("rms_norm", x)?;
     check_f32("rms_norm", w)?;
@@ -672,8 +672,8 @@ unsafe fn dot_rows_avx2<const R: usize>(xs: &[&[f32]; R], w: &[f32]) -> [f32; R]
 // ---------------------------------------------------------------------------------------------------
 // SwiGLU
 
-/// `silu(gate) · up` elementwise (same shapes, f32). The fused kernel on the CPU, [`plain_swiglu`] on any
-/// other device.
+/// `silu(gate) · up` elementwise (same shapes, f32). The fused kernel on the CPU and on a CUDA
+/// device, [`plain_swiglu`] elsewhere or as `device_kernels::fused_layers` says.
 pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     check_f32("swiglu", gate)?;
     check_f32("swiglu", up)?;
@@ -936,7 +936,8 @@ impl RopeTables {
 }
 
 /// The rotary embedding of `x: [.., t, d]` (d = 2 · the tables' half, t their positions), f32. The fused
-/// kernel on the CPU, [`plain_rope`] on any other device.
+/// kernel on the CPU and on a CUDA device, [`plain_rope`] elsewhere or as
+/// `device_kernels::fused_layers` says.
 pub fn rope(x: &Tensor, tables: &RopeTables) -> Result<Tensor> {
     check_f32("rope", x)?;
     let dims = x.dims();
@@ -1022,14 +1023,14 @@ impl CustomOp1 for Rope {
 /// `x: [b, t, n, d]` (a projection's output: n heads per position) → `[b, n, t, d]` (the per-head blocks
 /// attention reads), each head's positions rotated by `tables` when given: the split into heads and the
 /// rotary embedding as one parallel pass, where `x.transpose(1, 2).contiguous()` then [`rope`] made two
-/// (the first a strided copy on one thread). Values are exactly those of the two ops. On other devices:
+/// (the first a strided copy on one thread). Values are exactly those of the two ops. Where the layers are plain:
 /// those two ops.
 pub fn to_heads(x: &Tensor, tables: Option<&RopeTables>) -> Result<Tensor> {
     heads_op(x, tables, true)
 }
 
 /// `x: [b, n, t, d]` (attention's per-head output) → `[b, t, n, d]`, back to positions: one parallel pass
-/// instead of `x.transpose(1, 2).contiguous()`. On other devices: that.
+/// instead of `x.transpose(1, 2).contiguous()`. Where the layers are plain: that.
 pub fn from_heads(x: &Tensor) -> Result<Tensor> {
     heads_op(x, None, false)
 }

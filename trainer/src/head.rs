@@ -4,8 +4,9 @@
 //! The forward pass walks the vocabulary (and the rows, when there are many) in chunks whose logits have
 //! at most `budget` elements, keeping an online log-sum-exp per row; the backward pass (a candle
 //! [`CustomOp2`] on `hidden` and `weight`) recomputes each chunk's logits from the saved per-row
-//! log-sum-exp and entropy and accumulates ∂hidden and ∂weight chunk by chunk. Only candle tensor ops are
-//! used, so the same code runs on any candle device.
+//! log-sum-exp and entropy and accumulates ∂hidden and ∂weight chunk by chunk. The per-chunk passes over
+//! the logits are candle tensor ops on any device, one parallel pass each on the CPU (`head_cpu.rs`), and
+//! CUDA kernels on a GPU (`device_kernels.cu`, the `gpu` module below); the chunks' products are candle's.
 //!
 //! The derivation, with z the logits of a row, p = softmax(z), lse = log Σ exp z, t its target:
 //!
