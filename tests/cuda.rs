@@ -23,7 +23,9 @@ use std::sync::Arc;
 use rlx_compiler::backend::cuda::{self, CudaSource};
 use rlx_compiler::ir::Graph;
 use rlx_runtime::synthetic::{self, Spec};
-use rlx_runtime::{evaluate, Context, Device, DeviceKernel, Kernel, Options, Outcome, Precision};
+use rlx_runtime::{
+    evaluate, Column, ColumnRef, Context, Device, DeviceKernel, Kernel, Options, Outcome, Precision,
+};
 
 #[path = "../runtime/tests/common/agreement.rs"]
 mod agreement;
@@ -345,6 +347,82 @@ fn host_c_kernels_agree_with_the_interpreter_in_f64() {
 #[test]
 fn host_c_kernels_agree_with_the_interpreter_in_f32_accumulation() {
     check(Precision::F32, F32_TOLERANCE, &[4]);
+}
+
+/// `DeviceKernel::run_view_keeping_gradients` (the trainer's GPU path: ∂loss/∂input left on the
+/// device) on the recipes with `keep` sections: the outputs are those of an ordinary run, and each
+/// gradient buffer, put in place by its kept-element map, is the downloaded gradient bit for bit,
+/// including filtered batches (singleton groups that `keep group` drops).
+#[test]
+fn gradients_left_on_the_device_are_the_downloaded_ones_under_keep_filters() {
+    let (mut runs, mut filtered) = (0, 0);
+    for path in recipe_files() {
+        let Some(graph) = graph_of(&path) else {
+            continue;
+        };
+        let name = name_of(&path);
+        let kernel = Kernel::compile(&graph, &Options::default()).unwrap();
+        if kernel.plan().phases.len() < 2 {
+            continue;
+        }
+        let device = DeviceKernel::new(kernel, HostDevice::new(4)).unwrap();
+        for spec in specs() {
+            let batch = rounded(&graph, &synthetic::batch(&graph, &spec));
+            let packed = device.kernel().pack(&batch).unwrap();
+            let Ok(full) = device.run_packed(&packed, &context()) else {
+                continue; // everything filtered, or a non-finite output: not this test's subject
+            };
+            let columns: Vec<ColumnRef<'_>> =
+                packed.inputs.iter().map(Column::as_column_ref).collect();
+            let none = vec![None; columns.len()];
+            // SAFETY: no device addresses are given.
+            let (outcome, gradients) = unsafe {
+                device.run_view_keeping_gradients(&packed.layout, &columns, &none, &context())
+            }
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(
+                (outcome.loss, &outcome.kept),
+                (full.loss, &full.kept),
+                "{name}"
+            );
+            assert_eq!(outcome.metrics, full.metrics, "{name}");
+            assert!(outcome.gradients.is_empty());
+            assert_eq!(gradients.len(), full.gradients.len(), "{name}");
+            for gradient in &gradients {
+                let (_, expected) = full
+                    .gradients
+                    .iter()
+                    .find(|(n, _)| *n == gradient.name)
+                    .unwrap_or_else(|| panic!("{name}: no ∂{}", gradient.name));
+                let width = match gradient.precision {
+                    Precision::F32 => 4,
+                    Precision::F64 => 8,
+                };
+                let mut bytes = vec![0u8; gradient.len * width];
+                device
+                    .device()
+                    .download(&gradient.buffer, &mut bytes)
+                    .unwrap();
+                let values: Vec<f64> = bytes
+                    .chunks_exact(width)
+                    .map(|b| match gradient.precision {
+                        Precision::F32 => f32::from_le_bytes(b.try_into().unwrap()) as f64,
+                        Precision::F64 => f64::from_le_bytes(b.try_into().unwrap()),
+                    })
+                    .collect();
+                let mut placed = vec![0.0; expected.len()];
+                for (k, value) in values.iter().enumerate() {
+                    let at = gradient.map.as_ref().map_or(k, |map| map[k] as usize);
+                    placed[at] = *value;
+                }
+                assert_eq!(placed, expected.to_f64(), "{name}: ∂{}", gradient.name);
+                filtered += usize::from(gradient.map.is_some());
+            }
+            runs += 1;
+        }
+    }
+    assert!(runs >= 5, "only {runs} runs of recipes with keep sections");
+    assert!(filtered > 0, "no run dropped responses");
 }
 
 fn extra_recipes() -> Vec<(String, String)> {

@@ -75,6 +75,25 @@ pub struct DeviceBatch<D: Device> {
     buffers: Vec<D::Buffer>,
 }
 
+/// ∂loss/∂input where the kernels wrote it (`DeviceKernel::run_view_keeping_gradients`).
+#[derive(Debug)]
+pub struct DeviceGradient<B> {
+    /// The recipe input (`Graph::inputs` index) and its name.
+    pub input: usize,
+    pub name: String,
+    /// `len` values in `precision` (inputs sharing one buffer share the `Arc`).
+    pub buffer: std::sync::Arc<B>,
+    pub precision: Precision,
+    pub len: usize,
+    /// Where each value belongs in the whole batch's input: `None` when it is the input's own order
+    /// (nothing was filtered), else the element index for each of the `len` values (a `keep` filter
+    /// dropped responses; the elements not listed have gradient 0).
+    pub map: Option<Vec<u64>>,
+}
+
+/// A run's outcome (without its gradients) and its gradients on the device.
+pub type WithDeviceGradients<B> = (PackedOutcome, Vec<DeviceGradient<B>>);
+
 /// A recipe's kernel on a device.
 pub struct DeviceKernel<D: Device> {
     kernel: Kernel,
@@ -152,6 +171,7 @@ impl<D: Device> DeviceKernel<D> {
             kernel: self,
             resident: None,
             external: None,
+            device_gradients: None,
         };
         let inputs: Vec<ColumnRef<'_>> = batch.inputs.iter().map(Column::as_column_ref).collect();
         Executor::new(&runner).run(&batch.layout, &inputs, context)
@@ -186,8 +206,109 @@ impl<D: Device> DeviceKernel<D> {
             kernel: self,
             resident: None,
             external: Some((inputs, device_inputs)),
+            device_gradients: None,
         };
         Executor::new(&runner).run(layout, inputs, context)
+    }
+
+    /// [`DeviceKernel::run_view_on_device`], leaving the gradients on the device: the outcome's loss,
+    /// metrics, rewards, advantages and kept flags come back as usual, its `gradients` are empty, and
+    /// each ∂loss/∂input is returned as the device buffer the kernels wrote ([`DeviceGradient`]). Of
+    /// the phases' other buffers only their outputs are downloaded. The gradients' finiteness is not
+    /// checked here (the values are not on the host): the caller checks them where they are.
+    ///
+    /// # Safety
+    ///
+    /// As [`DeviceKernel::run_view_on_device`].
+    pub unsafe fn run_view_keeping_gradients(
+        &self,
+        layout: &Layout,
+        inputs: &[ColumnRef<'_>],
+        device_inputs: &[Option<u64>],
+        context: &Context,
+    ) -> Result<WithDeviceGradients<D::Buffer>, EvalError> {
+        if device_inputs.len() != inputs.len() {
+            return Err(EvalError(format!(
+                "internal: {} device addresses for {} inputs",
+                device_inputs.len(),
+                inputs.len()
+            )));
+        }
+        *self.kernel_time.lock().unwrap_or_else(|e| e.into_inner()) = Duration::ZERO;
+        let kept = std::sync::Mutex::new(Vec::new());
+        let runner = Runner {
+            kernel: self,
+            resident: None,
+            external: Some((inputs, device_inputs)),
+            device_gradients: Some(&kept),
+        };
+        let mut outcome = Executor::new(&runner).run(layout, inputs, context)?;
+        outcome.gradients.clear();
+        let mut buffers: Vec<_> = kept
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .into_iter()
+            .map(|(b, buffer, precision, len)| (b, std::sync::Arc::new(buffer), precision, len))
+            .collect();
+        let graph = self.kernel.graph();
+        let Some(last) = self.kernel.plan().phases.last() else {
+            return Ok((outcome, Vec::new()));
+        };
+        let filtered = !outcome.kept.iter().all(|k| *k);
+        let mut gradients = Vec::new();
+        for (input, b) in &last.outputs.gradients {
+            let info = &graph.inputs[*input as usize];
+            let Some((_, buffer, precision, len)) = buffers.iter_mut().find(|(o, ..)| o == b)
+            else {
+                return Err(EvalError(format!(
+                    "internal: ∂loss/∂{} was not left on the device",
+                    info.name
+                )));
+            };
+            // A `keep` filter that dropped responses ran the last phase on the kept ones: the
+            // buffer's elements are the kept responses' (tokens), in order.
+            let map = match (filtered, info.shape.level) {
+                (false, _) | (true, rlx_compiler::ir::Level::Batch) => None,
+                (true, rlx_compiler::ir::Level::Tok) if info.shape.feature.is_none() => Some(
+                    (0..layout.responses())
+                        .filter(|r| outcome.kept[*r])
+                        .flat_map(|r| layout.token_offsets[r]..layout.token_offsets[r + 1])
+                        .map(|t| t as u64)
+                        .collect::<Vec<u64>>(),
+                ),
+                (true, rlx_compiler::ir::Level::Resp) if info.shape.feature.is_none() => Some(
+                    (0..layout.responses())
+                        .filter(|r| outcome.kept[*r])
+                        .map(|r| r as u64)
+                        .collect::<Vec<u64>>(),
+                ),
+                (true, _) => {
+                    return Err(EvalError(format!(
+                        "∂loss/∂{} (shape {}) after a `keep` filter that dropped responses: only \
+                         token- and response-level gradients can stay on the device",
+                        info.name, info.shape
+                    )))
+                }
+            };
+            if let Some(map) = &map {
+                if map.len() != *len {
+                    return Err(EvalError(format!(
+                        "internal: ∂loss/∂{} has {len} kept elements, the filter keeps {}",
+                        info.name,
+                        map.len()
+                    )));
+                }
+            }
+            gradients.push(DeviceGradient {
+                input: *input as usize,
+                name: info.name.clone(),
+                buffer: buffer.clone(),
+                precision: *precision,
+                len: *len,
+                map,
+            });
+        }
+        Ok((outcome, gradients))
     }
 
     /// Validate a packed batch and copy its inputs to the device once.
@@ -214,6 +335,7 @@ impl<D: Device> DeviceKernel<D> {
             kernel: self,
             resident: Some(batch),
             external: None,
+            device_gradients: None,
         };
         let inputs: Vec<ColumnRef<'_>> = batch
             .batch
@@ -269,7 +391,14 @@ struct Runner<'a, D: Device> {
     /// The host columns of a view and, for some, the address of the same values on the device
     /// (`DeviceKernel::run_view_on_device`).
     external: Option<(&'a [ColumnRef<'a>], &'a [Option<u64>])>,
+    /// Where the last phase's gradient buffers go instead of being downloaded (by buffer id, with
+    /// their storage precision and length), and with it: only the phase's outputs are downloaded
+    /// (`DeviceKernel::run_view_keeping_gradients`).
+    device_gradients: Option<&'a KeptBuffers<D>>,
 }
+
+/// The gradient buffers a run leaves on the device: (buffer id, buffer, precision, elements).
+type KeptBuffers<D> = std::sync::Mutex<Vec<(u32, <D as Device>::Buffer, Precision, usize)>>;
 
 impl<D: Device> Runner<'_, D> {
     /// The resident device copy of input `i` when `column` is that batch's own column.
@@ -555,7 +684,7 @@ impl<D: Device> PlanBackend for Runner<'_, D> {
 
     fn finish(
         &self,
-        _run: &PassRun<'_>,
+        run: &PassRun<'_>,
         state: Self::State,
     ) -> Result<Vec<Option<Column>>, EvalError> {
         let device = &self.kernel.device;
@@ -567,11 +696,43 @@ impl<D: Device> PlanBackend for Runner<'_, D> {
             .unwrap_or_else(|e| e.into_inner()) += state.start.elapsed();
         let DevicePhase {
             mut owned,
-            uploaded,
+            mut uploaded,
             ..
         } = state;
-        for (column, buffer) in owned.iter_mut().zip(&uploaded) {
-            if let (Some(column), Some(buffer)) = (column.as_mut(), buffer) {
+        // Keeping the gradients on the device: the last phase's gradient buffers are handed over
+        // (their host columns zeroed: the values are not here), and of the other buffers only the
+        // phase's outputs come back (what the executor's keep filter and outputs read).
+        let plan = self.kernel.kernel.plan();
+        let last = run.phase + 1 == plan.phases.len();
+        let outputs = &plan.phases[run.phase].outputs;
+        for (b, (column, buffer)) in owned.iter_mut().zip(uploaded.iter_mut()).enumerate() {
+            let b = b as u32;
+            let Some(column) = column.as_mut() else {
+                continue;
+            };
+            if let Some(kept) = self.device_gradients {
+                if last && outputs.gradients.iter().any(|(_, o)| *o == b) {
+                    if let Some(buffer) = buffer.take() {
+                        let mut kept = kept.lock().unwrap_or_else(|e| e.into_inner());
+                        kept.push((b, buffer, column.precision(), column.len()));
+                    }
+                    match column {
+                        Column::F32(v) => v.fill(0.0),
+                        Column::F64(v) => v.fill(0.0),
+                    }
+                    continue;
+                }
+                let output = outputs.loss == Some(b)
+                    || outputs.reward == Some(b)
+                    || outputs.advantage == Some(b)
+                    || outputs.metrics.iter().any(|(_, o)| *o == b)
+                    || outputs.keeps.iter().any(|(_, o)| *o == b)
+                    || outputs.exports.iter().any(|(_, o)| *o == b);
+                if !output {
+                    continue; // an intermediate value: nothing after the phase reads it
+                }
+            }
+            if let Some(buffer) = buffer {
                 let mut bytes = vec![0u8; byte_len(column)];
                 device.download(buffer, &mut bytes).map_err(device_error)?;
                 column_from_bytes(column, &bytes);
@@ -734,6 +895,29 @@ impl GpuKernel {
     }
 }
 
+impl GpuKernel {
+    /// [`DeviceKernel::run_view_keeping_gradients`] on this GPU: the gradients stay in device memory
+    /// of this kernel's stream (`rlx run --device cuda`'s recipe op hands them to candle).
+    ///
+    /// # Safety
+    ///
+    /// As [`DeviceKernel::run_view_on_device`].
+    #[cfg(feature = "cuda")]
+    pub unsafe fn run_view_keeping_gradients(
+        &self,
+        layout: &Layout,
+        inputs: &[ColumnRef<'_>],
+        device_inputs: &[Option<u64>],
+        context: &Context,
+    ) -> Result<WithDeviceGradients<cudarc::driver::CudaSlice<u8>>, EvalError> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            self.inner
+                .run_view_keeping_gradients(layout, inputs, device_inputs, context)
+        }
+    }
+}
+
 /// GPU `ordinal`, an error naming the `--device` it was asked for.
 #[cfg(feature = "cuda")]
 fn open(ordinal: usize) -> Result<CudaDevice, String> {
@@ -783,6 +967,8 @@ mod tests {
     #[derive(Default)]
     struct Recording {
         tables: Mutex<Vec<Vec<u64>>>,
+        /// Bytes copied device → host.
+        downloaded: Mutex<usize>,
     }
 
     impl Device for Recording {
@@ -801,6 +987,7 @@ mod tests {
         }
         fn download(&self, buffer: &Vec<u8>, out: &mut [u8]) -> Result<(), String> {
             out.copy_from_slice(&buffer[..out.len()]);
+            *self.downloaded.lock().unwrap() += out.len();
             Ok(())
         }
         fn address(&self, buffer: &Vec<u8>) -> u64 {
@@ -868,5 +1055,63 @@ mod tests {
             tables.is_empty(),
             "a run with a wrong address count launched"
         );
+    }
+
+    #[test]
+    fn kept_gradients_stay_on_the_device_and_only_outputs_come_back() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../recipes/grpo.rlx");
+        let checked = rlx_compiler::check_path(std::path::Path::new(path)).expect("readable");
+        let graph = rlx_compiler::compile_graph(&checked.recipe.expect("grpo checks"), &[])
+            .expect("it lowers");
+        let logp = graph.inputs.iter().position(|i| i.name == "logp").unwrap();
+        let kernel = Kernel::compile(&graph, &Options::default()).expect("compiles");
+        let device = DeviceKernel::new(kernel, Recording::default()).expect("loads");
+        let batch = synthetic::batch(&graph, &Spec::default());
+        let packed = device.kernel().pack(&batch).expect("packs");
+        let tokens = packed.layout.tokens();
+        let columns: Vec<ColumnRef<'_>> = packed.inputs.iter().map(Column::as_column_ref).collect();
+        let addresses = vec![None; columns.len()];
+        let downloaded = || std::mem::take(&mut *device.device().downloaded.lock().unwrap());
+        // SAFETY: the recording device reads no address.
+        let full = unsafe {
+            device.run_view_on_device(&packed.layout, &columns, &addresses, &Context::default())
+        }
+        .expect("runs");
+        let everything = downloaded();
+        assert_eq!(full.gradients.len(), 1);
+        // SAFETY: as above.
+        let (outcome, gradients) = unsafe {
+            device.run_view_keeping_gradients(
+                &packed.layout,
+                &columns,
+                &addresses,
+                &Context::default(),
+            )
+        }
+        .expect("runs");
+        let outputs_only = downloaded();
+        assert!(
+            outcome.gradients.is_empty(),
+            "the gradients are not on the host"
+        );
+        assert_eq!(outcome.loss, full.loss);
+        assert_eq!(gradients.len(), 1);
+        let gradient = &gradients[0];
+        assert_eq!((gradient.input, gradient.name.as_str()), (logp, "logp"));
+        assert_eq!((gradient.len, gradient.precision), (tokens, Precision::F32));
+        assert!(gradient.map.is_none(), "nothing was filtered");
+        assert!(gradient.buffer.len() >= 4 * tokens);
+        assert!(
+            outputs_only + 4 * tokens <= everything,
+            "kept: {outputs_only} bytes downloaded, all: {everything}, tokens {tokens}"
+        );
+        let mut wrong = addresses.clone();
+        wrong.pop();
+        // SAFETY: as above.
+        let error = unsafe {
+            device.run_view_keeping_gradients(&packed.layout, &columns, &wrong, &Context::default())
+        }
+        .unwrap_err();
+        assert!(error.0.contains("device addresses for"));
     }
 }

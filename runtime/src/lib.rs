@@ -36,7 +36,10 @@ pub use batch::{
 };
 #[cfg(feature = "cuda")]
 pub use cuda::CudaDevice;
-pub use cuda::{probe as probe_gpu, Device, DeviceBatch, DeviceKernel, GpuKernel};
+pub use cuda::{
+    probe as probe_gpu, Device, DeviceBatch, DeviceGradient, DeviceKernel, GpuKernel,
+    WithDeviceGradients,
+};
 pub use executor::{Backend, Executor};
 pub use geometry::Geometry;
 pub use interp::{evaluate, evaluate_showing, Context, EvalError, Interpreter, Outcome, Shown};

@@ -102,6 +102,17 @@ pub struct RecipeOp {
     columns: Vec<Option<(usize, bool)>>,
     context: Context,
     outcome: Arc<Mutex<Option<Outcome>>>,
+    /// On a GPU: ∂loss/∂argument as the recipe's kernels left it, interleaved in the argument's
+    /// `[elements, columns]` layout on candle's stream (`cuda_fwd`), which `bwd` hands to candle.
+    #[cfg(feature = "cuda")]
+    device_gradient: Arc<Mutex<Option<DeviceGradient>>>,
+}
+
+/// ∂loss/∂argument on the GPU (`RecipeOp::cuda_fwd`): `[elements, columns]` f32, row-major.
+#[cfg(feature = "cuda")]
+struct DeviceGradient {
+    values: candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>,
+    device: candle_core::CudaDevice,
 }
 
 impl RecipeOp {
@@ -153,6 +164,8 @@ impl RecipeOp {
             columns: resolved,
             context,
             outcome: Arc::new(Mutex::new(None)),
+            #[cfg(feature = "cuda")]
+            device_gradient: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -210,11 +223,53 @@ impl RecipeOp {
             .map_err(|e| candle_core::Error::Msg(format!("recipe: {e}")))
     }
 
+    /// Whether the GPU path needs the argument's values on the host: for a recipe with `keep`
+    /// sections (the kept phase's inputs are gathered on the host, `Kernel`'s filter), for a column
+    /// the kernels store in f64 (uploaded from the host), and for a column a host pass reads (`rank`,
+    /// `components`, `distinct_ngrams`, `uniform`'s seed). Otherwise the kernels read the columns
+    /// where candle holds them and the host column is a placeholder of the right length (the runner
+    /// validates lengths, not values).
+    pub fn needs_host_values(&self, kernel: &Kernel) -> bool {
+        use rlx_compiler::backend::plan::{BufferKind, Pass};
+        use rlx_runtime::Precision;
+        let plan = kernel.plan();
+        if plan.phases.len() > 1 {
+            return true;
+        }
+        let filled: Vec<usize> = self.columns.iter().flatten().map(|(i, _)| *i).collect();
+        if filled
+            .iter()
+            .any(|i| kernel.input_storage(*i) != Some(Precision::F32))
+        {
+            return true;
+        }
+        plan.phases.iter().any(|phase| {
+            let reads_column = |b: &u32| {
+                matches!(phase.buffers[*b as usize].kind,
+                    BufferKind::Input(i) if filled.contains(&(i as usize)))
+            };
+            phase.passes.iter().any(|pass| match pass {
+                Pass::Ngrams { source, .. } | Pass::Components { source, .. } => {
+                    reads_column(source)
+                }
+                Pass::Rank { source, mask, .. } => {
+                    reads_column(source) || mask.as_ref().is_some_and(reads_column)
+                }
+                Pass::Uniform { seed, .. } => reads_column(seed),
+                Pass::Loop(_) | Pass::Combine { .. } => false,
+            })
+        })
+    }
+
     /// The recipe's CUDA kernels on the argument where candle holds it (`storage`, on the kernels' GPU
-    /// and stream): the host copy of the values is what the runner validates (and what a `keep` filter
-    /// slices), while each f32-stored column the recipe reads is handed to the kernels by its device
+    /// and stream). `values` is the host copy of the argument (what the runner validates and what a
+    /// `keep` filter slices) or, when [`RecipeOp::needs_host_values`] says no reader needs it, zeros of
+    /// its length. Each f32-stored column the recipe reads is handed to the kernels by its device
     /// address (column 0 of a one-column argument in place, the others as a contiguous copy made on
-    /// the stream), so the log-probabilities are not uploaded again.
+    /// the stream). The gradients stay on the device: each differentiable column's ∂loss/∂input is
+    /// written into its column of a `[elements, columns]` buffer (`rlx_gradient_column_*`,
+    /// `device_kernels.cu`), kept for `bwd`; only the outputs (loss, metrics, rewards, advantages) and
+    /// a finiteness flag per column come back.
     #[cfg(feature = "cuda")]
     fn evaluate_on_device(
         &self,
@@ -222,10 +277,12 @@ impl RecipeOp {
         storage: &candle_core::CudaStorage,
         layout: &Layout,
         values: &[f32],
-    ) -> candle_core::Result<Outcome> {
+    ) -> candle_core::Result<(Outcome, DeviceGradient)> {
         use candle_core::backend::{BackendDevice, BackendStorage};
-        use candle_core::cuda_backend::cudarc::driver::DevicePtr;
-        use rlx_runtime::Column;
+        use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DevicePtrMut};
+        use rlx_runtime::{Column, Precision};
+
+        use crate::device_kernels;
 
         let recipe = |e: String| candle_core::Error::Msg(format!("recipe: {e}"));
         let packed = gpu
@@ -265,16 +322,100 @@ impl RecipeOp {
             addresses[*index] = Some(address);
         }
         let columns: Vec<_> = packed.inputs.iter().map(Column::as_column_ref).collect();
-        // SAFETY: each address is, on this kernel's GPU, `elements` f32 values equal to the host
-        // column at the same index (both are the argument's column, the host one downloaded from it and
-        // packed in f32, exactly); they live in `storage` or `copies`, which outlive the call, and the
-        // runner's kernels run on the stream that wrote them, which nothing else writes them on before
-        // the call returns (it synchronises before reading its results).
-        let outcome =
-            unsafe { gpu.run_view_on_device(&packed.layout, &columns, &addresses, &self.context) }
-                .map_err(|e| recipe(e.to_string()))?;
+        // SAFETY: each address is, on this kernel's GPU, `elements` f32 values of the argument's
+        // column; the host column at the same index holds the same values, or is a placeholder that
+        // nothing but the length validation reads (`needs_host_values`). They live in `storage` or
+        // `copies`, which outlive the call, and the runner's kernels run on the stream that wrote them,
+        // which nothing else writes them on before the call returns.
+        let (outcome, gradients) = unsafe {
+            gpu.run_view_keeping_gradients(&packed.layout, &columns, &addresses, &self.context)
+        }
+        .map_err(|e| recipe(e.to_string()))?;
         drop(copies);
-        Ok(outcome.into_outcome())
+
+        // ∂loss/∂argument, interleaved on the device; per column the first non-finite element.
+        let (interleaved, out) = device_kernels::zeros(device, elements * width)?;
+        let mut first_bad = device.clone_htod(&vec![u64::MAX; width])?;
+        let bad_base = first_bad.device_ptr_mut(&stream).0;
+        let mut maps = Vec::new();
+        for (c, column) in self.columns.iter().enumerate() {
+            let Some((index, true)) = column else {
+                continue;
+            };
+            let name = &self.objective.graph().inputs[*index].name;
+            let Some(gradient) = gradients.iter().find(|g| g.input == *index) else {
+                candle_core::bail!("rlx-recipe: the recipe gives no gradient for `{name}`")
+            };
+            let (map, has_map) = match &gradient.map {
+                Some(map) => {
+                    let map = device.clone_htod(map.as_slice())?;
+                    let address = map.device_ptr(&stream).0;
+                    maps.push(map);
+                    (address, 1)
+                }
+                None if gradient.len == elements => (0, 0),
+                None => candle_core::bail!(
+                    "rlx-recipe: ∂loss/∂{name} has {} elements, the argument {elements}",
+                    gradient.len
+                ),
+            };
+            let kernel = match gradient.precision {
+                Precision::F32 => "rlx_gradient_column_f32",
+                Precision::F64 => "rlx_gradient_column_f64",
+            };
+            let source = gradient.buffer.device_ptr(&stream).0;
+            let table = [
+                out,
+                source,
+                map,
+                bad_base + 8 * c as u64,
+                gradient.len as u64,
+                width as u64,
+                c as u64,
+                has_map,
+            ];
+            if gradient.len > 0 {
+                // SAFETY: `out` holds elements × width f32, `source` the gradient's `len` values in its
+                // precision, `map` (if any) `len` element indices below `elements` (the runner's
+                // kept-element map of this layout), the flag one u64 of `first_bad`; all on this
+                // stream's device and alive until the launch has run (stream-ordered frees).
+                unsafe {
+                    device_kernels::launch(
+                        device,
+                        kernel,
+                        device_kernels::element_grid(gradient.len),
+                        device_kernels::ELEMENT_BLOCK,
+                        &table,
+                    )
+                }?;
+            }
+        }
+        let flags = device.clone_dtoh(&first_bad)?;
+        drop(maps);
+        drop(gradients);
+        for (c, &element) in flags.iter().enumerate() {
+            if element == u64::MAX {
+                continue;
+            }
+            let Some(Some((index, _))) = self.columns.get(c) else {
+                continue;
+            };
+            let name = &self.objective.graph().inputs[*index].name;
+            let at = element as usize * width + c;
+            let value = device.clone_dtoh(&interleaved.slice(at..at + 1))?[0];
+            candle_core::bail!(
+                "recipe: the gradient with respect to `{name}` is {value} at element {element} \
+                 (computed on the GPU: a division by zero, the log of a non-positive value, or an \
+                 overflowing exp in the recipe or the data?)"
+            )
+        }
+        Ok((
+            outcome.into_outcome(),
+            DeviceGradient {
+                values: interleaved,
+                device: device.clone(),
+            },
+        ))
     }
 }
 
@@ -299,8 +440,9 @@ impl CustomOp1 for RecipeOp {
     }
 
     /// On a GPU: the recipe's CUDA kernels read the argument on the device (an [`Objective::Gpu`] on
-    /// the same GPU; [`Objective::gpu_for`]), any other objective evaluates a host copy; the scalar
-    /// loss is returned on the device.
+    /// the same GPU; [`Objective::gpu_for`]) and leave ∂loss/∂argument there for `bwd`; the argument
+    /// is copied to the host only when a reader there needs it ([`RecipeOp::needs_host_values`]). Any
+    /// other objective evaluates a host copy. The scalar loss is returned on the device.
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
         &self,
@@ -311,16 +453,27 @@ impl CustomOp1 for RecipeOp {
         let Some((start, end)) = layout.contiguous_offsets() else {
             candle_core::bail!("rlx-recipe: the input must be contiguous")
         };
-        let host = storage.to_cpu_storage()?;
-        let values = &host.as_slice::<f32>()?[start..end];
+        *self.device_gradient.lock().expect("gradient lock") = None;
         let outcome = match &*self.objective {
             Objective::Gpu(gpu)
                 if matches!(storage.device().location(),
                     candle_core::DeviceLocation::Cuda { gpu_id } if gpu_id == gpu.ordinal()) =>
             {
-                self.evaluate_on_device(gpu, storage, layout, values)?
+                let (outcome, gradient) = if self.needs_host_values(gpu.kernel()) {
+                    let host = storage.to_cpu_storage()?;
+                    let values = &host.as_slice::<f32>()?[start..end];
+                    self.evaluate_on_device(gpu, storage, layout, values)?
+                } else {
+                    let placeholder = vec![0f32; end - start];
+                    self.evaluate_on_device(gpu, storage, layout, &placeholder)?
+                };
+                *self.device_gradient.lock().expect("gradient lock") = Some(gradient);
+                outcome
             }
-            _ => self.evaluate(values)?,
+            _ => {
+                let host = storage.to_cpu_storage()?;
+                self.evaluate(&host.as_slice::<f32>()?[start..end])?
+            }
         };
         let loss = outcome.loss.unwrap_or(0.0) as f32;
         *self.outcome.lock().expect("outcome lock") = Some(outcome);
@@ -334,6 +487,20 @@ impl CustomOp1 for RecipeOp {
         _res: &Tensor,
         grad_res: &Tensor,
     ) -> candle_core::Result<Option<Tensor>> {
+        #[cfg(feature = "cuda")]
+        if arg.device().is_cuda() {
+            if let Some(gradient) = self.device_gradient.lock().expect("gradient lock").as_ref() {
+                // ∂loss/∂argument never left the device: a copy of it becomes the tensor.
+                let copy = {
+                    use candle_core::cuda_backend::WrapErr;
+                    gradient.values.try_clone().w()?
+                };
+                let gradient = arg.apply_op1_no_bwd(&StoredGradient {
+                    values: Mutex::new(Some((copy, gradient.device.clone()))),
+                })?;
+                return Ok(Some(gradient.broadcast_mul(grad_res)?));
+            }
+        }
         let cached = self.outcome.lock().expect("outcome lock").clone();
         let outcome = match cached {
             Some(outcome) => outcome,
@@ -362,5 +529,49 @@ impl CustomOp1 for RecipeOp {
         }
         let gradient = Tensor::from_vec(gradient, arg.shape(), arg.device())?;
         Ok(Some(gradient.broadcast_mul(grad_res)?))
+    }
+}
+
+/// The tensor of a gradient already on the GPU (`RecipeOp::bwd`): applied to the argument, it returns
+/// the stored `[elements, columns]` buffer as its storage.
+#[cfg(feature = "cuda")]
+struct StoredGradient {
+    values: Mutex<
+        Option<(
+            candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>,
+            candle_core::CudaDevice,
+        )>,
+    >,
+}
+
+#[cfg(feature = "cuda")]
+impl CustomOp1 for StoredGradient {
+    fn name(&self) -> &'static str {
+        "rlx-recipe-gradient"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        candle_core::bail!("rlx-recipe-gradient: the gradient is on a GPU, the argument is not")
+    }
+
+    fn cuda_fwd(
+        &self,
+        _: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let Some((values, device)) = self.values.lock().expect("gradient lock").take() else {
+            candle_core::bail!("rlx-recipe-gradient: applied twice")
+        };
+        if values.len() < layout.shape().elem_count() {
+            candle_core::bail!(
+                "rlx-recipe-gradient: {} values for an argument of shape {:?}",
+                values.len(),
+                layout.shape().dims()
+            )
+        }
+        Ok((
+            crate::device_kernels::storage(&device, values),
+            layout.shape().clone(),
+        ))
     }
 }
