@@ -13,8 +13,8 @@
 //!   sm_90 (the recipe kernels' check in tests/cuda.rs). Without them the test is reported as ignored
 //!   (rlx-tools, `rlx_nvrtc`).
 
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
-use std::path::{Path, PathBuf};
+use std::ffi::{c_int, c_void};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
@@ -22,6 +22,10 @@ use candle_core::{Device, Tensor, Var};
 use rlx_trainer::device_kernels::{self, f32_word, KERNELS};
 use rlx_trainer::fused::{self, RopeTables};
 use rlx_trainer::head_cpu;
+
+#[path = "../../runtime/tests/common/nvrtc.rs"]
+mod nvrtc;
+use nvrtc::Nvrtc;
 
 /// A fresh scratch folder.
 fn scratch(label: &str) -> PathBuf {
@@ -457,83 +461,26 @@ fn gradient_columns_land_in_the_argument_layout_and_report_the_first_non_finite_
 // ---------------------------------------------------------------------------------------------------
 // NVRTC and ptxas.
 
-type Program = *mut c_void;
-
-/// PTX of `source` for `arch` through libnvrtc's C API, or NVRTC's log.
-fn nvrtc_compile(library: &Path, source: &str, arch: &str) -> Result<String, String> {
-    type Create = unsafe extern "C" fn(
-        *mut Program,
-        *const c_char,
-        *const c_char,
-        c_int,
-        *const *const c_char,
-        *const *const c_char,
-    ) -> c_int;
-    type Compile = unsafe extern "C" fn(Program, c_int, *const *const c_char) -> c_int;
-    type Size = unsafe extern "C" fn(Program, *mut usize) -> c_int;
-    type Text = unsafe extern "C" fn(Program, *mut c_char) -> c_int;
-    type Destroy = unsafe extern "C" fn(*mut Program) -> c_int;
-    // SAFETY: NVIDIA's library, its initialisers have no preconditions; the signatures are nvrtc.h's.
-    unsafe {
-        let library = libloading::Library::new(library).map_err(|e| e.to_string())?;
-        let create: libloading::Symbol<Create> = library.get(b"nvrtcCreateProgram").unwrap();
-        let compile: libloading::Symbol<Compile> = library.get(b"nvrtcCompileProgram").unwrap();
-        let ptx_size: libloading::Symbol<Size> = library.get(b"nvrtcGetPTXSize").unwrap();
-        let ptx: libloading::Symbol<Text> = library.get(b"nvrtcGetPTX").unwrap();
-        let log_size: libloading::Symbol<Size> = library.get(b"nvrtcGetProgramLogSize").unwrap();
-        let log: libloading::Symbol<Text> = library.get(b"nvrtcGetProgramLog").unwrap();
-        let destroy: libloading::Symbol<Destroy> = library.get(b"nvrtcDestroyProgram").unwrap();
-        let source = CString::new(source).unwrap();
-        let name = CString::new("device_kernels.cu").unwrap();
-        let options = [CString::new(format!("--gpu-architecture={arch}")).unwrap()];
-        let pointers: Vec<*const c_char> = options.iter().map(|o| o.as_ptr()).collect();
-        let mut program: Program = std::ptr::null_mut();
-        let status = create(
-            &mut program,
-            source.as_ptr(),
-            name.as_ptr(),
-            0,
-            std::ptr::null(),
-            std::ptr::null(),
-        );
-        assert_eq!(status, 0, "nvrtcCreateProgram failed");
-        let status = compile(program, pointers.len() as c_int, pointers.as_ptr());
-        let read = |size: &libloading::Symbol<Size>, text: &libloading::Symbol<Text>| {
-            let mut n = 0usize;
-            size(program, &mut n);
-            let mut bytes = vec![0u8; n.max(1)];
-            text(program, bytes.as_mut_ptr().cast());
-            CStr::from_bytes_until_nul(&bytes)
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        };
-        let messages = read(&log_size, &log);
-        let result = if status != 0 {
-            Err(format!("NVRTC status {status}:\n{messages}"))
-        } else if messages.contains("warning") {
-            Err(format!("NVRTC warnings:\n{messages}"))
-        } else {
-            Ok(read(&ptx_size, &ptx))
-        };
-        destroy(&mut program);
-        result
-    }
-}
-
 #[test]
 #[cfg_attr(
     not(rlx_nvrtc),
     ignore = "needs NVRTC and ptxas: run scripts/install-cuda-tools.sh"
 )]
 fn nvrtc_compiles_the_kernels_and_ptxas_assembles_them() {
+    let nvrtc = Nvrtc::load(&rlx_tools::nvrtc_library());
     let work = scratch("ptx");
     for sm in ["80", "90"] {
-        let ptx = nvrtc_compile(
-            &rlx_tools::nvrtc_library(),
-            device_kernels::SOURCE,
-            &format!("compute_{sm}"),
-        )
-        .unwrap_or_else(|log| panic!("compute_{sm}: {log}"));
+        let (ptx, log) = nvrtc
+            .compile(
+                device_kernels::SOURCE,
+                "device_kernels.cu",
+                &format!("compute_{sm}"),
+            )
+            .unwrap_or_else(|log| panic!("compute_{sm}: {log}"));
+        assert!(
+            !log.contains("warning"),
+            "compute_{sm}: NVRTC warnings:\n{log}"
+        );
         for name in KERNELS {
             assert!(
                 ptx.contains(&format!(".entry {name}(")),
