@@ -14,7 +14,6 @@
 //!   for compute_80 and compute_90, and `ptxas` assembles it for sm_80 and sm_90 with no error. Where
 //!   the build found no tools there, the test is reported as ignored (rlx-tools, `rlx_nvrtc`).
 
-use std::ffi::{c_int, c_void};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -29,10 +28,13 @@ use rlx_runtime::{
 
 #[path = "../runtime/tests/common/agreement.rs"]
 mod agreement;
+#[path = "../runtime/tests/common/host_c.rs"]
+mod host_c;
 #[path = "../runtime/tests/common/nvrtc.rs"]
 mod nvrtc;
 
 use agreement::{close, graph_of, rounded, F32_TOLERANCE, F64_TOLERANCE};
+use host_c::HostLaunch;
 use nvrtc::Nvrtc;
 
 fn root() -> PathBuf {
@@ -88,14 +90,6 @@ impl HostBuffer {
     }
 }
 
-type HostLaunch = unsafe extern "C" fn(
-    table: *const *mut c_void,
-    g_begin: u64,
-    g_end: u64,
-    grid: u32,
-    block: u32,
-) -> c_int;
-
 /// The generated source compiled for the CPU (see the module docs).
 struct HostDevice {
     block: u32,
@@ -123,7 +117,15 @@ fn compile_host(source: &CudaSource) -> Result<Arc<libloading::Library>, String>
         return Ok(library.clone());
     }
     let dir = scratch("host");
-    let path = compile_host_uncached(&text, &dir);
+    let path = host_c::shared_library(
+        &text,
+        &dir,
+        &[
+            "-Wno-unused-function",
+            "-Wno-unused-variable",
+            "-Wno-unused-but-set-variable",
+        ],
+    );
     // SAFETY: the library is our own generated C; its initialisers do nothing.
     let library =
         path.and_then(|path| unsafe { libloading::Library::new(&path) }.map_err(|e| e.to_string()));
@@ -131,36 +133,6 @@ fn compile_host(source: &CudaSource) -> Result<Arc<libloading::Library>, String>
     let library = Arc::new(library?);
     let _ = std::fs::remove_dir_all(&dir);
     BUILT.lock().unwrap().push((text, library.clone()));
-    Ok(library)
-}
-
-fn compile_host_uncached(text: &str, dir: &Path) -> Result<PathBuf, String> {
-    let c = dir.join("kernels.c");
-    let library = dir.join("kernels.so");
-    std::fs::write(&c, text).map_err(|e| e.to_string())?;
-    let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let output = Command::new(&compiler)
-        .args([
-            "-std=c11", "-O1", "-shared", "-fPIC", "-pthread", "-Wall", "-Werror",
-        ])
-        .args([
-            "-Wno-unused-function",
-            "-Wno-unused-variable",
-            "-Wno-unused-but-set-variable",
-        ])
-        .arg("-o")
-        .arg(&library)
-        .arg(&c)
-        .arg("-lm")
-        .output()
-        .map_err(|e| format!("cannot run {compiler}: {e}"))?;
-    if !output.status.success() {
-        return Err(format!(
-            "{compiler} rejected {}:\n{}",
-            c.display(),
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
     Ok(library)
 }
 

@@ -13,7 +13,6 @@
 //!   sm_90 (the recipe kernels' check in tests/cuda.rs). Without them the test is reported as ignored
 //!   (rlx-tools, `rlx_nvrtc`).
 
-use std::ffi::{c_int, c_void};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
@@ -23,8 +22,11 @@ use rlx_trainer::device_kernels::{self, f32_word, KERNELS};
 use rlx_trainer::fused::{self, RopeTables};
 use rlx_trainer::head_cpu;
 
+#[path = "../../runtime/tests/common/host_c.rs"]
+mod host_c;
 #[path = "../../runtime/tests/common/nvrtc.rs"]
 mod nvrtc;
+use host_c::HostLaunch;
 use nvrtc::Nvrtc;
 
 /// A fresh scratch folder.
@@ -35,40 +37,17 @@ fn scratch(label: &str) -> PathBuf {
     dir
 }
 
-type HostLaunch = unsafe extern "C" fn(
-    table: *const *mut c_void,
-    g_begin: u64,
-    g_end: u64,
-    grid: u32,
-    block: u32,
-) -> c_int;
-
 /// The kernels as a host library, compiled once per test binary.
 fn library() -> &'static libloading::Library {
     static LIBRARY: OnceLock<libloading::Library> = OnceLock::new();
     LIBRARY.get_or_init(|| {
         let dir = scratch("host");
-        let c = dir.join("kernels.c");
-        let so = dir.join("kernels.so");
-        std::fs::write(&c, device_kernels::host_c()).unwrap();
-        let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-        let output = Command::new(&compiler)
-            .args([
-                "-std=c11", "-O1", "-shared", "-fPIC", "-pthread", "-Wall", "-Werror",
-            ])
-            .args(["-Wno-unused-function", "-Wno-unused-variable"])
-            .arg("-o")
-            .arg(&so)
-            .arg(&c)
-            .arg("-lm")
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {compiler}: {e}"));
-        assert!(
-            output.status.success(),
-            "{compiler} rejected {}:\n{}",
-            c.display(),
-            String::from_utf8_lossy(&output.stderr)
-        );
+        let so = host_c::shared_library(
+            &device_kernels::host_c(),
+            &dir,
+            &["-Wno-unused-function", "-Wno-unused-variable"],
+        )
+        .unwrap_or_else(|message| panic!("{message}"));
         // SAFETY: our own kernels; the library's initialisers do nothing.
         let library = unsafe { libloading::Library::new(&so) }.expect("loads");
         let _ = std::fs::remove_dir_all(&dir);
