@@ -386,17 +386,70 @@ fn cpu_product(
 }
 
 /// An f32 matrix given by its elements and its row and column strides (in elements).
-type Strided<'a> = (&'a [f32], usize, usize);
+pub(crate) type Strided<'a> = (&'a [f32], usize, usize);
 
 /// `a · b` for a: [m, k] and b: [k, n] into a new row-major [m, n]: the `gemm` crate's product, as
 /// candle calls it (the same kernels, over rayon's threads), except that the result is not first
 /// filled with zeros, which gemm does not read when `read_dst` is false. candle's zeroed result cost
 /// a memset of every product's output, about 2 % of a training step (docs/performance.md, item 17).
-fn product_f32(
+pub(crate) fn product_f32(dims: (usize, usize, usize), a: Strided<'_>, b: Strided<'_>) -> Vec<f32> {
+    let mut y = Vec::new();
+    extend_with_product(&mut y, dims, a, b);
+    y
+}
+
+/// Appends `a · b` (a: [m, k], b: [k, n]) to `y` as m row-major rows of n: gemm writes the new
+/// elements where they will live, without a zero fill or a copy (the LM head writes ∂weight's
+/// vocabulary chunks one after the other into one buffer this way).
+pub(crate) fn extend_with_product(
+    y: &mut Vec<f32>,
+    (m, n, k): (usize, usize, usize),
+    a: Strided<'_>,
+    b: Strided<'_>,
+) {
+    check_operands((m, n, k), a, b);
+    let len = y.len();
+    y.reserve(m * n);
+    if k == 0 {
+        y.resize(len + m * n, 0.0);
+        return;
+    }
+    if m == 0 || n == 0 {
+        return;
+    }
+    // SAFETY: the operands hold every element their shapes and strides reach (checked above); the
+    // destination has room for m·n elements after `len`, which gemm writes all of (row-major strides
+    // n, 1) without reading any (`read_dst` false), so they are initialised when the length is set.
+    unsafe {
+        gemm_call((m, n, k), y.as_mut_ptr().add(len), false, a, b);
+        y.set_len(len + m * n);
+    }
+}
+
+/// `y += a · b` for a: [m, k], b: [k, n] and y row-major [m, n] (gemm's `read_dst`).
+pub(crate) fn add_product(
+    y: &mut [f32],
+    (m, n, k): (usize, usize, usize),
+    a: Strided<'_>,
+    b: Strided<'_>,
+) {
+    check_operands((m, n, k), a, b);
+    assert_eq!(y.len(), m * n, "add_product: the destination is not [m, n]");
+    if k == 0 || m == 0 || n == 0 {
+        return;
+    }
+    // SAFETY: the operands' reach is checked above and y holds exactly the m·n elements gemm reads
+    // and writes (row-major strides n, 1).
+    unsafe { gemm_call((m, n, k), y.as_mut_ptr(), true, a, b) }
+}
+
+/// Panics unless each operand holds every element its shape and strides reach (a caller's bug: the
+/// shapes come from the tensors' layouts).
+fn check_operands(
     (m, n, k): (usize, usize, usize),
     (a, a_rs, a_cs): Strided<'_>,
     (b, b_rs, b_cs): Strided<'_>,
-) -> Vec<f32> {
+) {
     let reach = |rows: usize, cols: usize, rs: usize, cs: usize| {
         if rows == 0 || cols == 0 {
             0
@@ -408,44 +461,48 @@ fn product_f32(
         a.len() >= reach(m, k, a_rs, a_cs) && b.len() >= reach(k, n, b_rs, b_cs),
         "product_f32: an operand is shorter than its shape and strides"
     );
-    if k == 0 || m == 0 || n == 0 {
-        return vec![0f32; m * n];
-    }
+}
+
+/// gemm's `dst = a · b` (or `dst += a · b` with `accumulate`) into row-major [m, n] at `dst`, over
+/// rayon's threads as candle sets them.
+///
+/// # Safety
+/// The operands reach only their own elements ([`check_operands`]) and `dst` is valid for m·n writes
+/// (and reads, with `accumulate`).
+unsafe fn gemm_call(
+    (m, n, k): (usize, usize, usize),
+    dst: *mut f32,
+    accumulate: bool,
+    (a, a_rs, a_cs): Strided<'_>,
+    (b, b_rs, b_cs): Strided<'_>,
+) {
     let threads = candle_core::utils::get_num_threads();
     let parallelism = if threads > 1 {
         gemm::Parallelism::Rayon(threads)
     } else {
         gemm::Parallelism::None
     };
-    let mut y: Vec<f32> = Vec::with_capacity(m * n);
-    // SAFETY: the operands hold every element their shapes and strides reach (asserted above); the
-    // destination has room for m·n elements, which gemm writes all of (row-major strides n, 1)
-    // without reading any (`read_dst` false), so they are initialised when the length is set.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            y.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            a.as_ptr(),
-            a_cs as isize,
-            a_rs as isize,
-            b.as_ptr(),
-            b_cs as isize,
-            b_rs as isize,
-            0f32,
-            1f32,
-            false,
-            false,
-            false,
-            parallelism,
-        );
-        y.set_len(m * n);
-    }
-    y
+    gemm::gemm(
+        m,
+        n,
+        k,
+        dst,
+        1,
+        n as isize,
+        accumulate,
+        a.as_ptr(),
+        a_cs as isize,
+        a_rs as isize,
+        b.as_ptr(),
+        b_cs as isize,
+        b_rs as isize,
+        if accumulate { 1f32 } else { 0f32 },
+        1f32,
+        false,
+        false,
+        false,
+        parallelism,
+    );
 }
 
 /// `∂x = ∂y·w` and, when `weight_grad`, `∂w = ∂yᵀ·x` of `y = x·wᵀ` (x: [n, in], w: [out, in], ∂y:

@@ -1,12 +1,14 @@
 //! A fused LM head: the log-probability of each row's target token and the entropy of the row's softmax
-//! over `hidden @ weightᵀ`, without materialising the [rows × vocab] logits or their gradient.
+//! over `hidden @ weightᵀ`, without materialising the [rows × vocab] logits (beyond a bound the caller sets) or their gradient.
 //!
 //! The forward pass walks the vocabulary (and the rows, when there are many) in chunks whose logits have
 //! at most `budget` elements, keeping an online log-sum-exp per row; the backward pass (a candle
 //! [`CustomOp2`] on `hidden` and `weight`) recomputes each chunk's logits from the saved per-row
 //! log-sum-exp and entropy and accumulates ∂hidden and ∂weight chunk by chunk. The per-chunk passes over
-//! the logits are candle tensor ops on any device, one parallel pass each on the CPU (`head_cpu.rs`), and
-//! CUDA kernels on a GPU (`device_kernels.cu`, the `gpu` module below); the chunks' products are candle's.
+//! the logits are candle tensor ops on any device, one parallel pass each on the CPU (`head_cpu.rs`, which
+//! runs the whole head in f32 there, its products by gemm into their destinations, and can keep the
+//! forward's logits for the backward: [`fused_logp_entropy_keeping`]), and CUDA kernels on a GPU
+//! (`device_kernels.cu`, the `gpu` module below); the GPU's chunk products are candle's.
 //!
 //! The derivation, with z the logits of a row, p = softmax(z), lse = log Σ exp z, t its target:
 //!
@@ -64,7 +66,28 @@ pub fn fused_logp_entropy(
     targets: &Tensor,
     budget: usize,
 ) -> candle_core::Result<Tensor> {
-    let (n, v, _) = check("fused_logp_entropy", hidden, weight, targets)?;
+    fused_logp_entropy_keeping(hidden, weight, targets, budget, DEFAULT_KEEP)
+}
+
+/// The default `keep` of [`fused_logp_entropy_keeping`]: the logits of at most 2²⁶ elements
+/// (256 MiB in f32) are kept from the forward pass for the backward, which then skips their products.
+/// SmolLM2's micro-batch of 4 × 171 positions (33.6 M logits, 134 MiB) is below it; Qwen's vocabulary
+/// of 152k at 684 rows (104 M, 416 MiB) is above it and recomputes.
+pub const DEFAULT_KEEP: usize = 1 << 26;
+
+/// [`fused_logp_entropy`] that, on the CPU in f32 and when a gradient is wanted, keeps the forward's
+/// logits for the backward pass if there are at most `keep` of them (rows × vocabulary), instead of
+/// recomputing them: one product of the four the head costs with a gradient, for `keep` × 4 bytes
+/// held from the forward to the backward. Hugging Face models hold the whole logits (and their
+/// log-softmax) always. `keep` = 0 always recomputes.
+pub fn fused_logp_entropy_keeping(
+    hidden: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+    budget: usize,
+    keep: usize,
+) -> candle_core::Result<Tensor> {
+    let (n, v, hd) = check("fused_logp_entropy", hidden, weight, targets)?;
     if budget == 0 {
         bail!("fused_logp_entropy: the chunk budget must be at least 1 element, got 0")
     }
@@ -74,6 +97,47 @@ pub fn fused_logp_entropy(
     let targets = targets.detach();
     let dtype = hidden.dtype();
     let device = hidden.device();
+    let gradient =
+        hidden.is_variable() || hidden.track_op() || weight.is_variable() || weight.track_op();
+
+    if n > 0
+        && v > 0
+        && head_cpu::applies(&hidden_d)
+        && crate::device_kernels::fused_layers(device)?
+    {
+        // f32 on the CPU: the whole head by `head_cpu`, the same formulas.
+        let plan = head_cpu::Plan {
+            n,
+            v,
+            hd,
+            rows,
+            cols,
+        };
+        let keep = gradient && n.saturating_mul(v) <= keep;
+        let t: Vec<u32> = targets.to_vec1()?;
+        let (done, kept) = head_cpu::with_f32(&hidden_d.contiguous()?, "the rows", |h| {
+            head_cpu::with_f32(&weight_d.contiguous()?, "the weight", |w| {
+                head_cpu::forward(plan, h, w, &t, keep)
+            })
+        })??;
+        let column = |k: fn(&(f32, f32, f32)) -> f32| {
+            Tensor::from_vec(done.iter().map(k).collect::<Vec<f32>>(), (n, 1), device)
+        };
+        let entropy = column(|d| d.2)?;
+        let result = Tensor::cat(&[column(|d| d.0)?, entropy.clone()], 1)?.contiguous()?;
+        return hidden.apply_op2(
+            weight,
+            FusedHead {
+                targets,
+                lse: column(|d| d.1)?,
+                entropy,
+                result,
+                rows,
+                cols,
+                kept: std::sync::Mutex::new(kept),
+            },
+        );
+    }
 
     let mut logp_parts = Vec::new();
     let mut lse_parts = Vec::new();
@@ -81,27 +145,6 @@ pub fn fused_logp_entropy(
     for r0 in (0..n).step_by(rows) {
         let rc = rows.min(n - r0);
         let h = hidden_d.narrow(0, r0, rc)?;
-        if head_cpu::applies(&h) && crate::device_kernels::fused_layers(device)? {
-            // f32 on the CPU: one parallel pass per chunk (`head_cpu.rs`), the same formulas.
-            if v == 0 {
-                bail!("fused_logp_entropy: empty vocabulary")
-            }
-            let t: Vec<u32> = targets.narrow(0, r0, rc)?.to_vec1()?;
-            let mut states = vec![head_cpu::RowState::default(); rc];
-            for c0 in (0..v).step_by(cols) {
-                let vc = cols.min(v - c0);
-                let z = h.matmul(&weight_d.narrow(0, c0, vc)?.t()?)?;
-                head_cpu::forward_chunk(&z, c0, &t, &mut states)?;
-            }
-            let done = head_cpu::finish(&states);
-            let column = |k: fn(&(f32, f32, f32)) -> f32| {
-                Tensor::from_vec(done.iter().map(k).collect::<Vec<f32>>(), (rc, 1), device)
-            };
-            logp_parts.push(column(|d| d.0)?);
-            lse_parts.push(column(|d| d.1)?);
-            entropy_parts.push(column(|d| d.2)?);
-            continue;
-        }
         #[cfg(feature = "cuda")]
         if gpu::applies(&h)? {
             // f32 on a GPU: the chunk passes of `device_kernels.cu`, the same formulas.
@@ -179,6 +222,7 @@ pub fn fused_logp_entropy(
             result,
             rows,
             cols,
+            kept: std::sync::Mutex::new(None),
         },
     )
 }
@@ -332,6 +376,8 @@ struct FusedHead {
     result: Tensor,
     rows: usize,
     cols: usize,
+    /// The forward's logits chunk by chunk (`head_cpu::forward`), taken by the backward pass.
+    kept: std::sync::Mutex<Option<head_cpu::Kept>>,
 }
 
 impl FusedHead {
@@ -403,19 +449,51 @@ impl CustomOp2 for FusedHead {
         let g1 = grad.narrow(1, 0, 1)?;
         let g2 = grad.narrow(1, 1, 1)?;
         let row_starts: Vec<usize> = (0..n).step_by(self.rows).collect();
-        // f32 on the CPU: ∂z of each chunk in one parallel pass (`head_cpu.rs`) from these rows' values.
-        let cpu =
-            if n > 0 && head_cpu::applies(&h_all) && crate::device_kernels::fused_layers(device)? {
-                Some((
-                    self.targets.to_vec1::<u32>()?,
-                    head_cpu::values(&self.lse)?,
-                    head_cpu::values(&self.entropy)?,
-                    head_cpu::values(&g1)?,
-                    head_cpu::values(&g2)?,
-                ))
-            } else {
-                None
+        // f32 on the CPU: the whole backward pass by `head_cpu`, from these rows' values.
+        if n > 0
+            && v > 0
+            && head_cpu::applies(&h_all)
+            && crate::device_kernels::fused_layers(device)?
+        {
+            let plan = head_cpu::Plan {
+                n,
+                v,
+                hd,
+                rows: self.rows,
+                cols: self.cols,
             };
+            let kept = self
+                .kept
+                .lock()
+                .map_err(|_| {
+                    candle_core::Error::Msg(
+                        "fused-lm-head: a panic while holding the kept logits".into(),
+                    )
+                })?
+                .take();
+            let targets = self.targets.to_vec1::<u32>()?;
+            let per_row = [&self.lse, &self.entropy, &g1, &g2].map(head_cpu::values);
+            let [lse, entropy, g1, g2] = per_row;
+            let (lse, entropy, g1, g2) = (lse?, entropy?, g1?, g2?);
+            let (d_h, d_w) = head_cpu::with_f32(&h_all.contiguous()?, "the rows", |h| {
+                head_cpu::with_f32(&w_all.contiguous()?, "the weight", |w| {
+                    head_cpu::backward(
+                        plan,
+                        h,
+                        w,
+                        (&targets, &lse, &entropy),
+                        (&g1, &g2),
+                        kept,
+                        (want_hidden, want_weight),
+                    )
+                })
+            })??;
+            let to_tensor = |d: Option<Vec<f32>>, rows: usize| {
+                d.map(|d| Tensor::from_vec(d, (rows, hd), device))
+                    .transpose()
+            };
+            return Ok((to_tensor(d_h, n)?, to_tensor(d_w, v)?));
+        }
         // f32 on a GPU: ∂z of each chunk by `rlx_head_backward_chunk` from contiguous per-row columns.
         #[cfg(feature = "cuda")]
         let gpu_rows = if n > 0 && gpu::applies(&h_all)? {
@@ -446,28 +524,15 @@ impl CustomOp2 for FusedHead {
                 let on_gpu = gpu_rows.as_ref();
                 #[cfg(not(feature = "cuda"))]
                 let on_gpu: Option<&()> = None;
-                let dz = match (&cpu, on_gpu) {
+                let dz = match on_gpu {
                     #[cfg(feature = "cuda")]
-                    (_, Some((lse, entropy, g1, g2))) => {
+                    Some((lse, entropy, g1, g2)) => {
                         let rows = |t: &Tensor| t.narrow(0, r0, rc);
                         gpu::chunk_gradient(
                             &h.matmul(&w.t()?)?,
                             c0,
                             &self.targets.narrow(0, r0, rc)?,
                             [&rows(lse)?, &rows(entropy)?, &rows(g1)?, &rows(g2)?],
-                        )?
-                    }
-                    (Some((targets, lse, entropy, g1, g2)), _) => {
-                        let rows = r0..r0 + rc;
-                        head_cpu::backward_chunk(
-                            &h.matmul(&w.t()?)?,
-                            c0,
-                            &targets[rows.clone()],
-                            &lse[rows.clone()],
-                            &entropy[rows.clone()],
-                            &g1[rows.clone()],
-                            &g2[rows],
-                            device,
                         )?
                     }
                     _ => chunk_gradient(

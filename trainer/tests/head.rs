@@ -7,7 +7,10 @@
 //! values near zero, relative 1e-5 above one); f64 within 1e-10·(1 + |reference|).
 
 use candle_core::{DType, Device, Tensor, Var};
-use rlx_trainer::head::{chunk_plan, fused_logp_entropy, naive_logp_entropy, DEFAULT_BUDGET};
+use rlx_trainer::head::{
+    chunk_plan, fused_logp_entropy, fused_logp_entropy_keeping, naive_logp_entropy, DEFAULT_BUDGET,
+    DEFAULT_KEEP,
+};
 use rlx_trainer::rng::Rng;
 
 const N: usize = 37;
@@ -56,10 +59,13 @@ fn loss(result: &Tensor, c: &Case) -> Tensor {
     (result * coeffs).unwrap().sum_all().unwrap()
 }
 
-/// The result and the loss's gradients w.r.t. hidden and weight.
-fn run(c: &Case, budget: Option<usize>) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+/// The result and the loss's gradients w.r.t. hidden and weight: the fused head at (chunk budget,
+/// logits kept), or the reference.
+fn run(c: &Case, budget: Option<(usize, usize)>) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let result = match budget {
-        Some(budget) => fused_logp_entropy(&c.hidden, &c.weight, &c.targets, budget),
+        Some((budget, keep)) => {
+            fused_logp_entropy_keeping(&c.hidden, &c.weight, &c.targets, budget, keep)
+        }
         None => naive_logp_entropy(&c.hidden, &c.weight, &c.targets),
     }
     .unwrap();
@@ -111,11 +117,16 @@ fn check_against_naive(c: &Case, budgets: &[usize], tol: f64) {
             "{row:?}"
         );
     }
+    // Each budget with the forward's logits kept for the backward (these cases are below the default)
+    // and recomputed.
     for &budget in budgets {
-        let (r, dh, dw) = run(c, Some(budget));
-        assert_close(&format!("budget {budget}: result"), &r, &result, tol);
-        assert_close(&format!("budget {budget}: ∂hidden"), &dh, &d_hidden, tol);
-        assert_close(&format!("budget {budget}: ∂weight"), &dw, &d_weight, tol);
+        for keep in [DEFAULT_KEEP, 0] {
+            let (r, dh, dw) = run(c, Some((budget, keep)));
+            let at = format!("budget {budget}, keep {keep}");
+            assert_close(&format!("{at}: result"), &r, &result, tol);
+            assert_close(&format!("{at}: ∂hidden"), &dh, &d_hidden, tol);
+            assert_close(&format!("{at}: ∂weight"), &dw, &d_weight, tol);
+        }
     }
 }
 
@@ -182,7 +193,7 @@ fn fused_gradients_match_finite_differences() {
             c.a = c.a.zeros_like().unwrap();
         }
         assert_eq!(chunk_plan(n, v, 4), (1, 4));
-        let (_, d_hidden, d_weight) = run(&c, Some(4));
+        let (_, d_hidden, d_weight) = run(&c, Some((4, DEFAULT_KEEP)));
         for (which, analytic) in [("hidden", &d_hidden), ("weight", &d_weight)] {
             let base = if which == "hidden" {
                 c.hidden.as_tensor()
@@ -267,6 +278,24 @@ fn tracked_inputs_and_constants() {
     )
     .unwrap();
     assert!(!result.track_op());
+}
+
+/// The kept logits serve one backward pass; a second backward over the same graph recomputes them and
+/// gets the same gradients.
+#[test]
+fn a_second_backward_recomputes_the_kept_logits() {
+    let c = case(9, N, H, V, 0.5, DType::F32);
+    let result = fused_logp_entropy(&c.hidden, &c.weight, &c.targets, 5000).unwrap();
+    let l = loss(&result, &c);
+    let first = l.backward().unwrap();
+    let second = l.backward().unwrap();
+    for var in [&c.hidden, &c.weight] {
+        assert_eq!(
+            flat(first.get(var).unwrap()),
+            flat(second.get(var).unwrap()),
+            "the second backward's gradient differs from the first's"
+        );
+    }
 }
 
 #[test]
