@@ -1,5 +1,6 @@
 //! A fused LM head: the log-probability of each row's target token and the entropy of the row's softmax
-//! over `hidden @ weightᵀ`, without materialising the [rows × vocab] logits (beyond a bound the caller sets) or their gradient.
+//! over `hidden @ weightᵀ`, without materialising the [rows × vocab] logits (beyond a bound the caller
+//! sets) or their gradient.
 //!
 //! The forward pass walks the vocabulary (and the rows, when there are many) in chunks whose logits have
 //! at most `budget` elements, keeping an online log-sum-exp per row; the backward pass (a candle
