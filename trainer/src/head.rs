@@ -101,11 +101,7 @@ pub fn fused_logp_entropy_keeping(
     let gradient =
         hidden.is_variable() || hidden.track_op() || weight.is_variable() || weight.track_op();
 
-    if n > 0
-        && v > 0
-        && head_cpu::applies(&hidden_d)
-        && crate::device_kernels::fused_layers(device)?
-    {
+    if head_cpu::takes(&hidden_d, n, v)? {
         // f32 on the CPU: the whole head by `head_cpu`, the same formulas.
         let plan = head_cpu::Plan {
             n,
@@ -116,11 +112,9 @@ pub fn fused_logp_entropy_keeping(
         };
         let keep = gradient && n.saturating_mul(v) <= keep;
         let t: Vec<u32> = targets.to_vec1()?;
-        let (done, kept) = head_cpu::with_f32(&hidden_d.contiguous()?, "the rows", |h| {
-            head_cpu::with_f32(&weight_d.contiguous()?, "the weight", |w| {
-                head_cpu::forward(plan, h, w, &t, keep)
-            })
-        })??;
+        let (done, kept) = head_cpu::with_rows_and_weight(&hidden_d, &weight_d, |h, w| {
+            head_cpu::forward(plan, h, w, &t, keep)
+        })?;
         let column = |k: fn(&(f32, f32, f32)) -> f32| {
             Tensor::from_vec(done.iter().map(k).collect::<Vec<f32>>(), (n, 1), device)
         };
@@ -451,11 +445,7 @@ impl CustomOp2 for FusedHead {
         let g2 = grad.narrow(1, 1, 1)?;
         let row_starts: Vec<usize> = (0..n).step_by(self.rows).collect();
         // f32 on the CPU: the whole backward pass by `head_cpu`, from these rows' values.
-        if n > 0
-            && v > 0
-            && head_cpu::applies(&h_all)
-            && crate::device_kernels::fused_layers(device)?
-        {
+        if head_cpu::takes(&h_all, n, v)? {
             let plan = head_cpu::Plan {
                 n,
                 v,
@@ -476,19 +466,16 @@ impl CustomOp2 for FusedHead {
             let per_row = [&self.lse, &self.entropy, &g1, &g2].map(head_cpu::values);
             let [lse, entropy, g1, g2] = per_row;
             let (lse, entropy, g1, g2) = (lse?, entropy?, g1?, g2?);
-            let (d_h, d_w) = head_cpu::with_f32(&h_all.contiguous()?, "the rows", |h| {
-                head_cpu::with_f32(&w_all.contiguous()?, "the weight", |w| {
-                    head_cpu::backward(
-                        plan,
-                        h,
-                        w,
-                        (&targets, &lse, &entropy),
-                        (&g1, &g2),
-                        kept,
-                        (want_hidden, want_weight),
-                    )
-                })
-            })??;
+            let per_row = head_cpu::PerRow {
+                targets: &targets,
+                lse: &lse,
+                entropy: &entropy,
+                g1: &g1,
+                g2: &g2,
+            };
+            let (d_h, d_w) = head_cpu::with_rows_and_weight(&h_all, &w_all, |h, w| {
+                head_cpu::backward(plan, h, w, per_row, kept, (want_hidden, want_weight))
+            })?;
             let to_tensor = |d: Option<Vec<f32>>, rows: usize| {
                 d.map(|d| Tensor::from_vec(d, (rows, hd), device))
                     .transpose()

@@ -19,8 +19,24 @@ pub fn applies(t: &Tensor) -> bool {
     t.dtype() == DType::F32 && t.device().is_cpu()
 }
 
+/// Whether the head of `n` rows over a vocabulary of `v` on `hidden` runs here ([`forward`],
+/// [`backward`]): f32 on the CPU, the fused layers not switched off, neither side empty.
+pub(crate) fn takes(hidden: &Tensor, n: usize, v: usize) -> Result<bool> {
+    Ok(n > 0 && v > 0 && applies(hidden) && crate::device_kernels::fused_layers(hidden.device())?)
+}
+
+/// Runs `f` on the f32 values of the rows `h` and the weight `w` (copied first where not contiguous).
+pub(crate) fn with_rows_and_weight<R>(
+    h: &Tensor,
+    w: &Tensor,
+    f: impl FnOnce(&[f32], &[f32]) -> R,
+) -> Result<R> {
+    let (h, w) = (h.contiguous()?, w.contiguous()?);
+    with_f32(&h, "the rows", |h| with_f32(&w, "the weight", |w| f(h, w)))?
+}
+
 /// Runs `f` on the f32 values of a contiguous CPU tensor.
-pub(crate) fn with_f32<R>(t: &Tensor, what: &str, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+fn with_f32<R>(t: &Tensor, what: &str, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
     let (storage, layout) = t.storage_and_layout();
     let Storage::Cpu(cpu) = &*storage else {
         bail!("fused-lm-head: {what} is not on the CPU")
@@ -158,14 +174,16 @@ pub fn backward_chunk(
     Tensor::from_vec(dz, (rows, cols), device)
 }
 
-/// The per-row values the backward pass reads, one element per row of the chunk or of the head.
+/// The per-row values the backward pass reads, one element per row of the chunk or of the head: the
+/// targets, the forward's lse and entropy, and the incoming gradients g1 (of log p) and g2 (of the
+/// entropy).
 #[derive(Clone, Copy)]
-struct PerRow<'a> {
-    targets: &'a [u32],
-    lse: &'a [f32],
-    entropy: &'a [f32],
-    g1: &'a [f32],
-    g2: &'a [f32],
+pub(crate) struct PerRow<'a> {
+    pub targets: &'a [u32],
+    pub lse: &'a [f32],
+    pub entropy: &'a [f32],
+    pub g1: &'a [f32],
+    pub g2: &'a [f32],
 }
 
 impl<'a> PerRow<'a> {
@@ -274,18 +292,15 @@ pub(crate) fn forward(
 }
 
 /// The backward pass on the CPU: ∂hidden ([n, hd]) when `want.0` and ∂weight ([v, hd]) when `want.1`,
-/// from the rows' saved lse and entropy and their incoming gradients `g1` (of log p) and `g2` (of the
-/// entropy). Each chunk's logits come from `kept` (the forward's, in its order) or are recomputed, are
+/// from the rows' values `per_row`. Each chunk's logits come from `kept` (the forward's, in its order) or are recomputed, are
 /// overwritten by ∂z in place, and then enter two products written where they belong: ∂weight's
 /// chunk appended to one buffer, ∂hidden's block accumulated by gemm itself (no zero fills, copies or
 /// additions of whole gradients).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
     plan: Plan,
     h: &[f32],
     w: &[f32],
-    (targets, lse, entropy): (&[u32], &[f32], &[f32]),
-    (g1, g2): (&[f32], &[f32]),
+    per_row: PerRow<'_>,
     mut kept: Option<Kept>,
     want: (bool, bool),
 ) -> (Option<Vec<f32>>, Option<Vec<f32>>) {
@@ -295,13 +310,6 @@ pub(crate) fn backward(
         // No rows: nothing flows back, ∂weight is zero.
         return (want.0.then(Vec::new), want.1.then(|| vec![0f32; v * hd]));
     }
-    let per_row = PerRow {
-        targets,
-        lse,
-        entropy,
-        g1,
-        g2,
-    };
     let mut d_hidden: Vec<f32> = Vec::with_capacity(if want.0 { n * hd } else { 0 });
     let mut d_weight: Vec<f32> = Vec::with_capacity(if want.1 { v * hd } else { 0 });
     for (c, &(c0, vc)) in chunks.iter().enumerate() {
