@@ -46,7 +46,9 @@
 # toolkit of the build (nvcc for candle's kernels; cuBLAS, cuRAND and NVRTC 13, which cudarc loads at
 # run time) comes from scripts/install-cuda-toolchain.sh (~660 MB, docs/gpu.md "Building"); NVRTC 12
 # and ptxas for tests/cuda.rs's compile checks from scripts/install-cuda-tools.sh (~130 MB).
-# RLX_CUDA_DEVICE=N picks the GPU (default 0).
+# With --prebuilt: no cargo and no install script, but python3 with the CUDA wheels (nvidia-cuda-nvrtc,
+# nvidia-cublas, nvidia-curand; `import nvidia`) and a Python with torch and transformers for step 5.
+# RLX_CUDA_DEVICE=N picks the GPU (default 0). A relative DIR is taken from the repository root.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -105,6 +107,8 @@ if [ "$smoke" = 1 ]; then
     echo "gpu-check: --device cpu: the smoke mode (steps 4, 5 and 7 on the CPU, small sizes; no GPU used)"
 elif command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+elif [ -n "$prebuilt" ]; then
+    echo "gpu-check: nvidia-smi not found; without a driver the GPU steps fail"
 else
     echo "gpu-check: nvidia-smi not found; without a driver the GPU tests are reported as ignored"
 fi

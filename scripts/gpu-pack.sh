@@ -2,7 +2,8 @@
 # What scripts/gpu-check.sh needs on a GPU machine that has no cargo, no network and only the working
 # tree (docs/gpu.md, "On this project's lent GPU machines"), built here and packed into one folder:
 #
-#   scripts/gpu-pack.sh [DIR]        # default .gpu-pack/ (git-ignored); then on the GPU machine:
+#   scripts/gpu-pack.sh [DIR]        # default .gpu-pack/ (git-ignored; a relative DIR is taken from the
+#                                    # repository root, as by gpu-check.sh); then on the GPU machine:
 #   scripts/gpu-check.sh --prebuilt DIR [--device cuda:N]
 #
 #   1. scripts/install-cuda-toolchain.sh, then the release `--features cuda` build of what gpu-check.sh

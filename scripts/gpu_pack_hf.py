@@ -54,6 +54,9 @@ def main():
     args = sys.argv[1:]
     positional = [a for i, a in enumerate(args)
                   if not a.startswith("--") and (i == 0 or args[i - 1] not in ("--std", "--seed"))]
+    unknown = [a for a in args if a.startswith("--") and a not in ("--tiny", "--std", "--seed")]
+    if unknown:
+        fail(f"unknown option {unknown[0]} (options: --tiny, --std S, --seed N)")
     if len(positional) != 2:
         sys.exit(__doc__)
     source, out = positional

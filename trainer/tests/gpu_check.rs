@@ -254,7 +254,10 @@ fn the_prebuilt_checks_random_checkpoint_loads_and_trains() {
         .unwrap()
         .replace(
             "\nkind = \"smollm2\"\n",
-            &format!("\nkind = \"hf\"\npath = {:?}\n", checkpoint.display().to_string()),
+            &format!(
+                "\nkind = \"hf\"\npath = {:?}\n",
+                checkpoint.display().to_string()
+            ),
         );
     assert!(config.contains("kind = \"hf\""));
     let out = dir.join("run");
@@ -283,7 +286,10 @@ fn the_prebuilt_checks_random_checkpoint_loads_and_trains() {
     .unwrap();
     let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
     let first: serde_json::Value = serde_json::from_str(metrics.lines().next().unwrap()).unwrap();
-    assert!(first["loss"].as_f64().is_some_and(f64::is_finite), "{first}");
+    assert!(
+        first["loss"].as_f64().is_some_and(f64::is_finite),
+        "{first}"
+    );
     assert_eq!(first["step"], 0, "{first}");
 
     // Another shape is not SmolLM2-135M's.
