@@ -385,7 +385,9 @@ if [ "$status_build" = ok ]; then
         if [ -n "$prebuilt" ]; then
             # Random weights seldom draw a stop token: every completion is max_new_tokens long, and then
             # GRPO's first-step loss is 0 whatever the rewards (zero-sum advantages, ratio 1, KL 0). The
-            # gradient is not: its norm on both devices, for the same step-0 completions.
+            # gradient is 0 too unless a group's rewards differ (with random weights they seldom do):
+            # the first step's gradient norm, loss, reward and length on both devices, to read the
+            # comparison by (docs/gpu.md, "On this project's lent GPU machines").
             "${python:-python3}" - "$out/grpo-device" "$out/grpo-cpu" >>"$log/step" 2>&1 <<'EOF'
 import json, sys
 first = [json.loads(open(f"{run}/metrics.jsonl").readline()) for run in sys.argv[1:]]
