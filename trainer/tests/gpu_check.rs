@@ -3,7 +3,8 @@
 //! (PyTorch's materialised head on the same formula inputs), and scripts/gpu_step_report.py on two
 //! `rlx run`s of the same first step (agreement, and a tampered loss that it must reject); and the
 //! fused-against-plain layers check (`device_kernels::compare_layers`, trainer/examples/layers_check.rs)
-//! on the CPU, with a 1 % difference it must reject.
+//! on the CPU, with a 1 % difference it must reject; and the random SmolLM2-shaped checkpoint of its
+//! prebuilt mode (scripts/gpu_pack_hf.py), loaded and trained a step.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -203,4 +204,102 @@ fn the_layers_check_finds_the_fused_and_plain_layers_alike_and_rejects_a_differe
     let mut tampered = report.clone();
     tampered.gradients = 0.0099;
     assert!(!tampered.agree());
+}
+
+/// Step 5 of `scripts/gpu-check.sh --prebuilt`: scripts/gpu_pack_hf.py makes a checkpoint of
+/// SmolLM2-135M's shape with random weights from the config and tokenizer files that rlx exports for
+/// SmolLM2 (what scripts/gpu-pack.sh packs); rlx loads its `--tiny` form and trains a step of
+/// configs/smollm2-ifeval.toml on it, pointed at it the way the script does. A config of another shape
+/// is refused.
+#[test]
+#[cfg_attr(
+    not(all(rlx_transformers, rlx_assets)),
+    ignore = "needs transformers and the assets: run scripts/install-torch.sh and scripts/fetch-assets.sh"
+)]
+fn the_prebuilt_checks_random_checkpoint_loads_and_trains() {
+    let dir = scratch("hf");
+    let exported = dir.join("export");
+    let config = std::fs::read_to_string(root().join("configs/smollm2.toml")).unwrap();
+    rlx_trainer::export::export_config(&config, &exported, false).unwrap();
+    let source = dir.join("source");
+    std::fs::create_dir_all(&source).unwrap();
+    for file in [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        std::fs::copy(exported.join(file), source.join(file)).unwrap();
+    }
+    std::fs::remove_dir_all(&exported).unwrap();
+
+    let checkpoint = dir.join("random");
+    let output = python(
+        "gpu_pack_hf.py",
+        &[&source, &checkpoint, Path::new("--tiny")],
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let made: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(made["shape"]["vocab_size"], 49152, "{made}");
+    assert_eq!(made["shape"]["num_hidden_layers"], 2, "{made}");
+    assert!(checkpoint.join("model.safetensors").is_file());
+
+    let ifeval = rlx_trainer::assets::ifeval().unwrap();
+    let config = std::fs::read_to_string(root().join("configs/smollm2-ifeval.toml"))
+        .unwrap()
+        .replace(
+            "\nkind = \"smollm2\"\n",
+            &format!(
+                "\nkind = \"hf\"\npath = {:?}\n",
+                checkpoint.display().to_string()
+            ),
+        );
+    assert!(config.contains("kind = \"hf\""));
+    let out = dir.join("run");
+    let args = RunArgs {
+        recipe_name: "grpo".into(),
+        config_text: Some(config),
+        sets: vec![
+            "steps=1".into(),
+            format!("task.path={}", ifeval.display()),
+            "task.eval_prompts=0".into(),
+            "train.eval_every=0".into(),
+            "train.prompts_per_step=2".into(),
+        ],
+        out: Some(out.clone()),
+        ..Default::default()
+    };
+    let checked = rlx_compiler::check_path(&root().join("recipes/grpo.rlx")).unwrap();
+    let prepared = prepare(&checked.recipe.unwrap(), &args).unwrap();
+    rlx_trainer::train::run_with(
+        prepared.plan,
+        &prepared.config,
+        &prepared.out,
+        &prepared.options,
+        |_| {},
+    )
+    .unwrap();
+    let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let first: serde_json::Value = serde_json::from_str(metrics.lines().next().unwrap()).unwrap();
+    assert!(
+        first["loss"].as_f64().is_some_and(f64::is_finite),
+        "{first}"
+    );
+    assert_eq!(first["step"], 0, "{first}");
+
+    // Another shape is not SmolLM2-135M's.
+    let mut other: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(source.join("config.json")).unwrap())
+            .unwrap();
+    other["hidden_size"] = 512.into();
+    std::fs::write(source.join("config.json"), other.to_string()).unwrap();
+    let output = python("gpu_pack_hf.py", &[&source, &dir.join("other")]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("not SmolLM2-135M's shape"));
+    let _ = std::fs::remove_dir_all(&dir);
 }
