@@ -456,7 +456,10 @@ fn malformed_batches_are_rejected_before_any_launch() {
         let error = device
             .run(&batch, &context())
             .expect_err("a malformed batch runs");
-        assert!(error.0.contains("malformed batch"), "{what}: {error}");
+        assert!(
+            error.to_string().contains("malformed batch"),
+            "{what}: {error}"
+        );
     }
     assert_eq!(device.device().launches.load(Ordering::Relaxed), 0);
     device.run(&good, &context()).unwrap();

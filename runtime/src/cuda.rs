@@ -171,8 +171,8 @@ impl<D: Device> DeviceKernel<D> {
         context: &Context,
     ) -> Result<PackedOutcome, EvalError> {
         if device_inputs.len() != inputs.len() {
-            return Err(EvalError(format!(
-                "internal: {} device addresses for {} inputs",
+            return Err(EvalError::Internal(format!(
+                "{} device addresses for {} inputs",
                 device_inputs.len(),
                 inputs.len()
             )));
@@ -216,7 +216,7 @@ impl<D: Device> DeviceKernel<D> {
 }
 
 fn device_error(message: String) -> EvalError {
-    EvalError(format!("CUDA device: {message}"))
+    EvalError::Device(message)
 }
 
 /// A column's bytes in the device's (little-endian, IEEE) layout.
@@ -263,7 +263,7 @@ fn host_values<D: Device>(
     uploaded: &[Option<D::Buffer>],
     b: u32,
 ) -> Result<Vec<f64>, EvalError> {
-    let missing = || EvalError("internal: buffer missing".into());
+    let missing = || EvalError::Internal("buffer missing".into());
     Ok(match phase.buffers[b as usize].kind {
         BufferKind::Input(i) => inputs[i as usize].to_f64(),
         _ => {
@@ -288,7 +288,7 @@ fn store_host_values<D: Device>(
     target: u32,
     values: Vec<f64>,
 ) -> Result<(), EvalError> {
-    let missing = || EvalError("internal: buffer missing".into());
+    let missing = || EvalError::Internal("buffer missing".into());
     let column = owned[target as usize].as_mut().ok_or_else(missing)?;
     *column = match column {
         Column::F32(_) => Column::F32(values.iter().map(|v| *v as f32).collect()),
@@ -347,7 +347,7 @@ impl<D: Device> PhaseRunner for Runner<'_, D> {
             .source
             .launches
             .get(phase_index)
-            .ok_or_else(|| EvalError("internal: no CUDA kernels for a phase".into()))?;
+            .ok_or_else(|| EvalError::Internal("no CUDA kernels for a phase".into()))?;
         let mut owned = kernel.phase_buffers(phase_index, tables, carried)?;
         let as_u64 = |v: &[usize]| u64_bytes(v.iter().map(|&x| x as u64));
         let fixed = [
@@ -377,7 +377,7 @@ impl<D: Device> PhaseRunner for Runner<'_, D> {
                     let i = i as usize;
                     let column = inputs
                         .get(i)
-                        .ok_or_else(|| EvalError("internal: an input is missing".into()))?;
+                        .ok_or_else(|| EvalError::Internal("an input is missing".into()))?;
                     match (
                         self.resident_input(i, *column),
                         self.external_input(i, *column),
@@ -398,14 +398,15 @@ impl<D: Device> PhaseRunner for Runner<'_, D> {
                     let address = device.address(&b);
                     (Some(b), address)
                 }
-                (_, None) => return Err(EvalError("internal: a buffer was released".into())),
+                (_, None) => return Err(EvalError::Internal("a buffer was released".into())),
             };
             uploaded.push(own);
             addresses.push(address);
         }
         let table = device.upload(&u64_bytes(addresses)).map_err(fail)?;
-        let groups = u32::try_from(tables.groups)
-            .map_err(|_| EvalError(format!("{} groups: too many for one launch", tables.groups)))?;
+        let groups = u32::try_from(tables.groups).map_err(|_| {
+            EvalError::Device(format!("{} groups: too many for one launch", tables.groups))
+        })?;
         device.synchronize().map_err(fail)?;
         let start = Instant::now();
         for (pass_index, pass) in phase.passes.iter().enumerate() {
@@ -493,8 +494,8 @@ impl<D: Device> PhaseRunner for Runner<'_, D> {
                     store_host_values(device, &mut owned, &mut uploaded, *target, values)?;
                 }
                 _ => {
-                    return Err(EvalError(format!(
-                        "internal: pass {pass_index} of phase {phase_index} has no CUDA kernel"
+                    return Err(EvalError::Internal(format!(
+                        "pass {pass_index} of phase {phase_index} has no CUDA kernel"
                     )))
                 }
             }
@@ -798,7 +799,10 @@ mod tests {
         let (_, tables) = run(&vec![None; columns.len()]);
         assert!(!tables.is_empty() && tables.iter().all(|table| !table.contains(&address)));
         let (result, tables) = run(&addresses[1..]);
-        assert!(result.unwrap_err().0.contains("device addresses for"));
+        assert!(result
+            .unwrap_err()
+            .to_string()
+            .contains("device addresses for"));
         assert!(
             tables.is_empty(),
             "a run with a wrong address count launched"

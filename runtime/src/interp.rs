@@ -20,6 +20,7 @@ use rlx_compiler::ir::{fold, Feature, Graph, KeepLevel, Level, NodeId, Op, Shape
 
 use crate::batch::{Batch, Layout};
 use crate::geometry::Geometry;
+use crate::nonfinite::{NonFinite, Output, ToBatch};
 
 /// Training-time values a recipe can read (`step`, `progress`); both 0 when scoring.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -40,31 +41,116 @@ pub struct Outcome {
     pub gradients: Vec<(String, Vec<f64>)>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EvalError(pub String);
+/// Why an evaluation (by the interpreter, a compiled kernel or a CUDA kernel) failed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EvalError {
+    /// The batch does not fit the recipe's signature (`rlx_core::Signature::validate`: its layout,
+    /// its sizes, an input's count of values).
+    Batch(rlx_core::CoreError),
+    /// A group has more responses than a recipe with pairwise terms accepts: the message of
+    /// `batch::check_group_sizes`.
+    GroupSize(String),
+    /// Input `input`'s value at `position` (in its element order) is beyond the range of the f32
+    /// storage of a kernel.
+    OutOfRange {
+        input: String,
+        position: usize,
+        value: f64,
+    },
+    /// Input `input` is stored in `stored` precision, but the kernel reads `wanted`.
+    Storage {
+        input: String,
+        stored: &'static str,
+        wanted: &'static str,
+    },
+    /// Every response was filtered out by `keep` ([`ALL_FILTERED`]): not a failure of the recipe,
+    /// but a batch with nothing to compute on (the trainer's dynamic sampling reads it as "no group
+    /// kept").
+    AllFiltered,
+    /// An output is not finite; the interpreter names the expression that made it
+    /// ([`crate::nonfinite`]).
+    NonFinite(Box<crate::nonfinite::NonFinite>),
+    /// The device (CUDA) failed, or cannot run this batch: what it said.
+    Device(String),
+    /// A broken invariant of an evaluator (a bug): what broke.
+    Internal(String),
+}
 
 /// The error message when a recipe's `keep` filters drop every response (nothing to compute
-/// advantages and the loss over); [`EvalError::is_all_filtered`] tells that error apart (the trainer's
-/// dynamic sampling reads it as "no group kept").
+/// advantages and the loss over), [`EvalError::AllFiltered`].
 pub const ALL_FILTERED: &str =
     "every response was filtered out by `keep`: there is nothing to compute advantages and the loss over";
 
 impl EvalError {
     /// The error of a batch whose every response the recipe's `keep` filters dropped ([`ALL_FILTERED`]).
     pub fn all_filtered() -> EvalError {
-        EvalError(ALL_FILTERED.into())
+        EvalError::AllFiltered
     }
 
-    /// Whether this is [`EvalError::all_filtered`]: not a failure of the recipe, but a batch with
+    /// Whether this is [`EvalError::AllFiltered`]: not a failure of the recipe, but a batch with
     /// nothing to compute on.
     pub fn is_all_filtered(&self) -> bool {
-        self.0 == ALL_FILTERED
+        matches!(self, EvalError::AllFiltered)
+    }
+
+    /// The non-finite output, when this is one.
+    pub fn non_finite(&self) -> Option<&crate::nonfinite::NonFinite> {
+        match self {
+            EvalError::NonFinite(non_finite) => Some(non_finite),
+            _ => None,
+        }
+    }
+
+    /// This error, with the culprit of a non-finite output found when it has none yet (a compiled
+    /// or CUDA kernel's): the f64 interpreter evaluates `graph` on `batch` again — only on this
+    /// failure path — and names the first node whose value is not finite for the offending
+    /// element. When the interpreter computes the outputs finite, the error says so.
+    pub fn explained(self, graph: &Graph, batch: &Batch, context: &Context) -> EvalError {
+        match &self {
+            EvalError::NonFinite(non_finite) if non_finite.culprit.is_none() => {
+                match evaluate(graph, batch, context) {
+                    Err(EvalError::NonFinite(found)) if found.culprit.is_some() => {
+                        EvalError::NonFinite(found)
+                    }
+                    Ok(_) => {
+                        let mut non_finite = non_finite.clone();
+                        non_finite.interpreter_finite = true;
+                        EvalError::NonFinite(non_finite)
+                    }
+                    Err(_) => self,
+                }
+            }
+            _ => self,
+        }
     }
 }
 
 impl std::fmt::Display for EvalError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        match self {
+            EvalError::Batch(error) => write!(f, "{error}"),
+            EvalError::GroupSize(message) => f.write_str(message),
+            EvalError::OutOfRange {
+                input,
+                position,
+                value,
+            } => write!(
+                f,
+                "malformed batch: input `{input}` element {position} is {value}, beyond the range of f32"
+            ),
+            EvalError::Storage {
+                input,
+                stored,
+                wanted,
+            } => write!(
+                f,
+                "malformed batch: input `{input}` is stored as {stored}, the kernel reads {wanted}"
+            ),
+            EvalError::AllFiltered => f.write_str(ALL_FILTERED),
+            EvalError::NonFinite(non_finite) => write!(f, "{non_finite}"),
+            EvalError::Device(message) => write!(f, "CUDA device: {message}"),
+            EvalError::Internal(what) => write!(f, "internal: {what}"),
+        }
     }
 }
 
@@ -81,8 +167,8 @@ pub fn check_batch(graph: &Graph, batch: &Batch) -> Result<(), EvalError> {
     graph
         .signature()
         .validate(&batch.layout, batch.inputs.iter().map(Vec::len))
-        .map_err(|e| EvalError(e.to_string()))?;
-    crate::batch::check_group_sizes(graph, &batch.layout).map_err(EvalError)
+        .map_err(EvalError::Batch)?;
+    crate::batch::check_group_sizes(graph, &batch.layout).map_err(EvalError::GroupSize)
 }
 
 /// Evaluate every output of `graph` on `batch`.
@@ -152,7 +238,20 @@ pub fn evaluate_showing(
                 )
             })
             .collect();
-        return Ok((finite(outcome)?, shown));
+        let outcome = finite(outcome).map_err(|error| {
+            explain(error, |output, value_position| {
+                let (node, shape) = output_node(graph, output)?;
+                let element = match value_position {
+                    Some(position) => {
+                        let node_shape = graph.node(node).shape.clone();
+                        *full.geometry.map(&shape, &node_shape).get(position)?
+                    }
+                    None => 0,
+                };
+                full.culprit(node, Some(element), &ToBatch { kept: None })
+            })
+        })?;
+        return Ok((outcome, shown));
     }
 
     // Phase 1: rewards and filters on the whole batch.
@@ -257,44 +356,105 @@ pub fn evaluate_showing(
             (name.clone(), values)
         })
         .collect();
-    Ok((finite(outcome)?, shown))
+    let outcome = finite(outcome).map_err(|error| {
+        explain(error, |output, _| {
+            let (node, _) = output_node(graph, output)?;
+            if matches!(output, Output::Reward { .. }) {
+                // Rewards are computed on the whole batch (phase 1).
+                return full.culprit(node, None, &ToBatch { kept: None });
+            }
+            let kept = Some((selection.kept_responses.as_slice(), layout));
+            sub.culprit(node, None, &ToBatch { kept })
+        })
+    })?;
+    Ok((outcome, shown))
 }
 
-/// Reject non-finite outputs with a message naming the first one.
+/// Reject non-finite outputs, naming the first one (without its culprit: `Evaluator::culprit` finds
+/// it).
 pub(crate) fn finite(outcome: Outcome) -> Result<Outcome, EvalError> {
-    let hint = "(a division by zero, the log of a non-positive value, or an overflowing exp in the recipe or the data?)";
-    if let Some(loss) = outcome.loss {
-        if !loss.is_finite() {
-            return Err(EvalError(format!("the loss is {loss} {hint}")));
+    match first_non_finite(&outcome) {
+        Some(non_finite) => Err(EvalError::NonFinite(Box::new(non_finite))),
+        None => Ok(outcome),
+    }
+}
+
+/// `error` with the culprit `find` gives for its non-finite output (`find` receives the output and,
+/// for a per-response output or a gradient, the position of the non-finite value in the output's
+/// order).
+fn explain(
+    error: EvalError,
+    find: impl FnOnce(&Output, Option<usize>) -> Option<crate::nonfinite::Culprit>,
+) -> EvalError {
+    match error {
+        EvalError::NonFinite(mut non_finite) => {
+            let position = match &non_finite.output {
+                Output::Loss | Output::Metric(_) => None,
+                Output::Reward { response } | Output::Advantage { response } => Some(*response),
+                Output::Gradient { element, .. } => Some(*element),
+            };
+            non_finite.culprit = find(&non_finite.output, position);
+            EvalError::NonFinite(non_finite)
         }
+        other => other,
+    }
+}
+
+/// The node of an output, and the shape the outcome reads it at.
+fn output_node(graph: &Graph, output: &Output) -> Option<(NodeId, Shape)> {
+    let outputs = &graph.outputs;
+    let resp = Shape::new(Level::Resp);
+    match output {
+        Output::Loss => Some((outputs.loss?, Shape::BATCH)),
+        Output::Metric(name) => {
+            let (_, id) = outputs.metrics.iter().find(|(n, _)| n == name)?;
+            Some((*id, Shape::BATCH))
+        }
+        Output::Reward { .. } => Some((outputs.reward?, resp)),
+        Output::Advantage { .. } => Some((outputs.advantage?, resp)),
+        Output::Gradient { input, .. } => {
+            let (index, id) = outputs.gradients.iter().find(|(i, _)| {
+                graph
+                    .inputs
+                    .get(*i as usize)
+                    .is_some_and(|x| &x.name == input)
+            })?;
+            Some((*id, graph.inputs[*index as usize].shape.clone()))
+        }
+    }
+}
+
+/// The first non-finite output of `outcome`: the loss, a metric, a reward, an advantage, a gradient.
+fn first_non_finite(outcome: &Outcome) -> Option<NonFinite> {
+    if let Some(loss) = outcome.loss.filter(|l| !l.is_finite()) {
+        return Some(NonFinite::new(Output::Loss, loss));
     }
     for (name, value) in &outcome.metrics {
         if !value.is_finite() {
-            return Err(EvalError(format!("metric `{name}` is {value} {hint}")));
+            return Some(NonFinite::new(Output::Metric(name.clone()), *value));
         }
     }
-    for (what, values) in [
-        ("reward", &outcome.reward),
-        ("advantage", &outcome.advantage),
-    ] {
-        if let Some(values) = values {
-            if let Some(position) = values.iter().position(|v| !v.is_finite()) {
-                return Err(EvalError(format!(
-                    "the {what} of response {position} (packed order) is {} {hint}",
-                    values[position]
-                )));
-            }
+    for (advantage, values) in [(false, &outcome.reward), (true, &outcome.advantage)] {
+        let Some(values) = values else { continue };
+        if let Some(response) = values.iter().position(|v| !v.is_finite()) {
+            let output = if advantage {
+                Output::Advantage { response }
+            } else {
+                Output::Reward { response }
+            };
+            return Some(NonFinite::new(output, values[response]));
         }
     }
     for (name, values) in &outcome.gradients {
-        if let Some(position) = values.iter().position(|v| !v.is_finite()) {
-            return Err(EvalError(format!(
-                "the gradient with respect to `{name}` is {} at element {position} {hint}",
-                values[position]
-            )));
+        if let Some(element) = values.iter().position(|v| !v.is_finite()) {
+            let output = Output::Gradient {
+                input: name.clone(),
+                element,
+            };
+            return Some(NonFinite::new(output, values[element]));
         }
     }
-    Ok(outcome)
+    None
 }
 
 /// Which responses (and so groups, tokens, criteria, pairs) survive the filters.
@@ -510,6 +670,31 @@ impl<'g> Evaluator<'g> {
             }
         }
         Ok(())
+    }
+
+    /// The culprit of a non-finite value of `node` at `element` (its first non-finite element when
+    /// `None`), from the values computed so far.
+    fn culprit(
+        &mut self,
+        node: NodeId,
+        element: Option<usize>,
+        to_batch: &ToBatch<'_>,
+    ) -> Option<crate::nonfinite::Culprit> {
+        let element = match element {
+            Some(element) => element,
+            None => self.values[node.0 as usize]
+                .as_ref()?
+                .iter()
+                .position(|v| !v.is_finite())?,
+        };
+        crate::nonfinite::culprit(
+            self.graph,
+            &self.values,
+            &mut self.geometry,
+            node,
+            element,
+            to_batch,
+        )
     }
 
     fn value(&self, id: NodeId) -> &[f64] {
@@ -786,8 +971,8 @@ impl<'g> Evaluator<'g> {
                     .collect()
             }
             op => {
-                return Err(EvalError(format!(
-                    "internal: the interpreter cannot evaluate {}",
+                return Err(EvalError::Internal(format!(
+                    "the interpreter cannot evaluate {}",
                     op.name()
                 )))
             }

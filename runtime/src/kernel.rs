@@ -243,14 +243,14 @@ pub(crate) struct Tables {
 }
 
 fn too_large() -> EvalError {
-    EvalError(CoreError::Overflow.to_string())
+    EvalError::Batch(CoreError::Overflow)
 }
 
 impl Tables {
     /// For a validated layout.
     fn new(layout: &Layout) -> Result<Tables, EvalError> {
         // The totals are checked here, so no prefix sum below them overflows.
-        let sizes = Sizes::new(layout).map_err(|e| EvalError(e.to_string()))?;
+        let sizes = Sizes::new(layout).map_err(EvalError::Batch)?;
         let groups = layout.groups();
         let mut resp_crit_base = Vec::with_capacity(groups + 1);
         let mut pair_offsets = Vec::with_capacity(groups + 1);
@@ -281,7 +281,7 @@ impl Tables {
 
     /// Elements of a shape (as `Geometry::size`).
     pub(crate) fn size(&self, shape: &Shape) -> Result<usize, EvalError> {
-        self.sizes.size(shape).map_err(|e| EvalError(e.to_string()))
+        self.sizes.size(shape).map_err(EvalError::Batch)
     }
 }
 
@@ -466,8 +466,8 @@ impl Kernel {
     ) -> Result<Tables, EvalError> {
         self.signature
             .validate(layout, lengths)
-            .map_err(|e| EvalError(e.to_string()))?;
-        crate::batch::check_group_sizes(&self.graph, layout).map_err(EvalError)?;
+            .map_err(EvalError::Batch)?;
+        crate::batch::check_group_sizes(&self.graph, layout).map_err(EvalError::GroupSize)?;
         self.tables(layout)
     }
 
@@ -483,10 +483,11 @@ impl Kernel {
                     for (position, value) in values.iter().enumerate() {
                         let narrow = *value as f32;
                         if value.is_finite() && !narrow.is_finite() {
-                            return Err(EvalError(format!(
-                                "malformed batch: input `{}` element {position} is {value}, beyond the range of f32",
-                                info.name
-                            )));
+                            return Err(EvalError::OutOfRange {
+                                input: info.name.clone(),
+                                position,
+                                value: *value,
+                            });
                         }
                         out.push(narrow);
                     }
@@ -517,12 +518,11 @@ impl Kernel {
         for (info, column) in self.graph.inputs.iter().zip(inputs) {
             let wanted = self.input_precision(info.elem);
             if column.precision() != wanted {
-                return Err(EvalError(format!(
-                    "malformed batch: input `{}` is stored as {}, the kernel reads {}",
-                    info.name,
-                    column.precision().name(),
-                    wanted.name()
-                )));
+                return Err(EvalError::Storage {
+                    input: info.name.clone(),
+                    stored: column.precision().name(),
+                    wanted: wanted.name(),
+                });
             }
         }
         Ok(())
@@ -715,7 +715,7 @@ impl Kernel {
             let column = buffers
                 .get(b as usize)
                 .and_then(Option::as_ref)
-                .ok_or_else(|| EvalError(format!("internal: output buffer b{b} missing")))?;
+                .ok_or_else(|| EvalError::Internal(format!("output buffer b{b} missing")))?;
             Ok(if column.is_empty() {
                 0.0
             } else {
@@ -750,7 +750,7 @@ impl Kernel {
                 buffers
                     .get_mut(*b as usize)
                     .and_then(Option::take)
-                    .ok_or_else(|| EvalError(format!("internal: output buffer b{b} missing")))?
+                    .ok_or_else(|| EvalError::Internal(format!("output buffer b{b} missing")))?
             };
             gradients.push((name, column));
         }
@@ -779,11 +779,11 @@ impl Kernel {
                 BufferKind::Input(_) => None,
                 BufferKind::Carried(node) => {
                     let column = carried.remove(&node).ok_or_else(|| {
-                        EvalError(format!("internal: carried value %{} missing", node.0))
+                        EvalError::Internal(format!("carried value %{} missing", node.0))
                     })?;
                     if column.len() != tables.size(&buffer.shape)? {
-                        return Err(EvalError(format!(
-                            "internal: carried value %{} has the wrong size",
+                        return Err(EvalError::Internal(format!(
+                            "carried value %{} has the wrong size",
                             node.0
                         )));
                     }
@@ -825,7 +825,7 @@ impl Kernel {
                 Pass::Loop(loop_pass) => {
                     let function =
                         self.jit.functions[phase_index][pass_index].ok_or_else(|| {
-                            EvalError("internal: a loop pass was not compiled".into())
+                            EvalError::Internal("a loop pass was not compiled".into())
                         })?;
                     let mut table: Vec<*mut u8> = vec![
                         layout.group_offsets.as_ptr().cast_mut().cast(),
@@ -843,7 +843,7 @@ impl Kernel {
                             (BufferKind::Input(i), _) => inputs[i as usize].const_pointer(),
                             (_, Some(column)) => column.pointer(),
                             (_, None) => {
-                                return Err(EvalError("internal: a buffer was released".into()))
+                                return Err(EvalError::Internal("a buffer was released".into()))
                             }
                         });
                     }
@@ -1111,14 +1111,14 @@ fn column(buffers: &[Option<Column>], b: u32) -> Result<&Column, EvalError> {
     buffers
         .get(b as usize)
         .and_then(Option::as_ref)
-        .ok_or_else(|| EvalError(format!("internal: buffer b{b} missing")))
+        .ok_or_else(|| EvalError::Internal(format!("buffer b{b} missing")))
 }
 
 fn column_mut(buffers: &mut [Option<Column>], b: u32) -> Result<&mut Column, EvalError> {
     buffers
         .get_mut(b as usize)
         .and_then(Option::as_mut)
-        .ok_or_else(|| EvalError(format!("internal: buffer b{b} missing")))
+        .ok_or_else(|| EvalError::Internal(format!("buffer b{b} missing")))
 }
 
 /// A copy of a buffer (outputs may share one).

@@ -7,6 +7,7 @@ pub mod cuda;
 pub mod geometry;
 pub mod interp;
 pub mod kernel;
+pub mod nonfinite;
 pub mod rollouts;
 pub mod score;
 pub mod synthetic;

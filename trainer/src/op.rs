@@ -81,11 +81,14 @@ impl Objective {
         }
     }
 
+    /// Evaluate the recipe on `batch`; a kernel's non-finite output is explained by the interpreter
+    /// (`EvalError::explained`: the expression that made it, for which element).
     pub fn run(&self, batch: &Batch, context: &Context) -> Result<Outcome, EvalError> {
+        let explain = |e: EvalError| e.explained(self.graph(), batch, context);
         match self {
             Objective::Interpreter(graph) => evaluate(graph, batch, context),
-            Objective::Kernel(kernel) => kernel.run(batch, context),
-            Objective::Gpu(kernel) => kernel.run(batch, context),
+            Objective::Kernel(kernel) => kernel.run(batch, context).map_err(explain),
+            Objective::Gpu(kernel) => kernel.run(batch, context).map_err(explain),
         }
     }
 }
@@ -105,6 +108,9 @@ pub struct RecipeOp {
     columns: Vec<Option<(usize, bool)>>,
     context: Context,
     outcome: Arc<Mutex<Option<Outcome>>>,
+    /// The evaluation's error when the forward pass failed, typed (candle's error keeps only its
+    /// message): `failure_handle`.
+    failure: Arc<Mutex<Option<EvalError>>>,
 }
 
 impl RecipeOp {
@@ -156,12 +162,18 @@ impl RecipeOp {
             columns: resolved,
             context,
             outcome: Arc::new(Mutex::new(None)),
+            failure: Arc::new(Mutex::new(None)),
         })
     }
 
     /// A handle on the outcome of the forward pass (filled once the op has run).
     pub fn outcome_handle(&self) -> Arc<Mutex<Option<Outcome>>> {
         self.outcome.clone()
+    }
+
+    /// A handle on the evaluation's error, when the forward pass failed on one.
+    pub fn failure_handle(&self) -> Arc<Mutex<Option<EvalError>>> {
+        self.failure.clone()
     }
 
     /// Apply to `values` (`[elements]` for one column, else `[elements, columns]`, f32, packed element
@@ -210,7 +222,11 @@ impl RecipeOp {
     fn evaluate(&self, values: &[f32]) -> candle_core::Result<Outcome> {
         self.objective
             .run(&self.filled(values), &self.context)
-            .map_err(|e| candle_core::Error::Msg(format!("recipe: {e}")))
+            .map_err(|e| {
+                let message = format!("recipe: {e}");
+                *self.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                candle_core::Error::Msg(message)
+            })
     }
 
     /// The recipe's CUDA kernels on the argument where candle holds it (`storage`, on the kernels' GPU
