@@ -18,9 +18,12 @@
 #      sampling and training, step time, peak GPU memory, the reward curve (scripts/gpu_step_report.py);
 #   6. the same GRPO steps with bf16 products (`--set train.dtype=bf16`, 5 steps; smoke mode 2): step
 #      time and peak memory beside step 5's, the first-step loss against the CPU's f32 one within 5 %;
-#   7. one summary.
+#   7. the fused layers' CUDA kernels against the plain candle layers: one forward and backward pass of a
+#      tiny model each way, the LM head's values and every gradient within 1e-3 relative
+#      (trainer/examples/layers_check.rs; smoke mode: the CPU kernels against the plain layers);
+#   8. one summary.
 #
-# `scripts/gpu-check.sh --device cpu` is the smoke mode: steps 4 and 5 on the CPU at small sizes (a
+# `scripts/gpu-check.sh --device cpu` is the smoke mode: steps 4, 5 and 7 on the CPU at small sizes (a
 # debug build without the feature; the head at V = 8192, three GRPO steps of the tiny default model
 # against a second CPU run), steps 1–3 skipped; it checks the script, the example, the two Python
 # reports and the metrics they read on any machine (trainer/tests/gpu_check.rs runs the reports).
@@ -54,12 +57,12 @@ log="$(mktemp -d)"
 out="${RLX_BENCH_OUT:-target/gpu-bench}"
 mkdir -p "$out"
 status_build="not run"; status_agree="not run"; status_bench="not run"; status_torch="not run"
-status_head="not run"; status_step="not run"
+status_head="not run"; status_step="not run"; status_layers="not run"
 
 elapsed() { echo "$(( $(date +%s) - start )) s"; }
 
 if [ "$smoke" = 1 ]; then
-    echo "gpu-check: --device cpu: the smoke mode (steps 4 and 5 on the CPU, small sizes; no GPU used)"
+    echo "gpu-check: --device cpu: the smoke mode (steps 4, 5 and 7 on the CPU, small sizes; no GPU used)"
 elif command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 else
@@ -89,7 +92,7 @@ if [ "$smoke" = 1 ]; then
     profile=debug
     echo "== build (debug, no cuda feature: smoke mode) [$(elapsed)]"
     if cargo build -p rlx --bins >"$log/build" 2>&1 \
-        && cargo build -p rlx-trainer --example lm_head_bench >>"$log/build" 2>&1; then
+        && cargo build -p rlx-trainer --example lm_head_bench --example layers_check >>"$log/build" 2>&1; then
         status_build="ok"
     else
         status_build="FAILED"
@@ -99,7 +102,8 @@ else
     profile=release
     echo "== build (release, --features cuda) [$(elapsed)]"
     if cargo build --release --features cuda -p rlx --bins >"$log/build" 2>&1 \
-        && cargo build --release --features cuda -p rlx-trainer --example lm_head_bench >>"$log/build" 2>&1 \
+        && cargo build --release --features cuda -p rlx-trainer --example lm_head_bench \
+            --example layers_check >>"$log/build" 2>&1 \
         && cargo test --release --features cuda -p rlx --test cuda --no-run >>"$log/build" 2>&1; then
         status_build="ok"
     else
@@ -196,6 +200,17 @@ if [ "$status_build" = ok ]; then
     fi
 fi
 
+if [ "$status_build" = ok ]; then
+    echo "== fused layers vs plain candle layers on $device [$(elapsed)]"
+    if timeout 120 "$bin/examples/layers_check" --device "$device" --out "$out/layers.json" \
+        >"$log/layers" 2>&1; then
+        status_layers="ok: $(cat "$out/layers.json")"
+    else
+        status_layers="FAILED"
+    fi
+    cat "$log/layers"
+fi
+
 if [ "$status_step" = ok ]; then
     echo "== GRPO steps with bf16 products on $device vs the CPU's f32 first step [$(elapsed)]"
     rm -rf "$out/grpo-bf16"
@@ -225,8 +240,9 @@ echo "eager PyTorch:         $status_torch"
 echo "LM head vs torch:      $status_head"
 echo "GRPO steps vs CPU:     $status_step"
 echo "bf16 GRPO steps:       $status_bf16"
+echo "fused vs plain layers: $status_layers"
 echo "logs:                  $log"
-case "$status_build$status_agree$status_bench$status_torch$status_head$status_step$status_bf16" in
+case "$status_build$status_agree$status_bench$status_torch$status_head$status_step$status_bf16$status_layers" in
     *FAILED*) exit 1 ;;
 esac
 exit 0

@@ -98,9 +98,9 @@ impl Source {
     }
 
     /// Print a non-finite output's diagnostic (a label on the recipe expression that made it,
-    /// `rlx_runtime::nonfinite`) on stderr; `false` when it has none to print (no culprit, or
+    /// `rlx_runtime::NonFinite`) on stderr; `false` when it has none to print (no culprit, or
     /// sources that no longer hold its span), and the caller prints the plain message.
-    pub fn report_non_finite(&self, non_finite: &rlx_runtime::nonfinite::NonFinite) -> bool {
+    pub fn report_non_finite(&self, non_finite: &rlx_runtime::NonFinite) -> bool {
         let sources = self.span_sources();
         match non_finite.diagnostic(&sources) {
             Some(diagnostic) => {

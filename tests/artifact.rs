@@ -12,7 +12,7 @@ mod common;
 use rlx_compiler::artifact::{self, Artifact, ErrorKind, COMPILER, FORMAT_VERSION};
 use rlx_compiler::backend::Options;
 use rlx_compiler::export::sha256::hex_digest;
-use rlx_runtime::kernel::Kernel;
+use rlx_runtime::Kernel;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -614,7 +614,7 @@ fn a_loaded_artifact_still_validates_every_batch() {
     let kernel = Kernel::compile(&loaded.graph, &Options::default()).expect("kernel compiles");
     let spec = rlx_runtime::synthetic::Spec::default();
     let mut batch = rlx_runtime::synthetic::batch(&loaded.graph, &spec);
-    let context = rlx_runtime::interp::Context::default();
+    let context = rlx_runtime::Context::default();
     kernel.run(&batch, &context).expect("a valid batch runs");
     let launches = kernel.launches();
     // One token too few in a token-level input.

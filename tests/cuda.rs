@@ -14,7 +14,6 @@
 //!   for compute_80 and compute_90, and `ptxas` assembles it for sm_80 and sm_90 with no error. Where
 //!   the build found no tools there, the test is reported as ignored (rlx-tools, `rlx_nvrtc`).
 
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,15 +21,21 @@ use std::sync::Arc;
 
 use rlx_compiler::backend::cuda::{self, CudaSource};
 use rlx_compiler::ir::Graph;
-use rlx_runtime::cuda::{Device, DeviceKernel};
-use rlx_runtime::interp::{evaluate, Context, Outcome};
-use rlx_runtime::kernel::{Kernel, Options, Precision};
 use rlx_runtime::synthetic::{self, Spec};
+use rlx_runtime::{
+    evaluate, Column, ColumnRef, Context, Device, DeviceKernel, Kernel, Options, Outcome, Precision,
+};
 
 #[path = "../runtime/tests/common/agreement.rs"]
 mod agreement;
+#[path = "../runtime/tests/common/host_c.rs"]
+mod host_c;
+#[path = "../runtime/tests/common/nvrtc.rs"]
+mod nvrtc;
 
 use agreement::{close, graph_of, rounded, F32_TOLERANCE, F64_TOLERANCE};
+use host_c::HostLaunch;
+use nvrtc::Nvrtc;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -85,14 +90,6 @@ impl HostBuffer {
     }
 }
 
-type HostLaunch = unsafe extern "C" fn(
-    table: *const *mut c_void,
-    g_begin: u64,
-    g_end: u64,
-    grid: u32,
-    block: u32,
-) -> c_int;
-
 /// The generated source compiled for the CPU (see the module docs).
 struct HostDevice {
     block: u32,
@@ -120,7 +117,15 @@ fn compile_host(source: &CudaSource) -> Result<Arc<libloading::Library>, String>
         return Ok(library.clone());
     }
     let dir = scratch("host");
-    let path = compile_host_uncached(&text, &dir);
+    let path = host_c::shared_library(
+        &text,
+        &dir,
+        &[
+            "-Wno-unused-function",
+            "-Wno-unused-variable",
+            "-Wno-unused-but-set-variable",
+        ],
+    );
     // SAFETY: the library is our own generated C; its initialisers do nothing.
     let library =
         path.and_then(|path| unsafe { libloading::Library::new(&path) }.map_err(|e| e.to_string()));
@@ -128,36 +133,6 @@ fn compile_host(source: &CudaSource) -> Result<Arc<libloading::Library>, String>
     let library = Arc::new(library?);
     let _ = std::fs::remove_dir_all(&dir);
     BUILT.lock().unwrap().push((text, library.clone()));
-    Ok(library)
-}
-
-fn compile_host_uncached(text: &str, dir: &Path) -> Result<PathBuf, String> {
-    let c = dir.join("kernels.c");
-    let library = dir.join("kernels.so");
-    std::fs::write(&c, text).map_err(|e| e.to_string())?;
-    let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let output = Command::new(&compiler)
-        .args([
-            "-std=c11", "-O1", "-shared", "-fPIC", "-pthread", "-Wall", "-Werror",
-        ])
-        .args([
-            "-Wno-unused-function",
-            "-Wno-unused-variable",
-            "-Wno-unused-but-set-variable",
-        ])
-        .arg("-o")
-        .arg(&library)
-        .arg(&c)
-        .arg("-lm")
-        .output()
-        .map_err(|e| format!("cannot run {compiler}: {e}"))?;
-    if !output.status.success() {
-        return Err(format!(
-            "{compiler} rejected {}:\n{}",
-            c.display(),
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
     Ok(library)
 }
 
@@ -347,6 +322,82 @@ fn host_c_kernels_agree_with_the_interpreter_in_f64() {
 #[test]
 fn host_c_kernels_agree_with_the_interpreter_in_f32_accumulation() {
     check(Precision::F32, F32_TOLERANCE, &[4]);
+}
+
+/// `DeviceKernel::run_view_keeping_gradients` (the trainer's GPU path: ∂loss/∂input left on the
+/// device) on the recipes with `keep` sections: the outputs are those of an ordinary run, and each
+/// gradient buffer, put in place by its kept-element map, is the downloaded gradient bit for bit,
+/// including filtered batches (singleton groups that `keep group` drops).
+#[test]
+fn gradients_left_on_the_device_are_the_downloaded_ones_under_keep_filters() {
+    let (mut runs, mut filtered) = (0, 0);
+    for path in recipe_files() {
+        let Some(graph) = graph_of(&path) else {
+            continue;
+        };
+        let name = name_of(&path);
+        let kernel = Kernel::compile(&graph, &Options::default()).unwrap();
+        if kernel.plan().phases.len() < 2 {
+            continue;
+        }
+        let device = DeviceKernel::new(kernel, HostDevice::new(4)).unwrap();
+        for spec in specs() {
+            let batch = rounded(&graph, &synthetic::batch(&graph, &spec));
+            let packed = device.kernel().pack(&batch).unwrap();
+            let Ok(full) = device.run_packed(&packed, &context()) else {
+                continue; // everything filtered, or a non-finite output: not this test's subject
+            };
+            let columns: Vec<ColumnRef<'_>> =
+                packed.inputs.iter().map(Column::as_column_ref).collect();
+            let none = vec![None; columns.len()];
+            // SAFETY: no device addresses are given.
+            let (outcome, gradients) = unsafe {
+                device.run_view_keeping_gradients(&packed.layout, &columns, &none, &context())
+            }
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(
+                (outcome.loss, &outcome.kept),
+                (full.loss, &full.kept),
+                "{name}"
+            );
+            assert_eq!(outcome.metrics, full.metrics, "{name}");
+            assert!(outcome.gradients.is_empty());
+            assert_eq!(gradients.len(), full.gradients.len(), "{name}");
+            for gradient in &gradients {
+                let (_, expected) = full
+                    .gradients
+                    .iter()
+                    .find(|(n, _)| *n == gradient.name)
+                    .unwrap_or_else(|| panic!("{name}: no ∂{}", gradient.name));
+                let width = match gradient.precision {
+                    Precision::F32 => 4,
+                    Precision::F64 => 8,
+                };
+                let mut bytes = vec![0u8; gradient.len * width];
+                device
+                    .device()
+                    .download(&gradient.buffer, &mut bytes)
+                    .unwrap();
+                let values: Vec<f64> = bytes
+                    .chunks_exact(width)
+                    .map(|b| match gradient.precision {
+                        Precision::F32 => f32::from_le_bytes(b.try_into().unwrap()) as f64,
+                        Precision::F64 => f64::from_le_bytes(b.try_into().unwrap()),
+                    })
+                    .collect();
+                let mut placed = vec![0.0; expected.len()];
+                for (k, value) in values.iter().enumerate() {
+                    let at = gradient.map.as_ref().map_or(k, |map| map[k] as usize);
+                    placed[at] = *value;
+                }
+                assert_eq!(placed, expected.to_f64(), "{name}: ∂{}", gradient.name);
+                filtered += usize::from(gradient.map.is_some());
+            }
+            runs += 1;
+        }
+    }
+    assert!(runs >= 5, "only {runs} runs of recipes with keep sections");
+    assert!(filtered > 0, "no run dropped responses");
 }
 
 fn extra_recipes() -> Vec<(String, String)> {
@@ -539,90 +590,6 @@ fn rlx_score_on_cuda_is_a_clear_error_without_a_gpu_or_the_feature() {
 // ---------------------------------------------------------------------------------------------------
 // NVRTC and ptxas.
 
-type Program = *mut c_void;
-
-/// libnvrtc's C API, loaded from an explicit path.
-struct Nvrtc {
-    _library: libloading::Library,
-    create: unsafe extern "C" fn(
-        *mut Program,
-        *const c_char,
-        *const c_char,
-        c_int,
-        *const *const c_char,
-        *const *const c_char,
-    ) -> c_int,
-    compile: unsafe extern "C" fn(Program, c_int, *const *const c_char) -> c_int,
-    ptx_size: unsafe extern "C" fn(Program, *mut usize) -> c_int,
-    ptx: unsafe extern "C" fn(Program, *mut c_char) -> c_int,
-    log_size: unsafe extern "C" fn(Program, *mut usize) -> c_int,
-    log: unsafe extern "C" fn(Program, *mut c_char) -> c_int,
-    destroy: unsafe extern "C" fn(*mut Program) -> c_int,
-}
-
-impl Nvrtc {
-    fn load(path: &Path) -> Nvrtc {
-        // SAFETY: NVIDIA's library; its initialisers have no preconditions.
-        let library = unsafe { libloading::Library::new(path) }
-            .unwrap_or_else(|e| panic!("cannot load {}: {e}", path.display()));
-        // SAFETY: the signatures are those of nvrtc.h (nvrtcResult is an int enum, size_t is usize).
-        unsafe {
-            Nvrtc {
-                create: *library.get(b"nvrtcCreateProgram").unwrap(),
-                compile: *library.get(b"nvrtcCompileProgram").unwrap(),
-                ptx_size: *library.get(b"nvrtcGetPTXSize").unwrap(),
-                ptx: *library.get(b"nvrtcGetPTX").unwrap(),
-                log_size: *library.get(b"nvrtcGetProgramLogSize").unwrap(),
-                log: *library.get(b"nvrtcGetProgramLog").unwrap(),
-                destroy: *library.get(b"nvrtcDestroyProgram").unwrap(),
-                _library: library,
-            }
-        }
-    }
-
-    /// PTX for `arch` (e.g. compute_90), or NVRTC's log.
-    fn compile(&self, source: &str, name: &str, arch: &str) -> Result<String, String> {
-        let source = CString::new(source).unwrap();
-        let name = CString::new(name).unwrap();
-        let options = [CString::new(format!("--gpu-architecture={arch}")).unwrap()];
-        let pointers: Vec<*const c_char> = options.iter().map(|o| o.as_ptr()).collect();
-        let mut program: Program = std::ptr::null_mut();
-        // SAFETY: valid C strings that outlive the calls; buffers sized by the size queries.
-        unsafe {
-            let status = (self.create)(
-                &mut program,
-                source.as_ptr(),
-                name.as_ptr(),
-                0,
-                std::ptr::null(),
-                std::ptr::null(),
-            );
-            assert_eq!(status, 0, "nvrtcCreateProgram failed");
-            let status = (self.compile)(program, pointers.len() as c_int, pointers.as_ptr());
-            let mut size = 0usize;
-            (self.log_size)(program, &mut size);
-            let mut log = vec![0u8; size.max(1)];
-            (self.log)(program, log.as_mut_ptr().cast());
-            let log = CStr::from_bytes_until_nul(&log)
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let result = if status != 0 {
-                Err(format!("NVRTC status {status}:\n{log}"))
-            } else {
-                let mut size = 0usize;
-                (self.ptx_size)(program, &mut size);
-                let mut ptx = vec![0u8; size.max(1)];
-                (self.ptx)(program, ptx.as_mut_ptr().cast());
-                Ok(CStr::from_bytes_until_nul(&ptx)
-                    .map(|s| s.to_string_lossy().into_owned())
-                    .unwrap_or_default())
-            };
-            (self.destroy)(&mut program);
-            result
-        }
-    }
-}
-
 #[test]
 #[cfg_attr(
     not(rlx_nvrtc),
@@ -691,7 +658,7 @@ fn compile_and_assemble(
         for sm in ["80", "90"] {
             let label = format!("{name} ({}, sm_{sm})", accumulate.name());
             let ptx = match nvrtc.compile(&source.source, "rlx.cu", &format!("compute_{sm}")) {
-                Ok(ptx) => ptx,
+                Ok((ptx, _)) => ptx,
                 Err(log) => {
                     failures.push(format!("{label}: {log}"));
                     continue;
@@ -726,7 +693,7 @@ fn compile_and_assemble(
 #[cfg(feature = "cuda")]
 mod gpu {
     use super::*;
-    use rlx_runtime::cuda::CudaDevice;
+    use rlx_runtime::CudaDevice;
     use std::time::{Duration, Instant};
 
     fn ordinal() -> usize {

@@ -1,4 +1,5 @@
-//! `rlxc compile --emit plan|clif`: the kernel plan and the JIT's code, as a user inspects them.
+//! `rlxc compile --emit plan|loops|clif`: the kernel plan, its loop IR and the JIT's code, as a user
+//! inspects them.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -44,6 +45,29 @@ fn clif_shows_each_loop_pass_and_its_vectorised_token_loop() {
     // DAPO's token loops are vectorised: f64×2 lanes, f32 inputs widened, the gradient narrowed.
     assert!(clif.contains("f64x2"));
     assert!(clif.contains("fvpromote_low") && clif.contains("fvdemote"));
+}
+
+#[test]
+fn loops_show_one_function_per_loop_pass_with_the_coordinates_it_binds() {
+    let (ok, plan, _) = emit("recipes/dapo.rlx", "plan");
+    assert!(ok);
+    let loop_passes = plan
+        .lines()
+        .filter(|l| l.trim_start().starts_with("pass ") && l.contains(": loop"))
+        .count();
+    let (ok, loops, stderr) = emit("recipes/dapo.rlx", "loops");
+    assert!(ok, "{stderr}");
+    let functions = loops
+        .lines()
+        .filter(|l| l.trim_start().starts_with("fn p"))
+        .count();
+    assert_eq!(functions, loop_passes, "{loops}");
+    // The layout's coordinates, bound by the loop headers; DAPO's token loops are shared by threads.
+    assert!(
+        loops.contains("ts = to[r]") && loops.contains("te = to[(r + 1)]"),
+        "{loops}"
+    );
+    assert!(loops.contains("for t in ts..te split"), "{loops}");
 }
 
 #[test]

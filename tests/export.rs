@@ -25,9 +25,8 @@ use serde_json::{json, Value as Json};
 use rlx_compiler::export::{recipe_to_torch, ModuleInfo, SymbolicGraph};
 use rlx_compiler::hir::Recipe;
 use rlx_compiler::ir::{Elem, Feature, Graph, InputInfo, Level, Node, NodeId, Op, Outputs, Shape};
-use rlx_runtime::batch::{Batch, Layout};
-use rlx_runtime::interp::{evaluate, Context, Outcome};
 use rlx_runtime::synthetic::{batch as synthetic_batch, Spec};
+use rlx_runtime::{evaluate, Batch, Context, Layout, Outcome};
 
 const TOLERANCE: f64 = 1e-6;
 

@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use rlx_compiler::{Origin, SourceMap};
-use rlx_runtime::interp::Context;
 use rlx_runtime::score::Backend;
+use rlx_runtime::Context;
 
 fn cases_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/nonfinite")

@@ -10,9 +10,8 @@ use std::process::Command;
 use rlx_compiler::backend::{Options, Precision};
 use rlx_compiler::export::{recipe_to_torch, ModuleInfo};
 use rlx_compiler::hir::{GlobalId, Recipe};
-use rlx_runtime::interp::{evaluate, evaluate_showing, Context};
-use rlx_runtime::kernel::Kernel;
 use rlx_runtime::synthetic::{batch as synthetic_batch, Spec};
+use rlx_runtime::{evaluate, evaluate_showing, Context, Kernel};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -417,10 +416,9 @@ fn uniform_and_rank_bits_agree_with_the_torch_module() {
     let packed_rows = [0usize, 3, 1, 4, 2, 5];
     let graph = rlx_compiler::compile_graph(&recipe, &[]).expect("lowers");
     let packed_lengths: Vec<usize> = packed_rows.iter().map(|&r| lengths[r]).collect();
-    let layout =
-        rlx_runtime::batch::Layout::from_counts(&[2, 2, 2], &packed_lengths, &[], 0).unwrap();
+    let layout = rlx_runtime::Layout::from_counts(&[2, 2, 2], &packed_lengths, &[], 0).unwrap();
     let tokens = layout.tokens();
-    let batch = rlx_runtime::batch::Batch {
+    let batch = rlx_runtime::Batch {
         layout,
         inputs: vec![vec![0.0; tokens]],
     };

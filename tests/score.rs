@@ -6,8 +6,8 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use rlx_runtime::interp::{evaluate, Context};
 use rlx_runtime::synthetic;
+use rlx_runtime::{evaluate, Context};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -136,7 +136,7 @@ fn hand_worked_cases_match() {
             _ => Vec::new(),
         };
         // `rlx score --step --progress`.
-        let context = rlx_runtime::interp::Context {
+        let context = rlx_runtime::Context {
             step: expected.get("step").and_then(Value::as_f64).unwrap_or(0.0),
             progress: expected
                 .get("progress")
@@ -247,7 +247,7 @@ fn gradients_match_finite_differences_for_every_recipe() {
             let context = Context::default();
             let outcome = evaluate(&graph, &batch, &context)
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            let loss_at = |batch: &rlx_runtime::batch::Batch| {
+            let loss_at = |batch: &rlx_runtime::Batch| {
                 evaluate(&graph, batch, &context).unwrap().loss.unwrap()
             };
             let base = outcome.loss.unwrap();

@@ -13,8 +13,8 @@ use proptest::prelude::*;
 use serde_json::{json, Value};
 
 use rlx_compiler::hir::Recipe;
-use rlx_runtime::interp::{evaluate, Context};
 use rlx_runtime::synthetic;
+use rlx_runtime::{evaluate, Context};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -179,7 +179,7 @@ fn preference_recipes_match_finite_differences_on_pairs() {
             let mut nonzero = 0;
             let batch = synthetic::batch(&graph, spec);
             let context = Context::default();
-            let loss_at = |batch: &rlx_runtime::batch::Batch| {
+            let loss_at = |batch: &rlx_runtime::Batch| {
                 evaluate(&graph, batch, &context).unwrap().loss.unwrap()
             };
             let outcome = evaluate(&graph, &batch, &context).unwrap();

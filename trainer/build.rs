@@ -3,7 +3,9 @@
 //! scripts/fetch-assets.sh, which trainer/tests/models.rs and smollm2.rs need: the cfg `rlx_assets` where
 //! they are there (rlx-tools, tools/src/lib.rs); and `rlx_transformers` where the torch environment has
 //! transformers and PEFT (trainer/tests/hf.rs); and `rlx_torch` where it is there at all
-//! (trainer/tests/chat_template.rs compares against transformers' chat-template rendering).
+//! (trainer/tests/chat_template.rs compares against transformers' chat-template rendering); and
+//! `rlx_nvrtc` where NVRTC and ptxas are (trainer/tests/device_kernels.rs compiles the trainer's CUDA
+//! kernels with them).
 //! With the `cuda` feature, the linker's search path for candle-kernels' `-lcudart`: the toolkit of
 //! scripts/install-cuda-toolchain.sh (`<repo>/.cuda/lib`), whose `libcudart.a` links CUDA's runtime
 //! statically (docs/gpu.md, "Building"). Cargo passes it on to every crate that links the trainer.
@@ -15,6 +17,7 @@ fn main() {
         rlx_tools::Gate::Assets,
         rlx_tools::Gate::Transformers,
         rlx_tools::Gate::Torch,
+        rlx_tools::Gate::Nvrtc,
     ]);
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let version = Command::new(rustc)

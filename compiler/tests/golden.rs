@@ -1,6 +1,7 @@
 //! Golden snapshots of every recipe's compilation stages: the dataflow graph with its gradient
-//! (`rlxc compile --emit ir`), the fused kernel plan (`--emit plan`) and the generated CUDA C
-//! (`--emit cuda`), one file each under `compiler/tests/golden/` (`NAME.ir`, `NAME.plan`, `NAME.cu`).
+//! (`rlxc compile --emit ir`), the fused kernel plan (`--emit plan`), its loop IR (`--emit loops`)
+//! and the generated CUDA C (`--emit cuda`), one file each under `compiler/tests/golden/` (`NAME.ir`,
+//! `NAME.plan`, `NAME.loops`, `NAME.cu`).
 //!
 //! A change to lowering, autodiff, fusion or code generation changes these files, so it shows up in
 //! review as a diff of what the compiler produces. When a change is intended, regenerate them with
@@ -16,7 +17,7 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use rlx_compiler::backend::{cuda, plan, Options};
+use rlx_compiler::backend::{cuda, loops, plan, Options};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -29,8 +30,8 @@ fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
 }
 
-/// The three stages of one recipe, as `rlxc compile --emit ir|plan|cuda` prints them.
-fn stages(path: &Path) -> Result<[(&'static str, String); 3], String> {
+/// The stages of one recipe, as `rlxc compile --emit ir|plan|loops|cuda` prints them.
+fn stages(path: &Path) -> Result<[(&'static str, String); 4], String> {
     let checked = rlx_compiler::check_path(path).map_err(|e| format!("cannot read: {e}"))?;
     let recipe = checked
         .recipe
@@ -39,10 +40,12 @@ fn stages(path: &Path) -> Result<[(&'static str, String); 3], String> {
         .ok_or_else(|| format!("does not check: {:?}", checked.diagnostics))?;
     let graph = rlx_compiler::compile_graph(recipe, &[])?;
     let plan = plan::plan(&graph, &Options::default()).map_err(|e| format!("no plan: {e}"))?;
+    let lowered = loops::lower(&graph, &plan).map_err(|e| format!("no loop IR: {e}"))?;
     let cuda = cuda::generate(&graph, &plan).map_err(|e| format!("no CUDA C: {e}"))?;
     Ok([
         ("ir", rlx_compiler::ir::print::to_text(&graph)),
         ("plan", plan.to_text(&graph)),
+        ("loops", lowered.to_text(&graph)),
         ("cu", cuda.source),
     ])
 }

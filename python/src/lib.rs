@@ -19,10 +19,8 @@ use rlx_compiler::ir::cut::{self, Given};
 use rlx_compiler::ir::Signature;
 use rlx_compiler::ir::{Elem, Graph, Level, RolloutInfo, RolloutValueInfo};
 use rlx_runtime::arrays::{self, Array, ArrayBatch, ArrayError, Arrays, Defaults, Elements};
-use rlx_runtime::cuda::GpuKernel;
-use rlx_runtime::interp::Context;
-use rlx_runtime::kernel::{Column, Kernel, Options, PackedOutcome, Precision};
 use rlx_runtime::score::{self, Backend};
+use rlx_runtime::{Column, Context, GpuKernel, Kernel, Options, PackedOutcome, Precision};
 
 /// The command line's diagnostics renderer (miette), compiled here as it is: one renderer for
 /// `rlxc check` and `rlx.check`.

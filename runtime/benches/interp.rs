@@ -3,8 +3,8 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
-use rlx_runtime::interp::{evaluate, Context};
 use rlx_runtime::synthetic::{self, Spec};
+use rlx_runtime::{evaluate, Context};
 
 fn recipe_graph(name: &str) -> rlx_compiler::ir::Graph {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -17,9 +17,8 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
-use rlx_runtime::interp::{evaluate, Context};
-use rlx_runtime::kernel::{Column, Kernel, Options};
 use rlx_runtime::synthetic::{self, Spec};
+use rlx_runtime::{evaluate, Column, Context, Kernel, Options};
 
 fn recipe_graph(name: &str) -> Option<rlx_compiler::ir::Graph> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -35,7 +35,7 @@ pub fn max_group() -> Result<usize, String> {
 
 /// Refuse a batch whose groups are too large for the recipe's pairwise terms, before anything is
 /// sized or allocated for them: the one check for the interpreter, the JIT and the CUDA kernels
-/// (`interp::check_batch`, `Kernel::validate`). A recipe without pairwise terms has no limit (its
+/// (`Executor::check_layout`). A recipe without pairwise terms has no limit (its
 /// cost is linear in the group size).
 pub fn check_group_sizes(graph: &Graph, layout: &Layout) -> Result<(), String> {
     check_group_sizes_named(graph, layout, |g| {

@@ -2,26 +2,29 @@
 //! [`Device`] — an NVIDIA GPU through cudarc behind the `cuda` feature (`CudaDevice`), or the host-C
 //! build of the same source that the tests use on machines without a GPU (tests/cuda.rs).
 //!
-//! Validation, the two-phase `keep` semantics and the outputs are `Kernel`'s own code (the JIT's driver,
-//! `crate::kernel`): nothing runs on a batch it rejects. This module only runs one phase's passes on
-//! the device: it uploads the layout tables, the inputs (or reuses a batch already on the device,
-//! `DeviceKernel::upload`) and the initial buffers, launches the loop and `combine` kernels in plan
-//! order (a block per group, `block_size` threads for token passes, one thread otherwise), computes
-//! `distinct_ngrams` on the host, and downloads the phase's buffers. docs/gpu.md has the details.
+//! Validation, the two-phase `keep` semantics, the host passes (`distinct_ngrams`, `rank`, …) and the
+//! outputs are the executor's (`crate::executor`, shared with the JIT and the interpreter): nothing
+//! runs on a batch it rejects. This module is a backend of it: for each phase it uploads the layout
+//! tables, the inputs (or reuses a batch already on the device, `DeviceKernel::upload`) and the
+//! initial buffers, launches the loop and `combine` kernels as the executor walks the plan (a block
+//! per group, `block_size` threads for token passes, one thread otherwise), moves a host pass's
+//! source and result between host and device, and downloads the phase's buffers. docs/gpu.md has the
+//! details.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use rlx_compiler::backend::abi;
 use rlx_compiler::backend::cuda::{self, CudaSource, Launch, MAX_BLOCK};
-use rlx_compiler::backend::plan::{BufferKind, Pass, Phase};
-use rlx_compiler::ir::NodeId;
+use rlx_compiler::backend::plan::{BufferKind, KernelPlan, LoopPass};
+use rlx_compiler::ir::Graph;
+use rlx_core::Signature;
 
 use crate::batch::{Batch, Layout};
-use crate::interp::{Context, EvalError, Outcome};
-use crate::kernel::{
-    components, distinct_ngrams, ranks, Column, ColumnRef, Kernel, PackedBatch, PackedOutcome,
-    PhaseRunner, Tables,
+use crate::executor::{
+    run_plan_phase, sealed, Executor, PassRun, PhaseResult, PhaseRun, PlanBackend,
 };
+use crate::interp::{Context, EvalError, Outcome};
+use crate::kernel::{Column, ColumnRef, Kernel, PackedBatch, PackedOutcome, Precision};
 
 #[cfg(feature = "cuda")]
 mod nvidia;
@@ -29,7 +32,7 @@ mod nvidia;
 pub use nvidia::CudaDevice;
 
 /// Where the kernels run: memory, copies and launches. Buffers are untyped bytes; kernels take the
-/// address of a table of buffer addresses (`rlx_compiler::backend::jit::slot`).
+/// address of a table of buffer addresses (`rlx_compiler::backend::abi`).
 pub trait Device {
     type Buffer;
     /// Compile and load the kernels (called once by `DeviceKernel::new`).
@@ -71,6 +74,25 @@ pub struct DeviceBatch<D: Device> {
     pub batch: PackedBatch,
     buffers: Vec<D::Buffer>,
 }
+
+/// ∂loss/∂input where the kernels wrote it (`DeviceKernel::run_view_keeping_gradients`).
+#[derive(Debug)]
+pub struct DeviceGradient<B> {
+    /// The recipe input (`Graph::inputs` index) and its name.
+    pub input: usize,
+    pub name: String,
+    /// `len` values in `precision` (inputs sharing one buffer share the `Arc`).
+    pub buffer: std::sync::Arc<B>,
+    pub precision: Precision,
+    pub len: usize,
+    /// Where each value belongs in the whole batch's input: `None` when it is the input's own order
+    /// (nothing was filtered), else the element index for each of the `len` values (a `keep` filter
+    /// dropped responses; the elements not listed have gradient 0).
+    pub map: Option<Vec<u64>>,
+}
+
+/// A run's outcome (without its gradients) and its gradients on the device.
+pub type WithDeviceGradients<B> = (PackedOutcome, Vec<DeviceGradient<B>>);
 
 /// A recipe's kernel on a device.
 pub struct DeviceKernel<D: Device> {
@@ -149,8 +171,10 @@ impl<D: Device> DeviceKernel<D> {
             kernel: self,
             resident: None,
             external: None,
+            device_gradients: None,
         };
-        self.kernel.run_packed_with(batch, context, &runner)
+        let inputs: Vec<ColumnRef<'_>> = batch.inputs.iter().map(Column::as_column_ref).collect();
+        Executor::new(&runner).run(&batch.layout, &inputs, context)
     }
 
     /// Evaluate every output on borrowed input columns (`Kernel::run_view` on the device: validated
@@ -182,8 +206,112 @@ impl<D: Device> DeviceKernel<D> {
             kernel: self,
             resident: None,
             external: Some((inputs, device_inputs)),
+            device_gradients: None,
         };
-        self.kernel.run_view_with(layout, inputs, context, &runner)
+        Executor::new(&runner).run(layout, inputs, context)
+    }
+
+    /// [`DeviceKernel::run_view_on_device`], leaving the gradients on the device: the outcome's loss,
+    /// metrics, rewards, advantages and kept flags come back as usual, its `gradients` are empty, and
+    /// each ∂loss/∂input is returned as the device buffer the kernels wrote ([`DeviceGradient`]). Of
+    /// the phases' other buffers only their outputs are downloaded. The gradients' finiteness is not
+    /// checked here (the values are not on the host): the caller checks them where they are. A
+    /// non-finite output is an `EvalError::NonFinite` without its culprit (the host column of an
+    /// input read on the device may be a placeholder, as the trainer's `RecipeOp` passes): the caller
+    /// explains it with the values (`EvalError::explained`).
+    ///
+    /// # Safety
+    ///
+    /// As [`DeviceKernel::run_view_on_device`].
+    pub unsafe fn run_view_keeping_gradients(
+        &self,
+        layout: &Layout,
+        inputs: &[ColumnRef<'_>],
+        device_inputs: &[Option<u64>],
+        context: &Context,
+    ) -> Result<WithDeviceGradients<D::Buffer>, EvalError> {
+        if device_inputs.len() != inputs.len() {
+            return Err(EvalError::Internal(format!(
+                "{} device addresses for {} inputs",
+                device_inputs.len(),
+                inputs.len()
+            )));
+        }
+        *self.kernel_time.lock().unwrap_or_else(|e| e.into_inner()) = Duration::ZERO;
+        let kept = std::sync::Mutex::new(Vec::new());
+        let runner = Runner {
+            kernel: self,
+            resident: None,
+            external: Some((inputs, device_inputs)),
+            device_gradients: Some(&kept),
+        };
+        let mut outcome = Executor::new(&runner).run(layout, inputs, context)?;
+        outcome.gradients.clear();
+        let mut buffers: Vec<_> = kept
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .into_iter()
+            .map(|(b, buffer, precision, len)| (b, std::sync::Arc::new(buffer), precision, len))
+            .collect();
+        let graph = self.kernel.graph();
+        let Some(last) = self.kernel.plan().phases.last() else {
+            return Ok((outcome, Vec::new()));
+        };
+        let filtered = !outcome.kept.iter().all(|k| *k);
+        let mut gradients = Vec::new();
+        for (input, b) in &last.outputs.gradients {
+            let info = &graph.inputs[*input as usize];
+            let Some((_, buffer, precision, len)) = buffers.iter_mut().find(|(o, ..)| o == b)
+            else {
+                return Err(EvalError::Internal(format!(
+                    "∂loss/∂{} was not left on the device",
+                    info.name
+                )));
+            };
+            // A `keep` filter that dropped responses ran the last phase on the kept ones: the
+            // buffer's elements are the kept responses' (tokens), in order.
+            let map = match (filtered, info.shape.level) {
+                (false, _) | (true, rlx_compiler::ir::Level::Batch) => None,
+                (true, rlx_compiler::ir::Level::Tok) if info.shape.feature.is_none() => Some(
+                    (0..layout.responses())
+                        .filter(|r| outcome.kept[*r])
+                        .flat_map(|r| layout.token_offsets[r]..layout.token_offsets[r + 1])
+                        .map(|t| t as u64)
+                        .collect::<Vec<u64>>(),
+                ),
+                (true, rlx_compiler::ir::Level::Resp) if info.shape.feature.is_none() => Some(
+                    (0..layout.responses())
+                        .filter(|r| outcome.kept[*r])
+                        .map(|r| r as u64)
+                        .collect::<Vec<u64>>(),
+                ),
+                (true, _) => {
+                    return Err(EvalError::Unsupported(format!(
+                        "∂loss/∂{} (shape {}) after a `keep` filter that dropped responses: only \
+                         token- and response-level gradients can stay on the device",
+                        info.name, info.shape
+                    )))
+                }
+            };
+            if let Some(map) = &map {
+                if map.len() != *len {
+                    return Err(EvalError::Internal(format!(
+                        "∂loss/∂{} has {len} kept elements, the filter keeps {}",
+                        info.name,
+                        map.len()
+                    )));
+                }
+            }
+            gradients.push(DeviceGradient {
+                input: *input as usize,
+                name: info.name.clone(),
+                buffer: buffer.clone(),
+                precision: *precision,
+                len: *len,
+                map,
+            });
+        }
+        Ok((outcome, gradients))
     }
 
     /// Validate a packed batch and copy its inputs to the device once.
@@ -210,8 +338,15 @@ impl<D: Device> DeviceKernel<D> {
             kernel: self,
             resident: Some(batch),
             external: None,
+            device_gradients: None,
         };
-        self.kernel.run_packed_with(&batch.batch, context, &runner)
+        let inputs: Vec<ColumnRef<'_>> = batch
+            .batch
+            .inputs
+            .iter()
+            .map(Column::as_column_ref)
+            .collect();
+        Executor::new(&runner).run(&batch.batch.layout, &inputs, context)
     }
 }
 
@@ -253,59 +388,20 @@ fn byte_len(column: &Column) -> usize {
     }
 }
 
-/// The values of buffer `b` on the host, for a pass that runs there (`uniform`, `rank`, n-grams): an
-/// input's own column, or the phase's buffer downloaded from the device.
-fn host_values<D: Device>(
-    device: &D,
-    phase: &Phase,
-    inputs: &[ColumnRef<'_>],
-    owned: &[Option<Column>],
-    uploaded: &[Option<D::Buffer>],
-    b: u32,
-) -> Result<Vec<f64>, EvalError> {
-    let missing = || EvalError::Internal("buffer missing".into());
-    Ok(match phase.buffers[b as usize].kind {
-        BufferKind::Input(i) => inputs[i as usize].to_f64(),
-        _ => {
-            let mut column = owned[b as usize].clone().ok_or_else(missing)?;
-            let device_buffer = uploaded[b as usize].as_ref().ok_or_else(missing)?;
-            let mut bytes = vec![0u8; byte_len(&column)];
-            device
-                .download(device_buffer, &mut bytes)
-                .map_err(device_error)?;
-            column_from_bytes(&mut column, &bytes);
-            column.to_f64()
-        }
-    })
-}
-
-/// A host pass's result into buffer `target`: the host column (in its storage precision), then the
-/// same values written to the device.
-fn store_host_values<D: Device>(
-    device: &D,
-    owned: &mut [Option<Column>],
-    uploaded: &mut [Option<D::Buffer>],
-    target: u32,
-    values: Vec<f64>,
-) -> Result<(), EvalError> {
-    let missing = || EvalError::Internal("buffer missing".into());
-    let column = owned[target as usize].as_mut().ok_or_else(missing)?;
-    *column = match column {
-        Column::F32(_) => Column::F32(values.iter().map(|v| *v as f32).collect()),
-        Column::F64(_) => Column::F64(values),
-    };
-    let bytes = column_bytes(column.as_column_ref());
-    let device_buffer = uploaded[target as usize].as_mut().ok_or_else(missing)?;
-    device.write(device_buffer, &bytes).map_err(device_error)
-}
-
 struct Runner<'a, D: Device> {
     kernel: &'a DeviceKernel<D>,
     resident: Option<&'a DeviceBatch<D>>,
     /// The host columns of a view and, for some, the address of the same values on the device
     /// (`DeviceKernel::run_view_on_device`).
     external: Option<(&'a [ColumnRef<'a>], &'a [Option<u64>])>,
+    /// Where the last phase's gradient buffers go instead of being downloaded (by buffer id, with
+    /// their storage precision and length), and with it: only the phase's outputs are downloaded
+    /// (`DeviceKernel::run_view_keeping_gradients`).
+    device_gradients: Option<&'a KeptBuffers<D>>,
 }
+
+/// The gradient buffers a run leaves on the device: (buffer id, buffer, precision, elements).
+type KeptBuffers<D> = std::sync::Mutex<Vec<(u32, <D as Device>::Buffer, Precision, usize)>>;
 
 impl<D: Device> Runner<'_, D> {
     /// The resident device copy of input `i` when `column` is that batch's own column.
@@ -328,73 +424,193 @@ impl<D: Device> Runner<'_, D> {
     }
 }
 
-impl<D: Device> PhaseRunner for Runner<'_, D> {
-    fn run_phase(
+/// A phase on the device: its buffers on the host (`None` for inputs) and on the device, the fixed
+/// tables, the pointer table the kernels read.
+struct DevicePhase<B> {
+    owned: Vec<Option<Column>>,
+    /// Buffers by id: `Some` for those this phase owns (uploaded by `begin`), else an input.
+    uploaded: Vec<Option<B>>,
+    /// The layout's tables, the context and the sizes, which `table` points to.
+    _fixed: Vec<B>,
+    table: B,
+    groups: u32,
+    /// When the first launch could start (the device synchronised after the uploads).
+    start: Instant,
+}
+
+impl<D: Device> Runner<'_, D> {
+    /// The device's address of input `i` (`column`): the resident or the caller's copy, else a new
+    /// upload (returned with it).
+    fn input_address(
         &self,
-        kernel: &Kernel,
-        phase_index: usize,
-        layout: &Layout,
-        tables: &Tables,
-        inputs: &[ColumnRef<'_>],
-        carried: HashMap<NodeId, Column>,
-        context: &Context,
-    ) -> Result<Vec<Option<Column>>, EvalError> {
+        i: usize,
+        column: ColumnRef<'_>,
+    ) -> Result<(Option<D::Buffer>, u64), EvalError> {
         let device = &self.kernel.device;
-        let fail = device_error;
-        let phase = &kernel.plan().phases[phase_index];
-        let launches = self
-            .kernel
+        Ok(
+            match (
+                self.resident_input(i, column),
+                self.external_input(i, column),
+            ) {
+                (Some(resident), _) => (None, device.address(resident)),
+                (None, Some(address)) => (None, address),
+                (None, None) => {
+                    let b = device.upload(&column_bytes(column)).map_err(device_error)?;
+                    let address = device.address(&b);
+                    (Some(b), address)
+                }
+            },
+        )
+    }
+
+    /// The kernel launched for pass `pass` of the phase being run.
+    fn launch_of(&self, run: &PassRun<'_>, pass: usize) -> Result<Launch, EvalError> {
+        self.kernel
             .source
             .launches
-            .get(phase_index)
-            .ok_or_else(|| EvalError::Internal("no CUDA kernels for a phase".into()))?;
-        let mut owned = kernel.phase_buffers(phase_index, tables, carried)?;
-        let as_u64 = |v: &[usize]| u64_bytes(v.iter().map(|&x| x as u64));
-        let fixed = [
-            as_u64(&layout.group_offsets),
-            as_u64(&layout.token_offsets),
-            as_u64(&layout.crit_offsets),
-            as_u64(&tables.resp_crit_base),
-            as_u64(&tables.pair_offsets),
-            as_u64(&tables.pair_crit_base),
-            [context.step, context.progress]
+            .get(run.phase)
+            .and_then(|launches| launches.get(pass).cloned().flatten())
+            .ok_or_else(|| {
+                EvalError::Internal(format!(
+                    "pass {pass} of phase {} has no CUDA kernel",
+                    run.phase
+                ))
+            })
+    }
+
+    /// Launch pass `pass`'s kernel over every group.
+    fn launch(
+        &self,
+        run: &PassRun<'_>,
+        state: &DevicePhase<D::Buffer>,
+        pass: usize,
+    ) -> Result<(), EvalError> {
+        let Launch {
+            name,
+            per_group,
+            threads,
+        } = self.launch_of(run, pass)?;
+        let device = &self.kernel.device;
+        let grid = if per_group { state.groups } else { 1 };
+        if grid == 0 {
+            return Ok(());
+        }
+        let block = if threads { device.block_size() } else { 1 };
+        // SAFETY: `state.table` holds, in the plan's order, the fixed tables of `run.layout`
+        // (validated by the executor before any phase runs) and this phase's buffers, each uploaded
+        // at `Tables::size` for that layout or a resident or external input of the same validated
+        // batch (`device_table`); 0..groups is the whole layout.
+        unsafe { device.launch(&name, grid, block, &state.table, 0, u64::from(state.groups)) }
+            .map_err(|e| device_error(format!("kernel {name}: {e}")))
+    }
+}
+
+/// The pointer table the CUDA kernels read (`rlx_compiler::backend::abi`, as the JIT's): the
+/// layout's offset tables, the context's scalars and the sizes (uploaded into `fixed`), then the
+/// address of every buffer of the phase.
+fn device_table<D: Device>(
+    device: &D,
+    run: &PassRun<'_>,
+    buffers: impl IntoIterator<Item = u64>,
+) -> Result<(Vec<D::Buffer>, D::Buffer), EvalError> {
+    let (layout, tables, context) = (run.layout, run.tables, run.context);
+    let as_u64 = |v: &[usize]| u64_bytes(v.iter().map(|&x| x as u64));
+    let fixed: Vec<D::Buffer> = abi::Fixed::ALL
+        .map(|fixed| match fixed {
+            abi::Fixed::GroupOffsets => as_u64(&layout.group_offsets),
+            abi::Fixed::TokenOffsets => as_u64(&layout.token_offsets),
+            abi::Fixed::CritOffsets => as_u64(&layout.crit_offsets),
+            abi::Fixed::RespCritBase => as_u64(&tables.resp_crit_base),
+            abi::Fixed::PairOffsets => as_u64(&tables.pair_offsets),
+            abi::Fixed::PairCritBase => as_u64(&tables.pair_crit_base),
+            abi::Fixed::Scalars => abi::scalars(context.step, context.progress)
                 .iter()
                 .flat_map(|x| x.to_le_bytes())
                 .collect(),
-            u64_bytes([tables.dim as u64]),
-        ];
-        let fixed: Vec<D::Buffer> = fixed
-            .iter()
-            .map(|bytes| device.upload(bytes))
-            .collect::<Result<_, _>>()
-            .map_err(fail)?;
-        // Buffers by id: `Some` for those this phase owns (uploaded now), else a resident input.
+            abi::Fixed::Sizes => u64_bytes(abi::sizes(tables.dim as u64)),
+        })
+        .iter()
+        .map(|bytes| device.upload(bytes))
+        .collect::<Result<_, _>>()
+        .map_err(device_error)?;
+    let mut addresses: Vec<u64> = fixed.iter().map(|b| device.address(b)).collect();
+    addresses.extend(buffers);
+    let table = device.upload(&u64_bytes(addresses)).map_err(device_error)?;
+    Ok((fixed, table))
+}
+
+impl<D: Device> sealed::Backend for Runner<'_, D> {
+    fn graph(&self) -> &Graph {
+        self.kernel.kernel.graph()
+    }
+
+    fn signature(&self) -> &Signature {
+        sealed::Backend::signature(&self.kernel.kernel)
+    }
+
+    fn phases(&self) -> usize {
+        self.kernel.kernel.plan().phases.len()
+    }
+
+    fn check_layout(&self, layout: &Layout) -> Result<(), EvalError> {
+        self.kernel.kernel.check_tables(layout)
+    }
+
+    fn input_storage(&self, index: usize) -> Precision {
+        self.kernel.kernel.storage_of(index)
+    }
+
+    fn run_phase(&self, phase: usize, run: PhaseRun<'_>) -> Result<PhaseResult, EvalError> {
+        run_plan_phase(self, phase, run)
+    }
+
+    /// A run that leaves its gradients on the device may be given placeholder host columns for the
+    /// values it reads there (the trainer's), which the interpreter cannot explain a non-finite
+    /// output from: its caller does, with the values (`EvalError::explained`).
+    fn host_inputs_hold_values(&self) -> bool {
+        self.device_gradients.is_none()
+    }
+}
+
+/// The CUDA kernels run a phase's loop passes and combines on the device; the buffers are uploaded
+/// when the phase begins and downloaded when it ends (and for a host pass's source).
+impl<D: Device> PlanBackend for Runner<'_, D> {
+    type State = DevicePhase<D::Buffer>;
+
+    fn plan(&self) -> &KernelPlan {
+        self.kernel.kernel.plan()
+    }
+
+    fn graph(&self) -> &Graph {
+        self.kernel.kernel.graph()
+    }
+
+    fn begin(
+        &self,
+        run: &PassRun<'_>,
+        owned: Vec<Option<Column>>,
+    ) -> Result<Self::State, EvalError> {
+        let device = &self.kernel.device;
+        let phase = &self.kernel.kernel.plan().phases[run.phase];
+        if self.kernel.source.launches.get(run.phase).is_none() {
+            return Err(EvalError::Internal("no CUDA kernels for a phase".into()));
+        }
         let mut uploaded: Vec<Option<D::Buffer>> = Vec::with_capacity(phase.buffers.len());
-        let mut addresses: Vec<u64> = fixed.iter().map(|b| device.address(b)).collect();
+        let mut addresses: Vec<u64> = Vec::with_capacity(phase.buffers.len());
         for (buffer, column) in phase.buffers.iter().zip(&owned) {
             let (own, address) = match (buffer.kind, column) {
                 (BufferKind::Input(i), _) => {
                     let i = i as usize;
-                    let column = inputs
+                    let column = run
+                        .inputs
                         .get(i)
                         .ok_or_else(|| EvalError::Internal("an input is missing".into()))?;
-                    match (
-                        self.resident_input(i, *column),
-                        self.external_input(i, *column),
-                    ) {
-                        (Some(resident), _) => (None, device.address(resident)),
-                        (None, Some(address)) => (None, address),
-                        (None, None) => {
-                            let b = device.upload(&column_bytes(*column)).map_err(fail)?;
-                            let address = device.address(&b);
-                            (Some(b), address)
-                        }
-                    }
+                    self.input_address(i, *column)?
                 }
                 (_, Some(column)) => {
                     let b = device
                         .upload(&column_bytes(column.as_column_ref()))
-                        .map_err(fail)?;
+                        .map_err(device_error)?;
                     let address = device.address(&b);
                     (Some(b), address)
                 }
@@ -403,113 +619,132 @@ impl<D: Device> PhaseRunner for Runner<'_, D> {
             uploaded.push(own);
             addresses.push(address);
         }
-        let table = device.upload(&u64_bytes(addresses)).map_err(fail)?;
-        let groups = u32::try_from(tables.groups).map_err(|_| {
-            EvalError::Device(format!("{} groups: too many for one launch", tables.groups))
+        let (fixed, table) = device_table(device, run, addresses)?;
+        let groups = u32::try_from(run.tables.groups).map_err(|_| {
+            EvalError::Unsupported(format!(
+                "{} groups: too many for one launch",
+                run.tables.groups
+            ))
         })?;
-        device.synchronize().map_err(fail)?;
-        let start = Instant::now();
-        for (pass_index, pass) in phase.passes.iter().enumerate() {
-            match (pass, launches.get(pass_index).cloned().flatten()) {
-                (
-                    Pass::Loop(_) | Pass::Combine { .. },
-                    Some(Launch {
-                        name,
-                        per_group,
-                        threads,
-                    }),
-                ) => {
-                    let grid = if per_group { groups } else { 1 };
-                    if grid == 0 {
-                        continue;
-                    }
-                    let block = if threads { device.block_size() } else { 1 };
-                    // SAFETY: `table` holds, in the plan's order, the fixed tables of `layout`
-                    // (validated by `Kernel::run_packed` before any phase runs) and this phase's
-                    // buffers, each uploaded at `Tables::size` for that layout or a resident or
-                    // external input of the same validated batch; 0..groups is the whole layout.
-                    unsafe { device.launch(&name, grid, block, &table, 0, u64::from(groups)) }
-                        .map_err(|e| fail(format!("kernel {name}: {e}")))?;
-                }
-                (Pass::Uniform { seed, target, .. }, None) => {
-                    // On the host: the interpreter's function, then one upload.
-                    let seed = host_values(device, phase, inputs, &owned, &uploaded, *seed)?
-                        .first()
-                        .copied()
-                        .unwrap_or(0.0);
-                    let len = owned[*target as usize].as_ref().map_or(0, Column::len);
-                    let values = (0..len)
-                        .map(|i| rlx_compiler::ir::uniform(seed, i as u64))
-                        .collect();
-                    store_host_values(device, &mut owned, &mut uploaded, *target, values)?;
-                }
-                (
-                    Pass::Rank {
-                        node,
-                        within,
-                        source,
-                        mask,
-                        target,
-                        ..
-                    },
-                    None,
-                ) => {
-                    // On the host: it sorts.
-                    let read = |b: u32| host_values(device, phase, inputs, &owned, &uploaded, b);
-                    let source_column = read(*source)?;
-                    let mask_column = mask.map(read).transpose()?;
-                    let level = kernel.graph().node(*node).shape.level;
-                    let values = ranks(
-                        &source_column,
-                        mask_column.as_deref(),
-                        layout,
-                        level,
-                        *within,
-                    );
-                    store_host_values(device, &mut owned, &mut uploaded, *target, values)?;
-                }
-                (Pass::Components { source, target, .. }, None) => {
-                    // On the host: union-find (the JIT's function).
-                    let verdicts = host_values(device, phase, inputs, &owned, &uploaded, *source)?;
-                    let values = components(&verdicts, layout);
-                    store_host_values(device, &mut owned, &mut uploaded, *target, values)?;
-                }
-                (
-                    Pass::Ngrams {
-                        n, source, target, ..
-                    },
-                    None,
-                ) => {
-                    // On the host: it needs a set.
-                    let source_column =
-                        host_values(device, phase, inputs, &owned, &uploaded, *source)?;
-                    let n = *n as usize;
-                    let values = (0..layout.responses())
-                        .map(|r| {
-                            let tokens = &source_column
-                                [layout.token_offsets[r]..layout.token_offsets[r + 1]];
-                            distinct_ngrams(tokens, n)
-                        })
-                        .collect();
-                    store_host_values(device, &mut owned, &mut uploaded, *target, values)?;
-                }
-                _ => {
-                    return Err(EvalError::Internal(format!(
-                        "pass {pass_index} of phase {phase_index} has no CUDA kernel"
-                    )))
-                }
-            }
+        device.synchronize().map_err(device_error)?;
+        Ok(DevicePhase {
+            owned,
+            uploaded,
+            _fixed: fixed,
+            table,
+            groups,
+            start: Instant::now(),
+        })
+    }
+
+    fn run_loop(
+        &self,
+        run: &PassRun<'_>,
+        state: &mut Self::State,
+        pass: usize,
+        _loop_pass: &LoopPass,
+    ) -> Result<(), EvalError> {
+        self.launch(run, state, pass)
+    }
+
+    fn combine(
+        &self,
+        run: &PassRun<'_>,
+        state: &mut Self::State,
+        pass: usize,
+    ) -> Result<bool, EvalError> {
+        // A `combine` kernel of the generated source (the same fixed pairwise order).
+        self.launch(run, state, pass).map(|()| true)
+    }
+
+    fn read(&self, state: &Self::State, b: u32) -> Result<Vec<f64>, EvalError> {
+        let missing = || EvalError::Internal("buffer missing".into());
+        let mut column = state.owned[b as usize].clone().ok_or_else(missing)?;
+        let device_buffer = state.uploaded[b as usize].as_ref().ok_or_else(missing)?;
+        let mut bytes = vec![0u8; byte_len(&column)];
+        self.kernel
+            .device
+            .download(device_buffer, &mut bytes)
+            .map_err(device_error)?;
+        column_from_bytes(&mut column, &bytes);
+        Ok(column.to_f64())
+    }
+
+    fn buffer_len(&self, state: &Self::State, b: u32) -> Result<usize, EvalError> {
+        state.owned[b as usize]
+            .as_ref()
+            .map(Column::len)
+            .ok_or_else(|| EvalError::Internal("buffer missing".into()))
+    }
+
+    fn write(&self, state: &mut Self::State, b: u32, values: &[f64]) -> Result<(), EvalError> {
+        // The host column (in its storage precision), then the same values written to the device.
+        let missing = || EvalError::Internal("buffer missing".into());
+        let column = state.owned[b as usize].as_mut().ok_or_else(missing)?;
+        for (i, value) in values.iter().enumerate() {
+            column.set(i, *value);
         }
-        device.synchronize().map_err(fail)?;
+        let bytes = column_bytes(column.as_column_ref());
+        let device_buffer = state.uploaded[b as usize].as_mut().ok_or_else(missing)?;
+        self.kernel
+            .device
+            .write(device_buffer, &bytes)
+            .map_err(device_error)
+    }
+
+    fn finish(
+        &self,
+        run: &PassRun<'_>,
+        state: Self::State,
+    ) -> Result<Vec<Option<Column>>, EvalError> {
+        let device = &self.kernel.device;
+        device.synchronize().map_err(device_error)?;
         *self
             .kernel
             .kernel_time
             .lock()
-            .unwrap_or_else(|e| e.into_inner()) += start.elapsed();
-        for (column, buffer) in owned.iter_mut().zip(&uploaded) {
-            if let (Some(column), Some(buffer)) = (column.as_mut(), buffer) {
+            .unwrap_or_else(|e| e.into_inner()) += state.start.elapsed();
+        let DevicePhase {
+            mut owned,
+            mut uploaded,
+            ..
+        } = state;
+        // Keeping the gradients on the device: the last phase's gradient buffers are handed over
+        // (their host columns zeroed: the values are not here), and of the other buffers only the
+        // phase's outputs come back (what the executor's keep filter and outputs read).
+        let plan = self.kernel.kernel.plan();
+        let last = run.phase + 1 == plan.phases.len();
+        let outputs = &plan.phases[run.phase].outputs;
+        for (b, (column, buffer)) in owned.iter_mut().zip(uploaded.iter_mut()).enumerate() {
+            let b = b as u32;
+            let Some(column) = column.as_mut() else {
+                continue;
+            };
+            if let Some(kept) = self.device_gradients {
+                if last && outputs.gradients.iter().any(|(_, o)| *o == b) {
+                    if let Some(buffer) = buffer.take() {
+                        let mut kept = kept.lock().unwrap_or_else(|e| e.into_inner());
+                        kept.push((b, buffer, column.precision(), column.len()));
+                    }
+                    match column {
+                        Column::F32(v) => v.fill(0.0),
+                        Column::F64(v) => v.fill(0.0),
+                    }
+                    continue;
+                }
+                let output = outputs.loss == Some(b)
+                    || outputs.reward == Some(b)
+                    || outputs.advantage == Some(b)
+                    || outputs.metrics.iter().any(|(_, o)| *o == b)
+                    || outputs.keeps.iter().any(|(_, o)| *o == b)
+                    || outputs.exports.iter().any(|(_, o)| *o == b);
+                if !output {
+                    continue; // an intermediate value: nothing after the phase reads it
+                }
+            }
+            if let Some(buffer) = buffer {
                 let mut bytes = vec![0u8; byte_len(column)];
-                device.download(buffer, &mut bytes).map_err(fail)?;
+                device.download(buffer, &mut bytes).map_err(device_error)?;
                 column_from_bytes(column, &bytes);
             }
         }
@@ -670,6 +905,29 @@ impl GpuKernel {
     }
 }
 
+impl GpuKernel {
+    /// [`DeviceKernel::run_view_keeping_gradients`] on this GPU: the gradients stay in device memory
+    /// of this kernel's stream (`rlx run --device cuda`'s recipe op hands them to candle).
+    ///
+    /// # Safety
+    ///
+    /// As [`DeviceKernel::run_view_on_device`].
+    #[cfg(feature = "cuda")]
+    pub unsafe fn run_view_keeping_gradients(
+        &self,
+        layout: &Layout,
+        inputs: &[ColumnRef<'_>],
+        device_inputs: &[Option<u64>],
+        context: &Context,
+    ) -> Result<WithDeviceGradients<cudarc::driver::CudaSlice<u8>>, EvalError> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            self.inner
+                .run_view_keeping_gradients(layout, inputs, device_inputs, context)
+        }
+    }
+}
+
 /// GPU `ordinal`, an error naming the `--device` it was asked for.
 #[cfg(feature = "cuda")]
 fn open(ordinal: usize) -> Result<CudaDevice, String> {
@@ -719,6 +977,8 @@ mod tests {
     #[derive(Default)]
     struct Recording {
         tables: Mutex<Vec<Vec<u64>>>,
+        /// Bytes copied device → host.
+        downloaded: Mutex<usize>,
     }
 
     impl Device for Recording {
@@ -737,6 +997,7 @@ mod tests {
         }
         fn download(&self, buffer: &Vec<u8>, out: &mut [u8]) -> Result<(), String> {
             out.copy_from_slice(&buffer[..out.len()]);
+            *self.downloaded.lock().unwrap() += out.len();
             Ok(())
         }
         fn address(&self, buffer: &Vec<u8>) -> u64 {
@@ -807,5 +1068,63 @@ mod tests {
             tables.is_empty(),
             "a run with a wrong address count launched"
         );
+    }
+
+    #[test]
+    fn kept_gradients_stay_on_the_device_and_only_outputs_come_back() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../recipes/grpo.rlx");
+        let checked = rlx_compiler::check_path(std::path::Path::new(path)).expect("readable");
+        let graph = rlx_compiler::compile_graph(&checked.recipe.expect("grpo checks"), &[])
+            .expect("it lowers");
+        let logp = graph.inputs.iter().position(|i| i.name == "logp").unwrap();
+        let kernel = Kernel::compile(&graph, &Options::default()).expect("compiles");
+        let device = DeviceKernel::new(kernel, Recording::default()).expect("loads");
+        let batch = synthetic::batch(&graph, &Spec::default());
+        let packed = device.kernel().pack(&batch).expect("packs");
+        let tokens = packed.layout.tokens();
+        let columns: Vec<ColumnRef<'_>> = packed.inputs.iter().map(Column::as_column_ref).collect();
+        let addresses = vec![None; columns.len()];
+        let downloaded = || std::mem::take(&mut *device.device().downloaded.lock().unwrap());
+        // SAFETY: the recording device reads no address.
+        let full = unsafe {
+            device.run_view_on_device(&packed.layout, &columns, &addresses, &Context::default())
+        }
+        .expect("runs");
+        let everything = downloaded();
+        assert_eq!(full.gradients.len(), 1);
+        // SAFETY: as above.
+        let (outcome, gradients) = unsafe {
+            device.run_view_keeping_gradients(
+                &packed.layout,
+                &columns,
+                &addresses,
+                &Context::default(),
+            )
+        }
+        .expect("runs");
+        let outputs_only = downloaded();
+        assert!(
+            outcome.gradients.is_empty(),
+            "the gradients are not on the host"
+        );
+        assert_eq!(outcome.loss, full.loss);
+        assert_eq!(gradients.len(), 1);
+        let gradient = &gradients[0];
+        assert_eq!((gradient.input, gradient.name.as_str()), (logp, "logp"));
+        assert_eq!((gradient.len, gradient.precision), (tokens, Precision::F32));
+        assert!(gradient.map.is_none(), "nothing was filtered");
+        assert!(gradient.buffer.len() >= 4 * tokens);
+        assert!(
+            outputs_only + 4 * tokens <= everything,
+            "kept: {outputs_only} bytes downloaded, all: {everything}, tokens {tokens}"
+        );
+        let mut wrong = addresses.clone();
+        wrong.pop();
+        // SAFETY: as above.
+        let error = unsafe {
+            device.run_view_keeping_gradients(&packed.layout, &columns, &wrong, &Context::default())
+        }
+        .unwrap_err();
+        assert!(error.to_string().contains("device addresses for"));
     }
 }

@@ -7,7 +7,9 @@
 //!   dropped (a group left without responses is dropped too). Phase 2 computes everything else
 //!   (advantages, loss, metrics, gradients) on the kept responses only; values computed in phase 1 are
 //!   carried over, not recomputed (so a response's reward does not change because another was dropped).
-//!   Dropped responses get advantage 0 and gradient 0.
+//!   Dropped responses get advantage 0 and gradient 0. The phases, the selection and the outputs are
+//!   the executor's (`crate::executor`, shared with the kernels); the interpreter evaluates one phase's
+//!   nodes (`Interpreter`).
 //! - A reduction over no element: `sum` 0, `mean` 0, `max`/`min` 0, `count` 0, `var`/`std` 0 (also when
 //!   there are no more elements than `ddof`, e.g. a group of one response with `ddof = 1`).
 //! - A group of one response: `… over others` reduces over nothing (see above).
@@ -18,9 +20,13 @@
 
 use rlx_compiler::ir::{fold, Feature, Graph, KeepLevel, Level, NodeId, Op, Shape, Value};
 
+use rlx_core::Signature;
+
 use crate::batch::{Batch, Layout};
+use crate::executor::{sealed, Executor, PhaseResult, PhaseRun};
 use crate::geometry::Geometry;
-use crate::nonfinite::{NonFinite, Output, ToBatch};
+use crate::kernel::{Column, ColumnRef, Precision};
+use crate::nonfinite::NonFinite;
 
 /// Training-time values a recipe can read (`step`, `progress`); both 0 when scoring.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -67,11 +73,14 @@ pub enum EvalError {
     /// but a batch with nothing to compute on (the trainer's dynamic sampling reads it as "no group
     /// kept").
     AllFiltered,
-    /// An output is not finite; the interpreter names the expression that made it
-    /// ([`crate::nonfinite`]).
-    NonFinite(Box<crate::nonfinite::NonFinite>),
-    /// The device (CUDA) failed, or cannot run this batch: what it said.
+    /// An output is not finite; the executor's finiteness check has the f64 interpreter name the
+    /// expression that made it (`crate::nonfinite`).
+    NonFinite(Box<NonFinite>),
+    /// The device (CUDA) failed: what it said.
     Device(String),
+    /// A batch the backend cannot run as asked (too many groups for one launch, a gradient that
+    /// cannot stay on the device after a `keep` filter): why.
+    Unsupported(String),
     /// A broken invariant of an evaluator (a bug): what broke.
     Internal(String),
 }
@@ -94,33 +103,36 @@ impl EvalError {
     }
 
     /// The non-finite output, when this is one.
-    pub fn non_finite(&self) -> Option<&crate::nonfinite::NonFinite> {
+    pub fn non_finite(&self) -> Option<&NonFinite> {
         match self {
             EvalError::NonFinite(non_finite) => Some(non_finite),
             _ => None,
         }
     }
 
-    /// This error, with the culprit of a non-finite output found when it has none yet (a compiled
-    /// or CUDA kernel's): the f64 interpreter evaluates `graph` on `batch` again — only on this
-    /// failure path — and names the first node whose value is not finite for the offending
-    /// element. When the interpreter computes the outputs finite, the error says so.
+    /// This error, with the culprit of a non-finite output found when it has none yet: the f64
+    /// interpreter evaluates `graph` on `batch` again (`nonfinite::explain`, what the executor's
+    /// finiteness check does) and names the first node whose value is not finite for the offending
+    /// element. For a caller whose run could not be explained where it failed: a run that left its
+    /// gradients on the device, whose host columns may be placeholders
+    /// (`DeviceKernel::run_view_keeping_gradients`), or a non-finite value found outside the
+    /// executor (a gradient checked on the device).
     pub fn explained(self, graph: &Graph, batch: &Batch, context: &Context) -> EvalError {
-        match &self {
-            EvalError::NonFinite(non_finite) if non_finite.culprit.is_none() => {
-                match evaluate(graph, batch, context) {
-                    Err(EvalError::NonFinite(found)) if found.culprit.is_some() => {
-                        EvalError::NonFinite(found)
-                    }
-                    Ok(_) => {
-                        let mut non_finite = non_finite.clone();
-                        non_finite.interpreter_finite = true;
-                        EvalError::NonFinite(non_finite)
-                    }
-                    Err(_) => self,
-                }
+        match self {
+            EvalError::NonFinite(non_finite)
+                if non_finite.culprit.is_none() && !non_finite.interpreter_finite =>
+            {
+                let inputs: Vec<ColumnRef<'_>> =
+                    batch.inputs.iter().map(|v| ColumnRef::F64(v)).collect();
+                EvalError::NonFinite(Box::new(crate::nonfinite::explain(
+                    graph,
+                    &batch.layout,
+                    &inputs,
+                    context,
+                    *non_finite,
+                )))
             }
-            _ => self,
+            other => other,
         }
     }
 }
@@ -149,6 +161,7 @@ impl std::fmt::Display for EvalError {
             EvalError::AllFiltered => f.write_str(ALL_FILTERED),
             EvalError::NonFinite(non_finite) => write!(f, "{non_finite}"),
             EvalError::Device(message) => write!(f, "CUDA device: {message}"),
+            EvalError::Unsupported(message) => f.write_str(message),
             EvalError::Internal(what) => write!(f, "internal: {what}"),
         }
     }
@@ -158,17 +171,6 @@ impl std::error::Error for EvalError {}
 
 pub(crate) fn rubric_lens(graph: &Graph) -> Vec<usize> {
     graph.rubrics.iter().map(|r| r.criteria.len()).collect()
-}
-
-/// Check that the batch fits the graph's signature (`rlx_core::Signature::validate`: a valid layout,
-/// one vector of the right length per input), then that its groups are within the pairwise limit
-/// (`batch::check_group_sizes`).
-pub fn check_batch(graph: &Graph, batch: &Batch) -> Result<(), EvalError> {
-    graph
-        .signature()
-        .validate(&batch.layout, batch.inputs.iter().map(Vec::len))
-        .map_err(EvalError::Batch)?;
-    crate::batch::check_group_sizes(graph, &batch.layout).map_err(EvalError::GroupSize)
 }
 
 /// Evaluate every output of `graph` on `batch`.
@@ -186,456 +188,186 @@ pub fn evaluate_showing(
     batch: &Batch,
     context: &Context,
 ) -> Result<(Outcome, Vec<Shown>), EvalError> {
-    check_batch(graph, batch)?;
-    let layout = &batch.layout;
-    let responses = layout.responses();
-    let outputs = &graph.outputs;
-    let mut full = Evaluator::new(
-        graph,
-        Geometry::new(layout.clone(), rubric_lens(graph)),
-        &batch.inputs,
-        context,
-    );
+    let inputs: Vec<ColumnRef<'_>> = batch.inputs.iter().map(|v| ColumnRef::F64(v)).collect();
+    let (outcome, shown) =
+        Executor::new(&Interpreter::new(graph)).run_showing(&batch.layout, &inputs, context)?;
+    Ok((outcome.into_outcome(), shown))
+}
 
-    if outputs.keeps.is_empty() {
-        full.run_all()?;
-        let reward = outputs
-            .reward
-            .map(|id| full.at_shape(id, &Shape::new(Level::Resp)));
-        let advantage = outputs
-            .advantage
-            .map(|id| full.at_shape(id, &Shape::new(Level::Resp)));
-        let gradients = outputs
-            .gradients
-            .iter()
-            .map(|(input, id)| {
-                let shape = graph.inputs[*input as usize].shape.clone();
-                (
-                    graph.inputs[*input as usize].name.clone(),
-                    full.at_shape(*id, &shape),
-                )
-            })
-            .collect();
-        let outcome = Outcome {
-            loss: outputs.loss.map(|id| full.scalar(id)),
-            metrics: outputs
-                .metrics
-                .iter()
-                .map(|(name, id)| (name.clone(), full.scalar(*id)))
-                .collect(),
-            reward,
-            advantage,
-            kept: vec![true; responses],
-            gradients,
-        };
-        let shown = outputs
-            .shown
-            .iter()
-            .map(|(name, id)| {
-                (
-                    name.clone(),
-                    full.value(*id).iter().copied().map(Some).collect(),
-                )
-            })
-            .collect();
-        let outcome = finite(outcome).map_err(|error| {
-            explain(error, |output, value_position| {
-                let (node, shape) = output_node(graph, output)?;
-                let element = match value_position {
-                    Some(position) => {
-                        let node_shape = graph.node(node).shape.clone();
-                        *full.geometry.map(&shape, &node_shape).get(position)?
-                    }
-                    None => 0,
+/// The interpreter as a backend of the executor (`crate::executor`): it evaluates the graph's nodes in
+/// order, every input in f64. With `keep` sections, phase 1 is the cone of the conditions and the
+/// reward, and exports every value it computed; phase 2 evaluates the rest on the kept responses.
+pub struct Interpreter<'g> {
+    graph: &'g Graph,
+    signature: Signature,
+    /// When set, each phase's run leaves the value of every node it computed here, with its layout
+    /// (`Interpreter::recording`).
+    record: Option<std::sync::Mutex<Vec<PhaseValues>>>,
+}
+
+/// The value of every node one phase computed (`None` where not computed), over the phase's layout
+/// (phase 2 of a filtered run: the kept responses').
+pub(crate) struct PhaseValues {
+    pub(crate) phase: usize,
+    pub(crate) layout: Layout,
+    pub(crate) values: Vec<Option<Vec<f64>>>,
+}
+
+impl<'g> Interpreter<'g> {
+    pub fn new(graph: &'g Graph) -> Interpreter<'g> {
+        Interpreter {
+            graph,
+            signature: graph.signature(),
+            record: None,
+        }
+    }
+
+    /// An interpreter that keeps every phase's node values (`Interpreter::recorded`): the culprit
+    /// search of a non-finite output (`crate::nonfinite::explain`) reads them.
+    pub(crate) fn recording(graph: &'g Graph) -> Interpreter<'g> {
+        Interpreter {
+            record: Some(std::sync::Mutex::new(Vec::new())),
+            ..Interpreter::new(graph)
+        }
+    }
+
+    /// The node values of the phases run so far (a `recording` interpreter's), in run order.
+    pub(crate) fn recorded(self) -> Vec<PhaseValues> {
+        match self.record {
+            Some(record) => record.into_inner().unwrap_or_else(|e| e.into_inner()),
+            None => Vec::new(),
+        }
+    }
+
+    fn keep_values(&self, phase: usize, layout: &Layout, values: Vec<Option<Vec<f64>>>) {
+        if let Some(record) = &self.record {
+            record
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(PhaseValues {
+                    phase,
+                    layout: layout.clone(),
+                    values,
+                });
+        }
+    }
+
+    /// The nodes phase 1 of two evaluates: what the `keep` conditions and the reward depend on.
+    fn phase_one(&self) -> Vec<bool> {
+        let outputs = &self.graph.outputs;
+        let mut roots: Vec<NodeId> = outputs.keeps.iter().map(|(_, id)| *id).collect();
+        roots.extend(outputs.reward);
+        self.graph.cone(&roots)
+    }
+}
+
+impl sealed::Backend for Interpreter<'_> {
+    fn graph(&self) -> &Graph {
+        self.graph
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn phases(&self) -> usize {
+        if self.graph.outputs.keeps.is_empty() {
+            1
+        } else {
+            2
+        }
+    }
+
+    fn check_layout(&self, _layout: &Layout) -> Result<(), EvalError> {
+        Ok(())
+    }
+
+    fn input_storage(&self, _index: usize) -> Precision {
+        Precision::F64
+    }
+
+    fn run_phase(&self, phase: usize, run: PhaseRun<'_>) -> Result<PhaseResult, EvalError> {
+        let graph = self.graph;
+        let outputs = &graph.outputs;
+        let geometry = Geometry::new(run.layout.clone(), rubric_lens(graph));
+        let mut evaluator = Evaluator::new(graph, geometry, run.inputs, run.context);
+        let mut result = PhaseResult::default();
+        let shown_at = |evaluator: &Evaluator<'_>, id: NodeId| Some(evaluator.value(id).to_vec());
+        if phase == 0 && sealed::Backend::phases(self) == 2 {
+            // The conditions, the reward and what they depend on, on the whole batch.
+            let phase_one = self.phase_one();
+            evaluator.run(&phase_one)?;
+            for (keep, id) in &outputs.keeps {
+                let level = match keep {
+                    KeepLevel::Group => Level::Group,
+                    KeepLevel::Resp => Level::Resp,
                 };
-                full.culprit(node, Some(element), &ToBatch { kept: None })
-            })
-        })?;
-        return Ok((outcome, shown));
-    }
-
-    // Phase 1: rewards and filters on the whole batch.
-    let mut phase_one_roots: Vec<NodeId> = outputs.keeps.iter().map(|(_, id)| *id).collect();
-    phase_one_roots.extend(outputs.reward);
-    let phase_one = graph.cone(&phase_one_roots);
-    full.run(&phase_one)?;
-    let mut group_kept = vec![true; layout.groups()];
-    let mut response_kept = vec![true; responses];
-    for (level, id) in &outputs.keeps {
-        match level {
-            KeepLevel::Group => {
-                let values = full.at_shape(*id, &Shape::new(Level::Group));
-                for (kept, value) in group_kept.iter_mut().zip(values) {
-                    *kept &= value != 0.0;
+                let values = evaluator.at_shape(*id, &Shape::new(level));
+                result.keeps.push((*keep, Column::F64(values)));
+            }
+            result.reward = outputs
+                .reward
+                .map(|id| evaluator.at_shape(id, &Shape::new(Level::Resp)));
+            result.shown = outputs
+                .shown
+                .iter()
+                .map(|(_, id)| {
+                    phase_one[id.0 as usize]
+                        .then(|| shown_at(&evaluator, *id))
+                        .flatten()
+                })
+                .collect();
+            if self.record.is_some() {
+                self.keep_values(phase, run.layout, evaluator.values.clone());
+            }
+            for (index, live) in phase_one.iter().enumerate() {
+                if let (true, Some(values)) = (*live, evaluator.values[index].take()) {
+                    result
+                        .exports
+                        .push((NodeId(index as u32), Column::F64(values)));
                 }
             }
-            KeepLevel::Resp => {
-                let values = full.at_shape(*id, &Shape::new(Level::Resp));
-                for (kept, value) in response_kept.iter_mut().zip(values) {
-                    *kept &= value != 0.0;
-                }
-            }
+            return Ok(result);
         }
-    }
-    let response_group = layout.response_groups();
-    let kept: Vec<bool> = (0..responses)
-        .map(|r| group_kept[response_group[r]] && response_kept[r])
-        .collect();
-    if !kept.iter().any(|k| *k) {
-        return Err(EvalError::all_filtered());
-    }
-    let reward = outputs
-        .reward
-        .map(|id| full.at_shape(id, &Shape::new(Level::Resp)));
-
-    // Phase 2: the kept responses.
-    let selection = Selection::new(layout, &kept);
-    let sub_layout = selection.layout.clone();
-    let mut sub_geometry = Geometry::new(sub_layout, rubric_lens(graph));
-    let sub_inputs: Vec<Vec<f64>> = graph
-        .inputs
-        .iter()
-        .zip(&batch.inputs)
-        .map(|(input, values)| {
-            selection.slice(&mut full.geometry, &mut sub_geometry, &input.shape, values)
-        })
-        .collect();
-    let mut sub = Evaluator::new(graph, sub_geometry, &sub_inputs, context);
-    for (index, live) in phase_one.iter().enumerate() {
-        if *live {
-            if let Some(values) = &full.values[index] {
-                let shape = &graph.nodes[index].shape;
-                let sliced = selection.slice(&mut full.geometry, &mut sub.geometry, shape, values);
-                sub.values[index] = Some(sliced);
-            }
+        // Everything (phase 2: on the kept responses, with phase 1's values carried over).
+        for (node, column) in run.carried {
+            evaluator.values[node.0 as usize] = Some(column.into_f64());
         }
-    }
-    sub.run_all()?;
-    let advantage = outputs.advantage.map(|id| {
-        let kept_values = sub.at_shape(id, &Shape::new(Level::Resp));
-        selection.scatter_responses(&kept_values, responses)
-    });
-    let gradients = outputs
-        .gradients
-        .iter()
-        .map(|(input, id)| {
-            let info = &graph.inputs[*input as usize];
-            let kept_values = sub.at_shape(*id, &info.shape);
-            let full_values = selection.scatter(
-                &mut full.geometry,
-                &mut sub.geometry,
-                &info.shape,
-                &kept_values,
-            );
-            (info.name.clone(), full_values)
-        })
-        .collect();
-    let outcome = Outcome {
-        loss: outputs.loss.map(|id| sub.scalar(id)),
-        metrics: outputs
+        evaluator.run_all()?;
+        if phase == 0 {
+            result.reward = outputs
+                .reward
+                .map(|id| evaluator.at_shape(id, &Shape::new(Level::Resp)));
+        }
+        result.advantage = outputs
+            .advantage
+            .map(|id| evaluator.at_shape(id, &Shape::new(Level::Resp)));
+        result.loss = outputs.loss.map(|id| evaluator.scalar(id));
+        result.metrics = outputs
             .metrics
             .iter()
-            .map(|(name, id)| (name.clone(), sub.scalar(*id)))
-            .collect(),
-        reward,
-        advantage,
-        kept,
-        gradients,
-    };
-    let shown = outputs
-        .shown
-        .iter()
-        .map(|(name, id)| {
-            let values = if phase_one[id.0 as usize] {
-                full.value(*id).iter().copied().map(Some).collect()
-            } else {
-                let shape = graph.node(*id).shape.clone();
-                let kept_values = sub.value(*id).to_vec();
-                selection.scatter_kept(&mut full.geometry, &mut sub.geometry, &shape, &kept_values)
-            };
-            (name.clone(), values)
-        })
-        .collect();
-    let outcome = finite(outcome).map_err(|error| {
-        explain(error, |output, _| {
-            let (node, _) = output_node(graph, output)?;
-            if matches!(output, Output::Reward { .. }) {
-                // Rewards are computed on the whole batch (phase 1).
-                return full.culprit(node, None, &ToBatch { kept: None });
-            }
-            let kept = Some((selection.kept_responses.as_slice(), layout));
-            sub.culprit(node, None, &ToBatch { kept })
-        })
-    })?;
-    Ok((outcome, shown))
-}
-
-/// Reject non-finite outputs, naming the first one (without its culprit: `Evaluator::culprit` finds
-/// it).
-pub(crate) fn finite(outcome: Outcome) -> Result<Outcome, EvalError> {
-    match first_non_finite(&outcome) {
-        Some(non_finite) => Err(EvalError::NonFinite(Box::new(non_finite))),
-        None => Ok(outcome),
-    }
-}
-
-/// `error` with the culprit `find` gives for its non-finite output (`find` receives the output and,
-/// for a per-response output or a gradient, the position of the non-finite value in the output's
-/// order).
-fn explain(
-    error: EvalError,
-    find: impl FnOnce(&Output, Option<usize>) -> Option<crate::nonfinite::Culprit>,
-) -> EvalError {
-    match error {
-        EvalError::NonFinite(mut non_finite) => {
-            let position = match &non_finite.output {
-                Output::Loss | Output::Metric(_) => None,
-                Output::Reward { response } | Output::Advantage { response } => Some(*response),
-                Output::Gradient { element, .. } => Some(*element),
-            };
-            non_finite.culprit = find(&non_finite.output, position);
-            EvalError::NonFinite(non_finite)
+            .map(|(name, id)| (name.clone(), evaluator.scalar(*id)))
+            .collect();
+        for (input, id) in &outputs.gradients {
+            let shape = graph.inputs[*input as usize].shape.clone();
+            result
+                .gradients
+                .push((*input, Column::F64(evaluator.at_shape(*id, &shape))));
         }
-        other => other,
-    }
-}
-
-/// The node of an output, and the shape the outcome reads it at.
-fn output_node(graph: &Graph, output: &Output) -> Option<(NodeId, Shape)> {
-    let outputs = &graph.outputs;
-    let resp = Shape::new(Level::Resp);
-    match output {
-        Output::Loss => Some((outputs.loss?, Shape::BATCH)),
-        Output::Metric(name) => {
-            let (_, id) = outputs.metrics.iter().find(|(n, _)| n == name)?;
-            Some((*id, Shape::BATCH))
-        }
-        Output::Reward { .. } => Some((outputs.reward?, resp)),
-        Output::Advantage { .. } => Some((outputs.advantage?, resp)),
-        Output::Gradient { input, .. } => {
-            let (index, id) = outputs.gradients.iter().find(|(i, _)| {
-                graph
-                    .inputs
-                    .get(*i as usize)
-                    .is_some_and(|x| &x.name == input)
-            })?;
-            Some((*id, graph.inputs[*index as usize].shape.clone()))
-        }
-    }
-}
-
-/// The first non-finite output of `outcome`: the loss, a metric, a reward, an advantage, a gradient.
-fn first_non_finite(outcome: &Outcome) -> Option<NonFinite> {
-    if let Some(loss) = outcome.loss.filter(|l| !l.is_finite()) {
-        return Some(NonFinite::new(Output::Loss, loss));
-    }
-    for (name, value) in &outcome.metrics {
-        if !value.is_finite() {
-            return Some(NonFinite::new(Output::Metric(name.clone()), *value));
-        }
-    }
-    for (advantage, values) in [(false, &outcome.reward), (true, &outcome.advantage)] {
-        let Some(values) = values else { continue };
-        if let Some(response) = values.iter().position(|v| !v.is_finite()) {
-            let output = if advantage {
-                Output::Advantage { response }
-            } else {
-                Output::Reward { response }
-            };
-            return Some(NonFinite::new(output, values[response]));
-        }
-    }
-    for (name, values) in &outcome.gradients {
-        if let Some(element) = values.iter().position(|v| !v.is_finite()) {
-            let output = Output::Gradient {
-                input: name.clone(),
-                element,
-            };
-            return Some(NonFinite::new(output, values[element]));
-        }
-    }
-    None
-}
-
-/// Which responses (and so groups, tokens, criteria, pairs) survive the filters.
-pub(crate) struct Selection {
-    pub(crate) layout: Layout,
-    pub(crate) kept_responses: Vec<usize>,
-    kept_groups: Vec<usize>,
-}
-
-impl Selection {
-    pub(crate) fn new(layout: &Layout, kept: &[bool]) -> Selection {
-        let mut responses_per_group = Vec::new();
-        let mut tokens = Vec::new();
-        let mut crits = Vec::new();
-        let mut kept_responses = Vec::new();
-        let mut kept_groups = Vec::new();
-        for group in 0..layout.groups() {
-            let members: Vec<usize> = (layout.group_offsets[group]
-                ..layout.group_offsets[group + 1])
-                .filter(|&r| kept[r])
-                .collect();
-            if members.is_empty() {
-                continue;
-            }
-            kept_groups.push(group);
-            responses_per_group.push(members.len());
-            crits.push(layout.crit_count(group));
-            for r in members {
-                tokens.push(layout.response_length(r));
-                kept_responses.push(r);
-            }
-        }
-        let layout = Layout::from_counts(&responses_per_group, &tokens, &crits, layout.dim)
-            .expect("a sub-layout of a valid layout is valid");
-        Selection {
-            layout,
-            kept_responses,
-            kept_groups,
-        }
-    }
-
-    /// For each element of `shape` over the kept batch, its element over the full batch.
-    pub(crate) fn element_map(
-        &self,
-        full: &mut Geometry,
-        sub: &mut Geometry,
-        shape: &Shape,
-    ) -> Vec<usize> {
-        // Map the base elements, then the features, through the positions of kept responses/groups.
-        let base_map: Vec<usize> = match shape.level {
-            Level::Batch => vec![0],
-            Level::Group => self.kept_groups.clone(),
-            Level::Resp => self.kept_responses.clone(),
-            Level::Tok => self
-                .kept_responses
-                .iter()
-                .flat_map(|&r| full.layout.token_offsets[r]..full.layout.token_offsets[r + 1])
-                .collect(),
-            Level::Pair => {
-                // Pair (i, j) of group g is at g's first pair + (i − first)·(n − 1) + (j − first),
-                // less one when j is after i (no pair (i, i)).
-                let layout = &full.layout;
-                let mut first_pair = Vec::with_capacity(layout.groups());
-                let mut pairs = 0;
-                for g in 0..layout.groups() {
-                    first_pair.push(pairs);
-                    let n = layout.group_size(g);
-                    pairs += n * n.saturating_sub(1);
-                }
-                sub.pairs
-                    .iter()
-                    .map(|&(i, j)| {
-                        let (i, j) = (self.kept_responses[i], self.kept_responses[j]);
-                        let g = full.response_group[i];
-                        let first = layout.group_offsets[g];
-                        let n = layout.group_size(g);
-                        let (a, b) = (i - first, j - first);
-                        first_pair[g] + a * (n - 1) + b - usize::from(b > a)
-                    })
-                    .collect()
-            }
-        };
-        match &shape.feature {
-            None => base_map,
-            Some(feature) => {
-                let full_level = Shape::new(shape.level);
-                let full_map = full.map(shape, &full_level).to_vec();
-                let sub_map = sub.map(shape, &full_level).to_vec();
-                // Elements of each full base element, in order.
-                let mut starts = vec![usize::MAX; full.level_size(shape.level)];
-                for (element, base) in full_map.iter().enumerate() {
-                    if starts[*base] == usize::MAX {
-                        starts[*base] = element;
-                    }
-                }
-                let mut previous_base = usize::MAX;
-                let mut f = 0;
-                let _ = feature;
-                sub_map
-                    .iter()
-                    .map(|&sub_base| {
-                        if sub_base == previous_base {
-                            f += 1;
-                        } else {
-                            previous_base = sub_base;
-                            f = 0;
-                        }
-                        starts[base_map[sub_base]] + f
-                    })
-                    .collect()
-            }
-        }
-    }
-
-    pub(crate) fn slice(
-        &self,
-        full: &mut Geometry,
-        sub: &mut Geometry,
-        shape: &Shape,
-        values: &[f64],
-    ) -> Vec<f64> {
-        if values.len() == 1 && shape.level == Level::Batch && shape.feature.is_none() {
-            return values.to_vec();
-        }
-        let map = self.element_map(full, sub, shape);
-        map.iter()
-            .map(|&e| values.get(e).copied().unwrap_or(0.0))
-            .collect()
-    }
-
-    pub(crate) fn scatter(
-        &self,
-        full: &mut Geometry,
-        sub: &mut Geometry,
-        shape: &Shape,
-        kept_values: &[f64],
-    ) -> Vec<f64> {
-        let mut out = vec![0.0; full.size(shape)];
-        if shape.level == Level::Batch {
-            return kept_values.to_vec();
-        }
-        let map = self.element_map(full, sub, shape);
-        for (value, element) in kept_values.iter().zip(map) {
-            out[element] = *value;
-        }
-        out
-    }
-
-    /// `scatter` with `None`, not 0, at the elements of dropped responses and groups.
-    pub(crate) fn scatter_kept(
-        &self,
-        full: &mut Geometry,
-        sub: &mut Geometry,
-        shape: &Shape,
-        kept_values: &[f64],
-    ) -> Vec<Option<f64>> {
-        if shape.level == Level::Batch {
-            return kept_values.iter().copied().map(Some).collect();
-        }
-        let mut out = vec![None; full.size(shape)];
-        for (value, element) in kept_values.iter().zip(self.element_map(full, sub, shape)) {
-            if let Some(slot) = out.get_mut(element) {
-                *slot = Some(*value);
-            }
-        }
-        out
-    }
-
-    pub(crate) fn scatter_responses(&self, kept_values: &[f64], responses: usize) -> Vec<f64> {
-        let mut out = vec![0.0; responses];
-        for (value, &r) in kept_values.iter().zip(&self.kept_responses) {
-            out[r] = *value;
-        }
-        out
+        result.shown = outputs
+            .shown
+            .iter()
+            .map(|(_, id)| shown_at(&evaluator, *id))
+            .collect();
+        self.keep_values(phase, run.layout, evaluator.values);
+        Ok(result)
     }
 }
 
 struct Evaluator<'g> {
     graph: &'g Graph,
     geometry: Geometry,
-    inputs: &'g [Vec<f64>],
+    inputs: &'g [ColumnRef<'g>],
     context: Context,
     values: Vec<Option<Vec<f64>>>,
 }
@@ -644,7 +376,7 @@ impl<'g> Evaluator<'g> {
     fn new(
         graph: &'g Graph,
         geometry: Geometry,
-        inputs: &'g [Vec<f64>],
+        inputs: &'g [ColumnRef<'g>],
         context: &Context,
     ) -> Evaluator<'g> {
         Evaluator {
@@ -670,31 +402,6 @@ impl<'g> Evaluator<'g> {
             }
         }
         Ok(())
-    }
-
-    /// The culprit of a non-finite value of `node` at `element` (its first non-finite element when
-    /// `None`), from the values computed so far.
-    fn culprit(
-        &mut self,
-        node: NodeId,
-        element: Option<usize>,
-        to_batch: &ToBatch<'_>,
-    ) -> Option<crate::nonfinite::Culprit> {
-        let element = match element {
-            Some(element) => element,
-            None => self.values[node.0 as usize]
-                .as_ref()?
-                .iter()
-                .position(|v| !v.is_finite())?,
-        };
-        crate::nonfinite::culprit(
-            self.graph,
-            &self.values,
-            &mut self.geometry,
-            node,
-            element,
-            to_batch,
-        )
     }
 
     fn value(&self, id: NodeId) -> &[f64] {
@@ -723,7 +430,7 @@ impl<'g> Evaluator<'g> {
         let size = self.geometry.size(&node.shape);
         Ok(match &node.op {
             Op::Const(value) => vec![*value],
-            Op::Input(i) => self.inputs[*i as usize].clone(),
+            Op::Input(i) => self.inputs[*i as usize].to_f64(),
             Op::Value(value) => match value {
                 Value::Step => vec![self.context.step],
                 Value::Progress => vec![self.context.progress],
@@ -918,7 +625,7 @@ impl<'g> Evaluator<'g> {
                         let at = |i: usize| x.get(i).copied().unwrap_or(x[0]);
                         excluded(a)
                             .cmp(&excluded(b))
-                            .then(crate::kernel::rank_order(at(a), at(b)))
+                            .then(crate::executor::rank_order(at(a), at(b)))
                             .then(a.cmp(&b))
                     });
                     for (position, i) in set.into_iter().enumerate() {

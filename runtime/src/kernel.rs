@@ -1,38 +1,42 @@
 //! Kernel execution: a recipe's graph compiled to a kernel plan and native code
-//! (`rlx_compiler::backend`), run over a packed batch. `Kernel::run` gives the same `Outcome` as the
-//! interpreter (`crate::interp::evaluate`), including its two-phase `keep` semantics, non-finite
-//! outputs as errors, and 0 advantage and gradient for filtered responses.
+//! (`rlx_compiler::backend`), run over a packed batch. `Kernel` is the JIT backend of the executor
+//! (`crate::executor`): validation, the two-phase `keep` semantics, the host passes and combines and
+//! the outputs are the executor's, so `Kernel::run` gives the same `Outcome` as the interpreter
+//! (`crate::interp::evaluate`); this module runs a phase's loop passes as native functions.
 //!
 //! - **Storage.** `f32` inputs are held in the plan's storage precision (f32 by default, see
 //!   `Options`), `i32`/`bool` inputs in f64; token-level outputs (gradients) in the storage precision,
 //!   everything else in the accumulation precision. `Kernel::pack` converts a `Batch` once;
 //!   `Kernel::run_packed` runs on a `PackedBatch` (the trainer's path: no conversion per step).
-//! - **Validation.** Before any kernel runs, the layout is validated and every input's length checked
-//!   against its shape (`interp::check_batch`'s rules, without building the interpreter's O(tokens)
-//!   index tables); a malformed batch is an error, never an out-of-bounds access. Groups larger than
-//!   the pairwise limit (`batch::check_group_sizes`) are refused before any table is sized.
+//! - **Validation.** Before any kernel runs, the executor validates the layout and every input's
+//!   length and storage against the signature (`Executor::validate`, without building the
+//!   interpreter's O(tokens) index tables); a malformed batch is an error, never an out-of-bounds
+//!   access. Groups larger than the pairwise limit (`batch::check_group_sizes`) are refused before any
+//!   table is sized.
 //! - **Threads.** Passes whose loop nest starts with groups are split into ranges of whole groups
 //!   across the current rayon pool. Every value is computed by one thread in a fixed order and
 //!   reductions to the batch go through per-group partials combined in a fixed pairwise order, so the
 //!   results are bit-identical for any number of threads.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 
-use rlx_compiler::backend::jit::{self, slot, JitKernel, PassFn};
-use rlx_compiler::backend::plan::{self, BufferKind, Init, KernelPlan, Pass, Reduction};
+use rlx_compiler::backend::abi::{self, Fixed, Scalar, Size};
+use rlx_compiler::backend::jit::{self, JitKernel, PassFn};
+use rlx_compiler::backend::plan::{self, BufferKind, KernelPlan, LoopPass};
 pub use rlx_compiler::backend::{Options, Precision};
-use rlx_compiler::ir::{Elem, Graph, KeepLevel, Level, NodeId, Shape};
+use rlx_compiler::ir::{Elem, Graph, Shape};
 
-use rlx_core::{CoreError, Signature, Sizes};
+use rlx_core::{Signature, Sizes};
 
 use crate::arrays::first_where;
 use crate::batch::{Batch, Layout};
-use crate::geometry::Geometry;
-use crate::interp::{finite, rubric_lens, Context, EvalError, Outcome, Selection};
+use crate::executor::{
+    column, run_plan_phase, sealed, Executor, PassRun, PhaseResult, PhaseRun, PlanBackend,
+};
+use crate::interp::{Context, EvalError, Outcome};
 
 /// Values of one input or buffer, in their storage precision.
 #[derive(Clone, Debug, PartialEq)]
@@ -42,7 +46,7 @@ pub enum Column {
 }
 
 impl Column {
-    fn filled(precision: Precision, len: usize, value: f64) -> Column {
+    pub(crate) fn filled(precision: Precision, len: usize, value: f64) -> Column {
         match precision {
             Precision::F32 => Column::F32(vec![value as f32; len]),
             Precision::F64 => Column::F64(vec![value; len]),
@@ -81,7 +85,15 @@ impl Column {
         }
     }
 
-    fn set(&mut self, index: usize, value: f64) {
+    /// The values as f64 (an f64 column's own vector, without a copy).
+    pub fn into_f64(self) -> Vec<f64> {
+        match self {
+            Column::F32(v) => v.iter().map(|x| f64::from(*x)).collect(),
+            Column::F64(v) => v,
+        }
+    }
+
+    pub(crate) fn set(&mut self, index: usize, value: f64) {
         match self {
             Column::F32(v) => v[index] = value as f32,
             Column::F64(v) => v[index] = value,
@@ -97,7 +109,7 @@ impl Column {
 
     /// Whether every value is finite (`arrays::first_where`'s branch-free blocks: a gradient is
     /// batch-sized, and `Iterator::all` stops at each element to test it).
-    fn all_finite(&self) -> bool {
+    pub(crate) fn all_finite(&self) -> bool {
         match self {
             Column::F32(v) => first_where(v, |x: f32| !x.is_finite()).is_none(),
             Column::F64(v) => first_where(v, |x: f64| !x.is_finite()).is_none(),
@@ -140,7 +152,7 @@ impl<'a> ColumnRef<'a> {
     }
 
     /// The elements at `indices` (an index past the end reads as 0, as the interpreter's slicing).
-    fn gather(&self, indices: &[usize]) -> Column {
+    pub(crate) fn gather(&self, indices: &[usize]) -> Column {
         match self {
             ColumnRef::F32(v) => Column::F32(
                 indices
@@ -205,7 +217,7 @@ impl PackedOutcome {
             gradients: self
                 .gradients
                 .into_iter()
-                .map(|(name, column)| (name, column.to_f64()))
+                .map(|(name, column)| (name, column.into_f64()))
                 .collect(),
         }
     }
@@ -242,13 +254,9 @@ pub(crate) struct Tables {
     pub(crate) pair_crit_base: Vec<usize>,
 }
 
-fn too_large() -> EvalError {
-    EvalError::Batch(CoreError::Overflow)
-}
-
 impl Tables {
     /// For a validated layout.
-    fn new(layout: &Layout) -> Result<Tables, EvalError> {
+    pub(crate) fn new(layout: &Layout) -> Result<Tables, EvalError> {
         // The totals are checked here, so no prefix sum below them overflows.
         let sizes = Sizes::new(layout).map_err(EvalError::Batch)?;
         let groups = layout.groups();
@@ -285,41 +293,6 @@ impl Tables {
     }
 }
 
-/// Runs one phase's passes (the JIT's native functions here; the CUDA kernels in `crate::cuda`), on
-/// buffers from `Kernel::phase_buffers`. Validation, `keep` filters and the outputs stay in `Kernel`,
-/// shared by every backend.
-pub(crate) trait PhaseRunner {
-    #[allow(clippy::too_many_arguments)]
-    fn run_phase(
-        &self,
-        kernel: &Kernel,
-        phase_index: usize,
-        layout: &Layout,
-        tables: &Tables,
-        inputs: &[ColumnRef<'_>],
-        carried: HashMap<NodeId, Column>,
-        context: &Context,
-    ) -> Result<Vec<Option<Column>>, EvalError>;
-}
-
-/// The JIT's runner.
-struct Native;
-
-impl PhaseRunner for Native {
-    fn run_phase(
-        &self,
-        kernel: &Kernel,
-        phase_index: usize,
-        layout: &Layout,
-        tables: &Tables,
-        inputs: &[ColumnRef<'_>],
-        carried: HashMap<NodeId, Column>,
-        context: &Context,
-    ) -> Result<Vec<Option<Column>>, EvalError> {
-        kernel.run_phase(phase_index, layout, tables, inputs, carried, context)
-    }
-}
-
 /// A pointer table shared by the threads of one pass.
 struct SharedTable(Vec<*mut u8>);
 
@@ -353,21 +326,6 @@ fn group_ranges(layout: &Layout, threads: usize) -> Vec<(usize, usize)> {
         ranges.push((start, groups));
     }
     ranges
-}
-
-/// `f64::max`/`min`-style combination in a fixed pairwise order.
-fn tree(values: &[f64], combine: &dyn Fn(f64, f64) -> f64, identity: f64) -> f64 {
-    match values.len() {
-        0 => identity,
-        1 => values[0],
-        n => {
-            let (left, right) = values.split_at(n / 2);
-            combine(
-                tree(left, combine, identity),
-                tree(right, combine, identity),
-            )
-        }
-    }
 }
 
 impl Kernel {
@@ -457,23 +415,9 @@ impl Kernel {
         Tables::new(layout)
     }
 
-    /// Check a layout and the input lengths against the recipe's signature
-    /// (`rlx_core::Signature::validate`, as `interp::check_batch`), then the group sizes.
-    fn check_lengths(
-        &self,
-        layout: &Layout,
-        lengths: impl ExactSizeIterator<Item = usize>,
-    ) -> Result<Tables, EvalError> {
-        self.signature
-            .validate(layout, lengths)
-            .map_err(EvalError::Batch)?;
-        crate::batch::check_group_sizes(&self.graph, layout).map_err(EvalError::GroupSize)?;
-        self.tables(layout)
-    }
-
     /// Validate a batch and convert it to the kernel's storage.
     pub fn pack(&self, batch: &Batch) -> Result<PackedBatch, EvalError> {
-        self.check_lengths(&batch.layout, batch.inputs.iter().map(Vec::len))?;
+        Executor::new(self).check_layout(&batch.layout, batch.inputs.iter().map(Vec::len))?;
         let mut inputs = Vec::with_capacity(batch.inputs.len());
         for (info, values) in self.graph.inputs.iter().zip(&batch.inputs) {
             inputs.push(match self.input_precision(info.elem) {
@@ -514,18 +458,7 @@ impl Kernel {
         layout: &Layout,
         inputs: &[ColumnRef<'_>],
     ) -> Result<(), EvalError> {
-        self.check_lengths(layout, inputs.iter().map(ColumnRef::len))?;
-        for (info, column) in self.graph.inputs.iter().zip(inputs) {
-            let wanted = self.input_precision(info.elem);
-            if column.precision() != wanted {
-                return Err(EvalError::Storage {
-                    input: info.name.clone(),
-                    stored: column.precision().name(),
-                    wanted: wanted.name(),
-                });
-            }
-        }
-        Ok(())
+        Executor::new(self).validate(layout, inputs)
     }
 
     /// The storage precision this kernel reads input `index` in (`f32` inputs: the plan's storage;
@@ -547,7 +480,8 @@ impl Kernel {
         batch: &PackedBatch,
         context: &Context,
     ) -> Result<PackedOutcome, EvalError> {
-        self.run_packed_with(batch, context, &Native)
+        let inputs: Vec<ColumnRef<'_>> = batch.inputs.iter().map(Column::as_column_ref).collect();
+        self.run_view(&batch.layout, &inputs, context)
     }
 
     /// Evaluate every output on borrowed input columns (validated first, as `run_packed`): memory the
@@ -558,402 +492,17 @@ impl Kernel {
         inputs: &[ColumnRef<'_>],
         context: &Context,
     ) -> Result<PackedOutcome, EvalError> {
-        self.run_view_with(layout, inputs, context, &Native)
+        Executor::new(self).run(layout, inputs, context)
     }
 
-    /// `run_packed` with another backend's phase runner: the batch is validated before anything runs.
-    pub(crate) fn run_packed_with(
-        &self,
-        batch: &PackedBatch,
-        context: &Context,
-        runner: &dyn PhaseRunner,
-    ) -> Result<PackedOutcome, EvalError> {
-        let inputs: Vec<ColumnRef<'_>> = batch.inputs.iter().map(Column::as_column_ref).collect();
-        self.run_view_with(&batch.layout, &inputs, context, runner)
+    /// The checks of `Executor::check_layout` beyond the signature: the kernel's tables fit.
+    pub(crate) fn check_tables(&self, layout: &Layout) -> Result<(), EvalError> {
+        self.tables(layout).map(|_| ())
     }
 
-    /// `run_view` with another backend's phase runner.
-    pub(crate) fn run_view_with(
-        &self,
-        layout: &Layout,
-        inputs: &[ColumnRef<'_>],
-        context: &Context,
-        runner: &dyn PhaseRunner,
-    ) -> Result<PackedOutcome, EvalError> {
-        self.validate_view(layout, inputs)?;
-        let tables = self.tables(layout)?;
-        let responses = layout.responses();
-        let outcome = if self.plan.phases.len() == 1 {
-            let mut buffers =
-                runner.run_phase(self, 0, layout, &tables, inputs, HashMap::new(), context)?;
-            self.collect(0, &mut buffers, vec![true; responses], None)?
-        } else {
-            self.run_filtered(layout, &tables, inputs, context, runner)?
-        };
-        check_finite(outcome)
-    }
-
-    fn run_filtered(
-        &self,
-        layout: &Layout,
-        tables: &Tables,
-        inputs: &[ColumnRef<'_>],
-        context: &Context,
-        runner: &dyn PhaseRunner,
-    ) -> Result<PackedOutcome, EvalError> {
-        let responses = layout.responses();
-        let mut first =
-            runner.run_phase(self, 0, layout, tables, inputs, HashMap::new(), context)?;
-        let outputs = &self.plan.phases[0].outputs;
-        let mut group_kept = vec![true; layout.groups()];
-        let mut response_kept = vec![true; responses];
-        for (level, buffer) in &outputs.keeps {
-            let values = take(&mut first, *buffer)?;
-            let kept = match level {
-                KeepLevel::Group => &mut group_kept,
-                KeepLevel::Resp => &mut response_kept,
-            };
-            for (position, flag) in kept.iter_mut().enumerate() {
-                *flag &= values.get(position) != 0.0;
-            }
-        }
-        let response_group = layout.response_groups();
-        let kept: Vec<bool> = (0..responses)
-            .map(|r| group_kept[response_group[r]] && response_kept[r])
-            .collect();
-        if !kept.iter().any(|k| *k) {
-            return Err(EvalError::all_filtered());
-        }
-        let reward = match outputs.reward {
-            Some(b) => Some(take(&mut first, b)?.to_f64()),
-            None => None,
-        };
-        let mut exports: HashMap<NodeId, Column> = HashMap::new();
-        for (node, buffer) in &outputs.exports {
-            exports.insert(*node, take(&mut first, *buffer)?);
-        }
-        drop(first);
-        let nothing_dropped =
-            kept.iter().all(|k| *k) && (0..layout.groups()).all(|g| layout.group_size(g) > 0);
-        if nothing_dropped {
-            // The kept batch is the batch (the selection also drops groups without responses, so
-            // this holds only when there are none).
-            let mut second = runner.run_phase(self, 1, layout, tables, inputs, exports, context)?;
-            return self.collect(1, &mut second, kept, reward);
-        }
-        let selection = Selection::new(layout, &kept);
-        let graph = &self.graph;
-        let mut full = Geometry::new(layout.clone(), rubric_lens(graph));
-        let mut sub = Geometry::new(selection.layout.clone(), rubric_lens(graph));
-        let mut slice = |shape: &Shape, column: ColumnRef<'_>| -> Column {
-            if shape.level == Level::Batch && shape.feature.is_none() && column.len() == 1 {
-                return column.gather(&[0]);
-            }
-            let map = selection.element_map(&mut full, &mut sub, shape);
-            column.gather(&map)
-        };
-        let sub_inputs: Vec<Column> = graph
-            .inputs
-            .iter()
-            .zip(inputs)
-            .map(|(info, column)| slice(&info.shape, *column))
-            .collect();
-        let carried: HashMap<NodeId, Column> = exports
-            .into_iter()
-            .map(|(node, column)| {
-                let shape = graph.node(node).shape.clone();
-                (node, slice(&shape, column.as_column_ref()))
-            })
-            .collect();
-        let sub_layout = selection.layout.clone();
-        let sub_tables = self.tables(&sub_layout)?;
-        let sub_refs: Vec<ColumnRef<'_>> = sub_inputs.iter().map(Column::as_column_ref).collect();
-        let mut second = runner.run_phase(
-            self,
-            1,
-            &sub_layout,
-            &sub_tables,
-            &sub_refs,
-            carried,
-            context,
-        )?;
-        let mut outcome = self.collect(1, &mut second, kept, reward)?;
-        // Back to the whole batch: dropped responses get advantage 0 and gradient 0.
-        if let Some(advantage) = &mut outcome.advantage {
-            let mut out = vec![0.0; responses];
-            for (value, &r) in advantage.iter().zip(&selection.kept_responses) {
-                out[r] = *value;
-            }
-            *advantage = out;
-        }
-        for (position, (input, _)) in self.plan.phases[1].outputs.gradients.iter().enumerate() {
-            let shape = graph.inputs[*input as usize].shape.clone();
-            let kept_values = &outcome.gradients[position].1;
-            if shape.level == Level::Batch {
-                continue;
-            }
-            let map = selection.element_map(&mut full, &mut sub, &shape);
-            let mut values = Column::filled(kept_values.precision(), tables.size(&shape)?, 0.0);
-            for (element, target) in map.iter().enumerate() {
-                values.set(*target, kept_values.get(element));
-            }
-            outcome.gradients[position].1 = values;
-        }
-        Ok(outcome)
-    }
-
-    /// Gather a phase's outputs.
-    fn collect(
-        &self,
-        phase: usize,
-        buffers: &mut [Option<Column>],
-        kept: Vec<bool>,
-        reward: Option<Vec<f64>>,
-    ) -> Result<PackedOutcome, EvalError> {
-        let outputs = &self.plan.phases[phase].outputs;
-        let scalar = |buffers: &mut [Option<Column>], b: u32| -> Result<f64, EvalError> {
-            let column = buffers
-                .get(b as usize)
-                .and_then(Option::as_ref)
-                .ok_or_else(|| EvalError::Internal(format!("output buffer b{b} missing")))?;
-            Ok(if column.is_empty() {
-                0.0
-            } else {
-                column.get(0)
-            })
-        };
-        let loss = match outputs.loss {
-            Some(b) => Some(scalar(buffers, b)?),
-            None => None,
-        };
-        let mut metrics = Vec::new();
-        for (name, b) in &outputs.metrics {
-            metrics.push((name.clone(), scalar(buffers, *b)?));
-        }
-        let reward = match (reward, outputs.reward) {
-            (Some(reward), _) => Some(reward),
-            (None, Some(b)) => Some(take(buffers, b)?.to_f64()),
-            (None, None) => None,
-        };
-        let advantage = match outputs.advantage {
-            Some(b) => Some(take(buffers, b)?.to_f64()),
-            None => None,
-        };
-        let mut gradients = Vec::new();
-        for (input, b) in &outputs.gradients {
-            let name = self.graph.inputs[*input as usize].name.clone();
-            let shared = outputs.gradients.iter().filter(|(_, o)| o == b).count() > 1;
-            let column = if shared {
-                take(buffers, *b)?
-            } else {
-                // The only reader: move the (token-sized) buffer out instead of copying it.
-                buffers
-                    .get_mut(*b as usize)
-                    .and_then(Option::take)
-                    .ok_or_else(|| EvalError::Internal(format!("output buffer b{b} missing")))?
-            };
-            gradients.push((name, column));
-        }
-        Ok(PackedOutcome {
-            loss,
-            metrics,
-            reward,
-            advantage,
-            kept,
-            gradients,
-        })
-    }
-
-    /// A phase's buffers before its first pass: `None` for inputs, the carried values, the others
-    /// filled with their initial value.
-    pub(crate) fn phase_buffers(
-        &self,
-        phase_index: usize,
-        tables: &Tables,
-        mut carried: HashMap<NodeId, Column>,
-    ) -> Result<Vec<Option<Column>>, EvalError> {
-        let phase = &self.plan.phases[phase_index];
-        let mut owned: Vec<Option<Column>> = Vec::with_capacity(phase.buffers.len());
-        for buffer in &phase.buffers {
-            owned.push(match buffer.kind {
-                BufferKind::Input(_) => None,
-                BufferKind::Carried(node) => {
-                    let column = carried.remove(&node).ok_or_else(|| {
-                        EvalError::Internal(format!("carried value %{} missing", node.0))
-                    })?;
-                    if column.len() != tables.size(&buffer.shape)? {
-                        return Err(EvalError::Internal(format!(
-                            "carried value %{} has the wrong size",
-                            node.0
-                        )));
-                    }
-                    Some(column)
-                }
-                _ => {
-                    let mut len = tables.size(&buffer.shape)?;
-                    if buffer.per_group {
-                        len = len.checked_mul(tables.groups).ok_or_else(too_large)?;
-                    }
-                    let init = if buffer.init == Init::Nan {
-                        f64::NAN
-                    } else {
-                        0.0
-                    };
-                    Some(Column::filled(buffer.storage, len, init))
-                }
-            });
-        }
-        Ok(owned)
-    }
-
-    /// Run one phase's passes; returns its buffers (`None` for inputs and carried values).
-    fn run_phase(
-        &self,
-        phase_index: usize,
-        layout: &Layout,
-        tables: &Tables,
-        inputs: &[ColumnRef<'_>],
-        carried: HashMap<NodeId, Column>,
-        context: &Context,
-    ) -> Result<Vec<Option<Column>>, EvalError> {
-        let phase = &self.plan.phases[phase_index];
-        let mut owned = self.phase_buffers(phase_index, tables, carried)?;
-        let scalars = [context.step, context.progress];
-        let sizes = [tables.dim];
-        for (pass_index, pass) in phase.passes.iter().enumerate() {
-            match pass {
-                Pass::Loop(loop_pass) => {
-                    let function =
-                        self.jit.functions[phase_index][pass_index].ok_or_else(|| {
-                            EvalError::Internal("a loop pass was not compiled".into())
-                        })?;
-                    let mut table: Vec<*mut u8> = vec![
-                        layout.group_offsets.as_ptr().cast_mut().cast(),
-                        layout.token_offsets.as_ptr().cast_mut().cast(),
-                        layout.crit_offsets.as_ptr().cast_mut().cast(),
-                        tables.resp_crit_base.as_ptr().cast_mut().cast(),
-                        tables.pair_offsets.as_ptr().cast_mut().cast(),
-                        tables.pair_crit_base.as_ptr().cast_mut().cast(),
-                        scalars.as_ptr().cast_mut().cast(),
-                        sizes.as_ptr().cast_mut().cast(),
-                    ];
-                    debug_assert_eq!(table.len(), slot::FIRST_BUFFER);
-                    for (buffer, column) in phase.buffers.iter().zip(owned.iter_mut()) {
-                        table.push(match (buffer.kind, column) {
-                            (BufferKind::Input(i), _) => inputs[i as usize].const_pointer(),
-                            (_, Some(column)) => column.pointer(),
-                            (_, None) => {
-                                return Err(EvalError::Internal("a buffer was released".into()))
-                            }
-                        });
-                    }
-                    self.call(function, &SharedTable(table), loop_pass.parallel(), layout);
-                }
-                Pass::Combine {
-                    op,
-                    partial,
-                    partial_count,
-                    value,
-                    count,
-                    ..
-                } => {
-                    let groups = tables.groups;
-                    let partials = column(&owned, *partial)?.to_f64();
-                    let partial_counts = match partial_count {
-                        Some(b) => Some(column(&owned, *b)?.to_f64()),
-                        None => None,
-                    };
-                    let width = column(&owned, *value)?.len();
-                    let combine: &dyn Fn(f64, f64) -> f64 = match op {
-                        Reduction::Max => &f64::max,
-                        Reduction::Min => &f64::min,
-                        _ => &|a, b| a + b,
-                    };
-                    let identity = if matches!(op, Reduction::Max | Reduction::Min) {
-                        f64::NAN
-                    } else {
-                        0.0
-                    };
-                    let mut lane = Vec::with_capacity(groups);
-                    for f in 0..width {
-                        lane.clear();
-                        lane.extend((0..groups).map(|g| partials[g * width + f]));
-                        let combined = tree(&lane, combine, identity);
-                        column_mut(&mut owned, *value)?.set(f, combined);
-                        if let (Some(counts), Some(count)) = (&partial_counts, count) {
-                            lane.clear();
-                            lane.extend((0..groups).map(|g| counts[g * width + f]));
-                            let total = tree(&lane, &|a, b| a + b, 0.0);
-                            column_mut(&mut owned, *count)?.set(f, total);
-                        }
-                    }
-                }
-                Pass::Uniform { seed, target, .. } => {
-                    let seed = match phase.buffers[*seed as usize].kind {
-                        BufferKind::Input(i) => inputs[i as usize].to_f64(),
-                        _ => column(&owned, *seed)?.to_f64(),
-                    };
-                    let seed = seed.first().copied().unwrap_or(0.0);
-                    let target = column_mut(&mut owned, *target)?;
-                    for i in 0..target.len() {
-                        target.set(i, rlx_compiler::ir::uniform(seed, i as u64));
-                    }
-                }
-                Pass::Rank {
-                    node,
-                    within,
-                    source,
-                    mask,
-                    target,
-                    ..
-                } => {
-                    let read = |b: u32| match phase.buffers[b as usize].kind {
-                        BufferKind::Input(i) => Ok(inputs[i as usize].to_f64()),
-                        _ => column(&owned, b).map(Column::to_f64),
-                    };
-                    let values = read(*source)?;
-                    let mask = mask.map(read).transpose()?;
-                    let level = self.graph.node(*node).shape.level;
-                    let ranks = ranks(&values, mask.as_deref(), layout, level, *within);
-                    let target = column_mut(&mut owned, *target)?;
-                    for (i, rank) in ranks.into_iter().enumerate() {
-                        target.set(i, rank);
-                    }
-                }
-                Pass::Components { source, target, .. } => {
-                    let verdicts = match phase.buffers[*source as usize].kind {
-                        BufferKind::Input(i) => inputs[i as usize].to_f64(),
-                        _ => column(&owned, *source)?.to_f64(),
-                    };
-                    let classes = components(&verdicts, layout);
-                    let target = column_mut(&mut owned, *target)?;
-                    for (r, class) in classes.into_iter().enumerate() {
-                        target.set(r, class);
-                    }
-                }
-                Pass::Ngrams {
-                    n, source, target, ..
-                } => {
-                    let ids = match phase.buffers[*source as usize].kind {
-                        BufferKind::Input(i) => inputs[i as usize].to_f64(),
-                        _ => column(&owned, *source)?.to_f64(),
-                    };
-                    let n = *n as usize;
-                    let values: Vec<f64> = (0..layout.responses())
-                        .into_par_iter()
-                        .map(|r| {
-                            let tokens = &ids[layout.token_offsets[r]..layout.token_offsets[r + 1]];
-                            distinct_ngrams(tokens, n)
-                        })
-                        .collect();
-                    let target = column_mut(&mut owned, *target)?;
-                    for (r, value) in values.into_iter().enumerate() {
-                        target.set(r, value);
-                    }
-                }
-            }
-        }
-        Ok(owned)
+    /// `input_storage` of an input the signature has.
+    pub(crate) fn storage_of(&self, index: usize) -> Precision {
+        self.input_storage(index).unwrap_or(Precision::F64)
     }
 
     /// Call a compiled pass over every group, split across the rayon pool when it loops over groups.
@@ -963,10 +512,10 @@ impl Kernel {
         let threads = rayon::current_num_threads();
         let pointer = table.0.as_ptr();
         if !parallel || threads <= 1 || groups <= 1 {
-            // SAFETY: `table` was built by `run_phase` from a layout validated by `validate` (via
-            // `run_packed`) and buffers sized by `Tables::size` for their shapes, which is the
-            // generated code's contract (see `rlx_compiler::backend::jit`); `0..groups` is the whole
-            // layout. No other code touches the buffers during the call.
+            // SAFETY: `table` was built by `pointer_table` from a layout validated by the executor
+            // (`Executor::validate`, before any phase runs) and buffers sized by `Tables::size` for
+            // their shapes, which is the generated code's contract (see `rlx_compiler::backend::jit`);
+            // `0..groups` is the whole layout. No other code touches the buffers during the call.
             unsafe { function(pointer, 0, groups) };
             return;
         }
@@ -980,173 +529,156 @@ impl Kernel {
     }
 }
 
-/// `components` on the host (the JIT's and the CUDA runtime's pass): union-find over each group's
-/// pairs (`verdicts` in the pair order of `rlx_compiler::ir`: for each response i, each other response j
-/// of its group), joining i and j where the verdict is non-zero; each response's class is its smallest
-/// member's 0-based position in the group. Groups are independent and run in parallel.
-pub(crate) fn components(verdicts: &[f64], layout: &Layout) -> Vec<f64> {
-    let mut pair_starts = Vec::with_capacity(layout.groups() + 1);
-    let mut pairs = 0usize;
-    for g in 0..layout.groups() {
-        pair_starts.push(pairs);
-        let n = layout.group_size(g);
-        pairs += n * n.saturating_sub(1);
+/// The pointer table a JIT pass reads (`rlx_compiler::backend::abi`): the layout's offset tables, the
+/// context's scalars, the sizes, then every buffer of the phase (inputs where they are). `scalars` and
+/// `sizes` must outlive the table's use.
+fn pointer_table(
+    run: &PassRun<'_>,
+    buffers: &mut [Option<Column>],
+    phase: &rlx_compiler::backend::plan::Phase,
+    scalars: &[f64; Scalar::COUNT],
+    sizes: &[u64; Size::COUNT],
+) -> Result<Vec<*mut u8>, EvalError> {
+    let (layout, tables) = (run.layout, run.tables);
+    let mut pointers: Vec<*mut u8> = Vec::with_capacity(phase.buffers.len());
+    for (buffer, column) in phase.buffers.iter().zip(buffers.iter_mut()) {
+        pointers.push(match (buffer.kind, column) {
+            (BufferKind::Input(i), _) => run.inputs[i as usize].const_pointer(),
+            (_, Some(column)) => column.pointer(),
+            (_, None) => return Err(EvalError::Internal("a buffer was released".into())),
+        });
     }
-    let per_group: Vec<Vec<f64>> = (0..layout.groups())
-        .into_par_iter()
-        .map(|g| {
-            let n = layout.group_size(g);
-            let base = pair_starts[g];
-            let mut parent: Vec<usize> = (0..n).collect();
-            fn root(parent: &mut [usize], mut x: usize) -> usize {
-                while parent[x] != x {
-                    parent[x] = parent[parent[x]];
-                    x = parent[x];
-                }
-                x
-            }
-            for i in 0..n {
-                for k in 0..n.saturating_sub(1) {
-                    if verdicts[base + i * (n - 1) + k] == 0.0 {
-                        continue;
-                    }
-                    let j = if k < i { k } else { k + 1 };
-                    let (a, b) = (root(&mut parent, i), root(&mut parent, j));
-                    // The smaller root stays the root: a class's root is its smallest member.
-                    if a < b {
-                        parent[b] = a;
-                    } else if b < a {
-                        parent[a] = b;
-                    }
-                }
-            }
-            (0..n).map(|i| root(&mut parent, i) as f64).collect()
-        })
-        .collect();
-    per_group.into_iter().flatten().collect()
+    let usizes = |v: &[usize]| -> *mut u8 { v.as_ptr().cast_mut().cast() };
+    Ok(abi::table(
+        |fixed| match fixed {
+            Fixed::GroupOffsets => usizes(&layout.group_offsets),
+            Fixed::TokenOffsets => usizes(&layout.token_offsets),
+            Fixed::CritOffsets => usizes(&layout.crit_offsets),
+            Fixed::RespCritBase => usizes(&tables.resp_crit_base),
+            Fixed::PairOffsets => usizes(&tables.pair_offsets),
+            Fixed::PairCritBase => usizes(&tables.pair_crit_base),
+            Fixed::Scalars => scalars.as_ptr().cast_mut().cast(),
+            Fixed::Sizes => sizes.as_ptr().cast_mut().cast(),
+        },
+        pointers,
+    ))
 }
 
-/// The order `rank` sorts by: descending, NaN above every number, `-0` equal to `0` (as IEEE
-/// comparison, so that two elements a recipe sees as equal are a tie).
-pub fn rank_order(a: f64, b: f64) -> std::cmp::Ordering {
-    match (a.is_nan(), b.is_nan()) {
-        (true, true) => std::cmp::Ordering::Equal,
-        (true, false) => std::cmp::Ordering::Less,
-        (false, true) => std::cmp::Ordering::Greater,
-        (false, false) => b.partial_cmp(&a).unwrap_or(std::cmp::Ordering::Equal),
+impl sealed::Backend for Kernel {
+    fn graph(&self) -> &Graph {
+        &self.graph
     }
-}
 
-/// The runs of packed elements of `level` that map to one element of `within`: the sets a `rank`
-/// pass orders, as boundaries (each set is contiguous in the packed layout).
-fn rank_bounds(layout: &Layout, level: Level, within: Level) -> Vec<usize> {
-    let total = match level {
-        Level::Tok => layout.tokens(),
-        Level::Resp => layout.responses(),
-        Level::Group => layout.groups(),
-        Level::Batch | Level::Pair => 1,
-    };
-    match (level, within) {
-        (Level::Tok, Level::Resp) => layout.token_offsets.clone(),
-        (Level::Tok, Level::Group) => layout
-            .group_offsets
-            .iter()
-            .map(|&r| layout.token_offsets[r])
-            .collect(),
-        (Level::Resp, Level::Group) => layout.group_offsets.clone(),
-        _ => vec![0, total],
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn phases(&self) -> usize {
+        self.plan.phases.len()
+    }
+
+    fn check_layout(&self, layout: &Layout) -> Result<(), EvalError> {
+        self.check_tables(layout)
+    }
+
+    fn input_storage(&self, index: usize) -> Precision {
+        self.storage_of(index)
+    }
+
+    fn run_phase(&self, phase: usize, run: PhaseRun<'_>) -> Result<PhaseResult, EvalError> {
+        run_plan_phase(self, phase, run)
     }
 }
 
-/// `rank` on the host (the JIT's and the CUDA runtime's pass): each element's descending position
-/// within its set, ties by packed position, the elements where `mask` is 0 after the others; the sets
-/// are sorted in parallel, and each large set by a parallel sort.
-pub(crate) fn ranks(
-    values: &[f64],
-    mask: Option<&[f64]>,
-    layout: &Layout,
-    level: Level,
-    within: Level,
-) -> Vec<f64> {
-    let excluded = |i: usize| mask.is_some_and(|m| m[i] == 0.0);
-    let bounds = rank_bounds(layout, level, within);
-    let mut out = vec![0.0; values.len()];
-    let sets: Vec<(usize, Vec<f64>)> = bounds
-        .par_windows(2)
-        .map(|w| {
-            let mut order: Vec<usize> = (w[0]..w[1]).collect();
-            // A total order (positions break ties), so an unstable parallel sort gives the same ranks
-            // for any number of threads; a batch-wide set is one large sort.
-            order.par_sort_unstable_by(|&a, &b| {
-                excluded(a)
-                    .cmp(&excluded(b))
-                    .then(rank_order(values[a], values[b]))
-                    .then(a.cmp(&b))
-            });
-            let mut ranks = vec![0.0; order.len()];
-            for (position, &i) in order.iter().enumerate() {
-                ranks[i - w[0]] = position as f64;
-            }
-            (w[0], ranks)
-        })
-        .collect();
-    for (start, ranks) in sets {
-        out[start..start + ranks.len()].copy_from_slice(&ranks);
+/// The JIT runs a phase's loop passes as native functions on host buffers.
+impl PlanBackend for Kernel {
+    type State = Vec<Option<Column>>;
+
+    fn plan(&self) -> &KernelPlan {
+        &self.plan
     }
-    out
-}
 
-/// The interpreter's `distinct_ngrams` of one response.
-pub(crate) fn distinct_ngrams(tokens: &[f64], n: usize) -> f64 {
-    if tokens.len() < n {
-        return 1.0;
+    fn graph(&self) -> &Graph {
+        &self.graph
     }
-    let bits: Vec<u64> = tokens.iter().map(|v| v.to_bits()).collect();
-    let grams = bits.windows(n).count();
-    let distinct: std::collections::HashSet<&[u64]> = bits.windows(n).collect();
-    distinct.len() as f64 / grams as f64
-}
 
-fn column(buffers: &[Option<Column>], b: u32) -> Result<&Column, EvalError> {
-    buffers
-        .get(b as usize)
-        .and_then(Option::as_ref)
-        .ok_or_else(|| EvalError::Internal(format!("buffer b{b} missing")))
-}
-
-fn column_mut(buffers: &mut [Option<Column>], b: u32) -> Result<&mut Column, EvalError> {
-    buffers
-        .get_mut(b as usize)
-        .and_then(Option::as_mut)
-        .ok_or_else(|| EvalError::Internal(format!("buffer b{b} missing")))
-}
-
-/// A copy of a buffer (outputs may share one).
-fn take(buffers: &mut [Option<Column>], b: u32) -> Result<Column, EvalError> {
-    column(buffers, b).cloned()
-}
-
-/// Non-finite outputs are errors, with the interpreter's messages.
-fn check_finite(outcome: PackedOutcome) -> Result<PackedOutcome, EvalError> {
-    let scalars_ok = outcome.loss.is_none_or(f64::is_finite)
-        && outcome.metrics.iter().all(|(_, v)| v.is_finite());
-    let vectors_ok = [&outcome.reward, &outcome.advantage]
-        .iter()
-        .all(|v| v.as_ref().is_none_or(|v| v.iter().all(|x| x.is_finite())));
-    let gradients_ok = outcome.gradients.iter().all(|(_, c)| c.all_finite());
-    if scalars_ok && vectors_ok && gradients_ok {
-        return Ok(outcome);
+    fn begin(
+        &self,
+        _run: &PassRun<'_>,
+        buffers: Vec<Option<Column>>,
+    ) -> Result<Self::State, EvalError> {
+        Ok(buffers)
     }
-    match finite(outcome.clone().into_outcome()) {
-        Err(error) => Err(error),
-        Ok(_) => Ok(outcome),
+
+    fn run_loop(
+        &self,
+        run: &PassRun<'_>,
+        buffers: &mut Self::State,
+        pass: usize,
+        loop_pass: &LoopPass,
+    ) -> Result<(), EvalError> {
+        let function = self
+            .jit
+            .functions
+            .get(run.phase)
+            .and_then(|functions| functions.get(pass).copied().flatten())
+            .ok_or_else(|| EvalError::Internal("a loop pass was not compiled".into()))?;
+        let scalars = abi::scalars(run.context.step, run.context.progress);
+        let sizes = abi::sizes(run.tables.dim as u64);
+        let phase = &self.plan.phases[run.phase];
+        let table = pointer_table(run, buffers, phase, &scalars, &sizes)?;
+        self.call(
+            function,
+            &SharedTable(table),
+            loop_pass.parallel(),
+            run.layout,
+        );
+        Ok(())
+    }
+
+    fn combine(
+        &self,
+        _run: &PassRun<'_>,
+        _buffers: &mut Self::State,
+        _pass: usize,
+    ) -> Result<bool, EvalError> {
+        // On the host, by the executor.
+        Ok(false)
+    }
+
+    fn read(&self, buffers: &Self::State, b: u32) -> Result<Vec<f64>, EvalError> {
+        column(buffers, b).map(Column::to_f64)
+    }
+
+    fn buffer_len(&self, buffers: &Self::State, b: u32) -> Result<usize, EvalError> {
+        column(buffers, b).map(Column::len)
+    }
+
+    fn write(&self, buffers: &mut Self::State, b: u32, values: &[f64]) -> Result<(), EvalError> {
+        let column = buffers
+            .get_mut(b as usize)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| EvalError::Internal(format!("buffer b{b} missing")))?;
+        for (i, value) in values.iter().enumerate() {
+            column.set(i, *value);
+        }
+        Ok(())
+    }
+
+    fn finish(
+        &self,
+        _run: &PassRun<'_>,
+        buffers: Self::State,
+    ) -> Result<Vec<Option<Column>>, EvalError> {
+        Ok(buffers)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rlx_compiler::ir::Feature;
+    use crate::geometry::Geometry;
+    use rlx_compiler::ir::{Feature, Level};
 
     #[test]
     fn sizes_agree_with_the_geometry() {
@@ -1179,13 +711,6 @@ mod tests {
                 );
             }
         }
-    }
-
-    #[test]
-    fn tree_is_pairwise_and_ignores_nan_for_max() {
-        assert_eq!(tree(&[1.0, 2.0, 3.0], &|a, b| a + b, 0.0), 6.0);
-        assert_eq!(tree(&[], &|a, b| a + b, 0.0), 0.0);
-        assert_eq!(tree(&[f64::NAN, 2.0, f64::NAN], &f64::max, f64::NAN), 2.0);
     }
 
     #[test]

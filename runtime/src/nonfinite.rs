@@ -2,21 +2,31 @@
 //! gradient) is not finite and — found by the f64 interpreter, the oracle — the first node of the
 //! graph whose value is not finite for the offending batch element, with its operands' values there
 //! and the recipe expression it was lowered from (`ir::Node::span`). The evaluators report it as
-//! [`crate::interp::EvalError::NonFinite`]; [`NonFinite::diagnostic`] makes it a compiler
+//! [`crate::EvalError::NonFinite`]; [`NonFinite::diagnostic`] makes it a compiler
 //! [`Diagnostic`] with a label on that expression, which `rlx score` and `rlx run` render.
+//!
+//! The executor's finiteness check (`crate::executor`) is the one place that asks: whichever
+//! backend ran (the interpreter, the JIT, the CUDA kernels), a non-finite output is [`explain`]ed by
+//! evaluating the batch again on the f64 interpreter, keeping every node's value — only on this
+//! failure path.
 //!
 //! The search walks back from the offending output element: at each node it moves to the first
 //! operand whose value is not finite at an element the node reads for this one (the element
 //! "above" it for an element-wise op, the elements reduced into it for a reduction, any element for
 //! the other ops); the node where no operand is non-finite made the value.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use rlx_compiler::diagnostic::Diagnostic;
 use rlx_compiler::ir::{Graph, Level, NodeId, Op, Shape, Site};
 use rlx_compiler::SourceMap;
 
+use crate::batch::Layout;
+use crate::executor::Executor;
 use crate::geometry::Geometry;
+use crate::interp::{rubric_lens, Context, Interpreter, Outcome, PhaseValues};
+use crate::kernel::ColumnRef;
 
 /// Which output of the recipe is not finite.
 #[derive(Clone, Debug, PartialEq)]
@@ -35,6 +45,18 @@ pub enum Output {
         input: String,
         element: usize,
     },
+}
+
+impl Output {
+    /// The position of the non-finite value in the output's order: a response (packed order), a
+    /// gradient's element; `None` for the loss and a metric.
+    pub fn position(&self) -> Option<usize> {
+        match self {
+            Output::Loss | Output::Metric(_) => None,
+            Output::Reward { response } | Output::Advantage { response } => Some(*response),
+            Output::Gradient { element, .. } => Some(*element),
+        }
+    }
 }
 
 /// A batch element, by packed indices over the whole batch (`None` for the axes its level lacks).
@@ -323,17 +345,175 @@ fn operand_text(sources: &SourceMap, operand: &Operand) -> String {
     }
 }
 
+/// The first non-finite output of `outcome`: the loss, a metric, a reward, an advantage, a gradient
+/// (without its culprit).
+pub(crate) fn first_non_finite(outcome: &Outcome) -> Option<NonFinite> {
+    if let Some(loss) = outcome.loss.filter(|l| !l.is_finite()) {
+        return Some(NonFinite::new(Output::Loss, loss));
+    }
+    for (name, value) in &outcome.metrics {
+        if !value.is_finite() {
+            return Some(NonFinite::new(Output::Metric(name.clone()), *value));
+        }
+    }
+    for (advantage, values) in [(false, &outcome.reward), (true, &outcome.advantage)] {
+        let Some(values) = values else { continue };
+        if let Some(response) = values.iter().position(|v| !v.is_finite()) {
+            let output = if advantage {
+                Output::Advantage { response }
+            } else {
+                Output::Reward { response }
+            };
+            return Some(NonFinite::new(output, values[response]));
+        }
+    }
+    for (name, values) in &outcome.gradients {
+        if let Some(element) = values.iter().position(|v| !v.is_finite()) {
+            let output = Output::Gradient {
+                input: name.clone(),
+                element,
+            };
+            return Some(NonFinite::new(output, values[element]));
+        }
+    }
+    None
+}
+
+/// `non_finite` — a run's non-finite output on the batch (`layout`, `inputs`), found by the
+/// executor's finiteness check — explained: the f64 interpreter (the oracle) evaluates the batch
+/// again, keeping every phase's node values, and its first non-finite output is returned with its
+/// culprit (for a kernel in f32 another output may fail first; the interpreter's is the one
+/// explained). When the interpreter computes every output finite, `non_finite` says so
+/// (`interpreter_finite`: a matter of the kernel's precision); when it fails otherwise or finds no
+/// culprit, `non_finite` comes back as it was.
+pub(crate) fn explain(
+    graph: &Graph,
+    layout: &Layout,
+    inputs: &[ColumnRef<'_>],
+    context: &Context,
+    non_finite: NonFinite,
+) -> NonFinite {
+    if non_finite.culprit.is_some() || non_finite.interpreter_finite {
+        return non_finite;
+    }
+    let columns: Vec<Cow<'_, [f64]>> = inputs
+        .iter()
+        .map(|column| match column {
+            ColumnRef::F64(values) => Cow::Borrowed(*values),
+            ColumnRef::F32(_) => Cow::Owned(column.to_f64()),
+        })
+        .collect();
+    let refs: Vec<ColumnRef<'_>> = columns.iter().map(|c| ColumnRef::F64(c)).collect();
+    let interpreter = Interpreter::recording(graph);
+    let run = Executor::new(&interpreter).run_unchecked(layout, &refs, context);
+    let phases = interpreter.recorded();
+    let Ok((outcome, _)) = run else {
+        return non_finite;
+    };
+    let outcome = outcome.into_outcome();
+    let Some(mut found) = first_non_finite(&outcome) else {
+        return NonFinite {
+            interpreter_finite: true,
+            ..non_finite
+        };
+    };
+    found.culprit = find(graph, layout, &phases, &outcome.kept, &found.output);
+    if found.culprit.is_some() {
+        found
+    } else {
+        non_finite
+    }
+}
+
+/// The culprit of the interpreter's non-finite `output`, from the node values of its phases.
+fn find(
+    graph: &Graph,
+    layout: &Layout,
+    phases: &[PhaseValues],
+    kept: &[bool],
+    output: &Output,
+) -> Option<Culprit> {
+    let (node, read_shape) = output_node(graph, output)?;
+    // The phase that computed the output: a reward is phase 1's (on the whole batch) when there are
+    // two, everything else the last phase's.
+    let phase = match output {
+        Output::Reward { .. } => phases.iter().find(|p| p.phase == 0)?,
+        _ => phases.last()?,
+    };
+    let mut geometry = Geometry::new(phase.layout.clone(), rubric_lens(graph));
+    if &phase.layout == layout {
+        // The whole batch: the output's position is an element of the shape it is read at.
+        let element = match output.position() {
+            Some(position) => {
+                let node_shape = graph.node(node).shape.clone();
+                *geometry.map(&read_shape, &node_shape).get(position)?
+            }
+            None => 0,
+        };
+        return culprit(
+            graph,
+            &phase.values,
+            &mut geometry,
+            node,
+            element,
+            &ToBatch { kept: None },
+        );
+    }
+    // The kept responses of a `keep` filter: the node's first non-finite element there.
+    let kept_responses: Vec<usize> = (0..kept.len()).filter(|&r| kept[r]).collect();
+    let element = phase
+        .values
+        .get(node.0 as usize)?
+        .as_ref()?
+        .iter()
+        .position(|v| !v.is_finite())?;
+    culprit(
+        graph,
+        &phase.values,
+        &mut geometry,
+        node,
+        element,
+        &ToBatch {
+            kept: Some((&kept_responses, layout)),
+        },
+    )
+}
+
+/// The node of an output, and the shape the outcome reads it at.
+fn output_node(graph: &Graph, output: &Output) -> Option<(NodeId, Shape)> {
+    let outputs = &graph.outputs;
+    let resp = Shape::new(Level::Resp);
+    match output {
+        Output::Loss => Some((outputs.loss?, Shape::BATCH)),
+        Output::Metric(name) => {
+            let (_, id) = outputs.metrics.iter().find(|(n, _)| n == name)?;
+            Some((*id, Shape::BATCH))
+        }
+        Output::Reward { .. } => Some((outputs.reward?, resp)),
+        Output::Advantage { .. } => Some((outputs.advantage?, resp)),
+        Output::Gradient { input, .. } => {
+            let (index, id) = outputs.gradients.iter().find(|(i, _)| {
+                graph
+                    .inputs
+                    .get(*i as usize)
+                    .is_some_and(|x| &x.name == input)
+            })?;
+            Some((*id, graph.inputs[*index as usize].shape.clone()))
+        }
+    }
+}
+
 /// How an evaluator's response and group indices map to the whole batch's (the kept responses of a
 /// `keep` filter are a sub-batch).
-pub(crate) struct ToBatch<'a> {
+struct ToBatch<'a> {
     /// For each response of the evaluator's batch, its index in the whole batch, and the whole
     /// batch's layout; `None` when the evaluator's batch is the whole batch.
-    pub kept: Option<(&'a [usize], &'a rlx_core::Layout)>,
+    kept: Option<(&'a [usize], &'a rlx_core::Layout)>,
 }
 
 /// Find the culprit of a non-finite value of `start` at its element `element` (in `start`'s element
 /// order over `geometry`), from every node's value (`values`, `None` where not computed).
-pub(crate) fn culprit(
+fn culprit(
     graph: &Graph,
     values: &[Option<Vec<f64>>],
     geometry: &mut Geometry,
@@ -570,16 +750,43 @@ mod tests {
 
     #[test]
     fn the_kernel_failure_is_explained_by_the_interpreter() {
+        // The executor's finiteness check explains a kernel's non-finite output the same way.
         let (_, graph, batch) = compiled(LOG, LOG_ROLLOUTS);
         let kernel = Kernel::compile(&graph, &Options::default()).expect("a kernel");
         let error = kernel
             .run(&batch, &Context::default())
             .expect_err("a NaN loss");
-        assert!(non_finite(error.clone()).culprit.is_none());
-        let explained = non_finite(error.explained(&graph, &batch, &Context::default()));
-        let culprit = explained.culprit.expect("a culprit");
+        let culprit = non_finite(error.clone()).culprit.expect("a culprit");
         assert_eq!(span_text(LOG, culprit.span), "log(score)");
         assert_eq!(culprit.element.to_string(), "group 0, response 1");
+        // Explaining it again changes nothing.
+        assert_eq!(
+            error.clone().explained(&graph, &batch, &Context::default()),
+            error
+        );
+    }
+
+    #[test]
+    fn a_value_beyond_the_kernels_precision_is_said_to_be_finite_in_the_interpreter() {
+        // exp(100) overflows f32 but not f64.
+        let text = "input logp : f32[tok] policy\ninput score : f32[resp]\nreward = exp(score)\nadvantage = reward - mean(reward over resp)\nloss = mean(-advantage * logp over tok, batch)\n";
+        let rollouts = "{\"group\": \"a\", \"score\": 100, \"logp\": [-1]}\n{\"group\": \"a\", \"score\": 1, \"logp\": [-1]}\n";
+        let (_, graph, batch) = compiled(text, rollouts);
+        assert!(evaluate(&graph, &batch, &Context::default()).is_ok());
+        let f32_kernel = Options {
+            accumulate: crate::kernel::Precision::F32,
+            storage: crate::kernel::Precision::F32,
+        };
+        let kernel = Kernel::compile(&graph, &f32_kernel).expect("a kernel");
+        let found = non_finite(kernel.run(&batch, &Context::default()).unwrap_err());
+        assert!(
+            found.culprit.is_none() && found.interpreter_finite,
+            "{found}"
+        );
+        assert!(
+            found.to_string().contains("finite in the f64 interpreter"),
+            "{found}"
+        );
     }
 
     #[test]

@@ -626,7 +626,8 @@ pub fn score_read(
 }
 
 /// Evaluate `graph` on the chosen engine (the JIT falls back to the interpreter, saying why); a
-/// kernel's non-finite output is explained by the interpreter (`EvalError::explained`).
+/// non-finite output is explained by the interpreter on every engine (the executor's finiteness
+/// check).
 fn run(
     graph: &Graph,
     batch: &crate::batch::Batch,
@@ -644,9 +645,7 @@ fn run(
             graph, batch, context, ordinal, &options,
         )?),
         Backend::Jit => match Kernel::compile(graph, &options) {
-            Ok(kernel) => kernel
-                .run(batch, context)
-                .map_err(|e| ScoreError::Eval(e.explained(graph, batch, context))),
+            Ok(kernel) => Ok(kernel.run(batch, context)?),
             Err(error) => {
                 *fallback = Some(format!(
                     "the JIT cannot compile this recipe ({error}); using the interpreter"

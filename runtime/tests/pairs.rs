@@ -15,12 +15,12 @@ use std::path::PathBuf;
 
 use rlx_compiler::ir::Graph;
 use rlx_runtime::arrays::{from_arrays, Array, Arrays, Elements};
-use rlx_runtime::batch::{Batch, Layout};
-use rlx_runtime::geometry::Geometry;
-use rlx_runtime::interp::{evaluate, evaluate_showing, Context, Outcome};
-use rlx_runtime::kernel::{Kernel, Options, Precision};
 use rlx_runtime::rollouts::read_rollouts;
 use rlx_runtime::synthetic::{self, Spec};
+use rlx_runtime::{
+    evaluate, evaluate_showing, Batch, Context, Geometry, Kernel, Layout, Options, Outcome,
+    Precision,
+};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")

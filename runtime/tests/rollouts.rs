@@ -2,8 +2,8 @@
 //! files checked for their exact error.
 
 use rlx_compiler::hir::Recipe;
-use rlx_runtime::batch::Batch;
 use rlx_runtime::rollouts::{decode, read_rollouts, validate_batch, RolloutError, Rollouts};
+use rlx_runtime::Batch;
 use serde_json::json;
 
 const GRPO: &str = "

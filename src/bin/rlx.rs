@@ -341,7 +341,7 @@ fn main() -> ExitCode {
             progress,
             state,
         } => {
-            let context = rlx_runtime::interp::Context {
+            let context = rlx_runtime::Context {
                 step: step as f64,
                 progress,
             };
@@ -529,11 +529,11 @@ fn main() -> ExitCode {
                     BenchBackend::Jit => rlx_runtime::bench::Which::Jit,
                     BenchBackend::All => rlx_runtime::bench::Which::All,
                 },
-                options: rlx_runtime::kernel::Options {
+                options: rlx_runtime::Options {
                     accumulate: if f32_accumulate {
-                        rlx_runtime::kernel::Precision::F32
+                        rlx_runtime::Precision::F32
                     } else {
-                        rlx_runtime::kernel::Precision::F64
+                        rlx_runtime::Precision::F64
                     },
                     ..Default::default()
                 },
@@ -774,7 +774,7 @@ fn score(
     show: &[String],
     out: Option<&Path>,
     backend: rlx_runtime::score::Backend,
-    context: &rlx_runtime::interp::Context,
+    context: &rlx_runtime::Context,
     state_file: Option<&Path>,
 ) -> ExitCode {
     let state = match state_file.map(read_state).transpose() {

@@ -62,7 +62,8 @@ enum Command {
         file: PathBuf,
         /// The representation to print: `ast` (parsed, JSON), `hir` (checked and typed, JSON), `ir`
         /// (the dataflow graph with the loss gradient, readable text), `ir-json`, `plan` (the fused
-        /// kernel passes, readable text), `plan-json`, `torch` (a PyTorch module for verl and TRL,
+        /// kernel passes, readable text), `plan-json`, `loops` (the plan's loop IR, readable text,
+        /// docs/kernels.md), `torch` (a PyTorch module for verl and TRL,
         /// docs/scale.md), `cuda` (the fused kernels as CUDA C, docs/gpu.md) or `clif` (the JIT's
         /// cranelift IR and machine code per pass, docs/kernels.md). Without --emit,
         /// `-o FILE.rlxc` writes the compiled artifact (the checked IR, its kernel plan and metadata;
@@ -94,6 +95,8 @@ enum Emit {
     Plan,
     PlanJson,
     Torch,
+    /// The kernel plan's loop IR, the form the backends generate code from (docs/kernels.md).
+    Loops,
     /// The fused kernels as CUDA C (docs/gpu.md).
     Cuda,
     /// The JIT's code for each loop pass: cranelift IR, then the machine code (docs/kernels.md).
@@ -263,6 +266,7 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
         | Emit::IrJson
         | Emit::Plan
         | Emit::PlanJson
+        | Emit::Loops
         | Emit::Cuda
         | Emit::Clif => match rlx::source::check(path) {
             Err(failure) => failure.report(),
@@ -278,12 +282,16 @@ fn compile(path: &std::path::Path, emit: Emit, set: &[String]) -> ExitCode {
                     Ok(graph) if emit == Emit::Ir => {
                         print_status(&rlx_compiler::ir::print::to_text(&graph))
                     }
-                    Ok(graph) if matches!(emit, Emit::Cuda | Emit::Clif) => {
+                    Ok(graph) if matches!(emit, Emit::Loops | Emit::Cuda | Emit::Clif) => {
                         let options = rlx_compiler::backend::Options::default();
                         let code = rlx_compiler::backend::plan::plan(&graph, &options)
                             .map_err(|e| format!("no kernel plan: {e}"))
                             .and_then(|plan| {
-                                if emit == Emit::Cuda {
+                                if emit == Emit::Loops {
+                                    rlx_compiler::backend::loops::lower(&graph, &plan)
+                                        .map(|kernel| kernel.to_text(&graph))
+                                        .map_err(|e| format!("no loop IR: {e}"))
+                                } else if emit == Emit::Cuda {
                                     rlx_compiler::backend::cuda::generate(&graph, &plan)
                                         .map(|source| source.source)
                                         .map_err(|e| format!("no CUDA kernel: {e}"))

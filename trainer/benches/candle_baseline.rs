@@ -19,9 +19,8 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
 use candle_objectives::Padded;
 use rlx_runtime::bench::{peak_during, CountingAllocator};
-use rlx_runtime::interp::{evaluate, Context};
-use rlx_runtime::kernel::{Kernel, Options};
 use rlx_runtime::synthetic::{self, Spec};
+use rlx_runtime::{evaluate, Context, Kernel, Options};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -46,10 +45,7 @@ struct CandleInputs {
     resp: Vec<Option<Tensor>>,
 }
 
-fn candle_inputs(
-    graph: &rlx_compiler::ir::Graph,
-    batch: &rlx_runtime::batch::Batch,
-) -> CandleInputs {
+fn candle_inputs(graph: &rlx_compiler::ir::Graph, batch: &rlx_runtime::Batch) -> CandleInputs {
     let device = Device::Cpu;
     let counts: Vec<usize> = (0..batch.layout.responses())
         .map(|r| batch.layout.response_length(r))

@@ -177,7 +177,7 @@ pub fn prepare<'a>(source: impl Into<Source<'a>>, args: &RunArgs) -> Result<Prep
     if let Some(ordinal) = device.gpu() {
         // The feature, the driver and the GPU, before anything is written (the kernels themselves
         // are compiled when the run starts).
-        rlx_runtime::cuda::probe(ordinal)?;
+        rlx_runtime::probe_gpu(ordinal)?;
         plan.gpu = Some(ordinal);
     }
     let resumed_out = loaded

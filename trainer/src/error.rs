@@ -56,8 +56,8 @@ pub enum UpdateFailure {
     /// ∂loss/∂logp; its message says which).
     Recipe(String),
     /// An output of the recipe (its loss, ∂loss/∂logp, …) is not finite: which, and the recipe
-    /// expression that made it (`rlx_runtime::nonfinite`), which `rlx run` shows.
-    NonFinite(Box<rlx_runtime::nonfinite::NonFinite>),
+    /// expression that made it (`rlx_runtime::NonFinite`), which `rlx run` shows.
+    NonFinite(Box<rlx_runtime::NonFinite>),
     /// The gradient of a parameter is not finite.
     NonFiniteGradient { parameter: String, value: f32 },
     /// A parameter is not finite after AdamW's step.
@@ -200,7 +200,7 @@ impl fmt::Display for LastCheckpoint {
 
 impl TrainError {
     /// The recipe's non-finite output that stopped the run, when that is why it stopped.
-    pub fn non_finite(&self) -> Option<&rlx_runtime::nonfinite::NonFinite> {
+    pub fn non_finite(&self) -> Option<&rlx_runtime::NonFinite> {
         match self {
             TrainError::Update {
                 cause: UpdateFailure::NonFinite(non_finite),

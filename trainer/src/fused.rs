@@ -22,11 +22,15 @@
 //!   own matrix product always computes both operands' gradients, so a frozen [out, in] weight would
 //!   cost one more product of the forward's size per projection in every backward pass (a third of a
 //!   LoRA step's backward and forward compute) and a weight-sized buffer each, only to be dropped.
+//! * A trained weight: the same product, with ∂w = ∂yᵀ·x computed in the weight's own layout (candle's
+//!   `x.matmul(&w.t())` gives the transpose of xᵀ·∂y, which the gradient store then copies). On the CPU
+//!   all three products call `gemm` directly into an unfilled result (`product_f32`).
 //!
-//! These are CPU kernels (f32, any layout: inputs are made contiguous first). On any other device (a CUDA
-//! device with the `cuda` feature) each layer is its plain candle version instead ([`plain_rms_norm`],
-//! [`plain_swiglu`], [`plain_rope`], candle's product for [`linear`]), so candle's own kernels run it;
-//! the custom ops' `cuda_fwd` stays candle's default (an error naming the op) and is never reached.
+//! On the CPU these are rayon loops (f32, any layout: inputs are made contiguous first). On a CUDA device
+//! (the `cuda` feature) the same ops run the CUDA kernels of `device_kernels.cu` (their `cuda_fwd`, the
+//! backward ops' too) on candle's stream, unless `RLX_GPU_LAYERS=plain` asks for the plain candle
+//! versions ([`plain_rms_norm`], [`plain_swiglu`], [`plain_rope`]; `device_kernels::fused_layers`); on
+//! any other device the plain versions run. The products ([`linear`]) are candle's on a GPU (cuBLAS).
 
 use std::sync::Arc;
 
@@ -62,8 +66,8 @@ fn check_f32(op: &str, t: &Tensor) -> Result<()> {
 
 // ---------------------------------------------------------------------------------------------------
 // The plain candle versions: what each fused layer computes, in differentiable candle ops. They are the
-// layers on any device other than the CPU (a CUDA device: candle's own kernels, until the fused layers
-// have CUDA kernels of their own), and the references of the fused layers' tests.
+// layers on devices without kernels of their own and under `RLX_GPU_LAYERS=plain` (on a GPU: candle's
+// own kernels), and the references of the fused layers' tests.
 
 /// [`rms_norm`] in candle ops: `x / √(mean(x²) + eps) · w`.
 pub fn plain_rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
@@ -89,8 +93,8 @@ pub fn plain_rope(x: &Tensor, tables: &RopeTables) -> Result<Tensor> {
 // ---------------------------------------------------------------------------------------------------
 // RMS norm
 
-/// `x / √(mean(x²) + eps) · w` over the last axis; x: [.., h], w: [h] (f32). The fused kernel on the CPU,
-/// [`plain_rms_norm`] on any other device.
+/// `x / √(mean(x²) + eps) · w` over the last axis; x: [.., h], w: [h] (f32). The fused kernel on the CPU
+/// and on a CUDA device, [`plain_rms_norm`] elsewhere or as `device_kernels::fused_layers` says.
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     check_f32("rms_norm", x)?;
     check_f32("rms_norm", w)?;
@@ -104,7 +108,7 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     if !(eps.is_finite() && eps >= 0.0) {
         bail!("rms_norm: eps = {eps} must be a finite number ≥ 0")
     }
-    if !x.device().is_cpu() {
+    if !crate::device_kernels::fused_layers(x.device())? {
         return plain_rms_norm(x, w, eps);
     }
     x.contiguous()?
@@ -150,6 +154,38 @@ impl CustomOp2 for RmsNorm {
                 });
         }
         Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use crate::device_kernels::{self as k, storage_address as at};
+        let h = l2.shape().elem_count();
+        let n = l1.shape().elem_count();
+        let rows = n / h.max(1);
+        let device = s1.device();
+        let (y, out) = k::zeros(device, n)?;
+        if rows > 0 && h > 0 {
+            let x = at(s1, l1, "rms_norm: x")?;
+            let w = at(s2, l2, "rms_norm: the weight")?;
+            let table = [x, w, out, rows as u64, h as u64, k::f32_word(self.eps)];
+            // SAFETY: x holds rows × h f32, w h, y rows × h (`rlx_rms_norm`'s table), on this stream.
+            unsafe {
+                k::launch(
+                    device,
+                    "rlx_rms_norm",
+                    k::row_grid(rows),
+                    k::ROW_BLOCK,
+                    &table,
+                )
+            }?;
+        }
+        Ok((k::storage(device, y), l1.shape().clone()))
     }
 
     fn bwd(
@@ -225,6 +261,58 @@ impl CustomOp3 for RmsNormBwd {
         }
         Ok((CpuStorage::F32(out), Shape::from((x.len() / h + 1, h))))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use crate::device_kernels::{self as k, storage_address as at};
+        let h = l2.shape().elem_count();
+        let n = l1.shape().elem_count();
+        if h == 0 || n != l3.shape().elem_count() {
+            bail!("rms_norm backward: the gradient's shape differs from the input's")
+        }
+        let rows = n / h;
+        let device = s1.device();
+        let (both, out) = k::zeros(device, n + h)?;
+        let (inv, inv_at) = k::zeros(device, rows)?;
+        let x = at(s1, l1, "rms_norm backward: x")?;
+        let w = at(s2, l2, "rms_norm backward: the weight")?;
+        let dy = at(s3, l3, "rms_norm backward: the gradient")?;
+        if rows > 0 {
+            let eps = k::f32_word(self.eps);
+            let table = [x, w, dy, out, inv_at, rows as u64, h as u64, eps];
+            // SAFETY: x and dy hold rows × h f32, w h, out (rows + 1) × h, inv rows; on this stream.
+            unsafe {
+                k::launch(
+                    device,
+                    "rlx_rms_norm_bwd_rows",
+                    k::row_grid(rows),
+                    k::ROW_BLOCK,
+                    &table,
+                )
+            }?;
+            let table = [x, dy, inv_at, out, rows as u64, h as u64];
+            // SAFETY: as above; the weight's row is the last of `out`.
+            unsafe {
+                k::launch(
+                    device,
+                    "rlx_rms_norm_bwd_weight",
+                    k::element_grid(h),
+                    k::ELEMENT_BLOCK,
+                    &table,
+                )
+            }?;
+        }
+        drop(inv);
+        Ok((k::storage(device, both), Shape::from((rows + 1, h))))
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -259,12 +347,9 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     }
     let bmnk = (1, n, out, inp);
     if w.is_variable() || w.track_op() {
-        if n <= MATVEC_ROWS && x.dtype() == candle_core::DType::F32 {
-            return x
-                .contiguous()?
-                .apply_op2(&w.contiguous()?, TrackedRows { bmnk });
-        }
-        return x.matmul(&w.t()?);
+        return x
+            .contiguous()?
+            .apply_op2(&w.contiguous()?, TrackedLinear { bmnk });
     }
     x.contiguous()?.apply_op1(FrozenLinear {
         w: w.detach(),
@@ -288,9 +373,129 @@ fn cpu_product(
         let y = matvec(x, w, n, out, inp);
         return Ok((CpuStorage::F32(y), Shape::from((n, out))));
     }
+    if f32s && xl.is_contiguous() && wl.is_contiguous() {
+        let x = cpu_f32("linear: x", x, xl)?;
+        let w = cpu_f32("linear: the weight", w, wl)?;
+        // wᵀ: w's rows read as columns.
+        let y = product_f32((n, out, inp), (x, inp, 1), (w, 1, inp));
+        return Ok((CpuStorage::F32(y), Shape::from((n, out))));
+    }
     // wᵀ as a strided view of w: the layout candle's own `x.matmul(&w.t())` hands the kernel.
     let y = x.matmul(w, bmnk, xl, &wl.transpose(0, 1)?)?;
     Ok((y, Shape::from((n, out))))
+}
+
+/// An f32 matrix given by its elements and its row and column strides (in elements).
+type Strided<'a> = (&'a [f32], usize, usize);
+
+/// `a · b` for a: [m, k] and b: [k, n] into a new row-major [m, n]: the `gemm` crate's product, as
+/// candle calls it (the same kernels, over rayon's threads), except that the result is not first
+/// filled with zeros, which gemm does not read when `read_dst` is false. candle's zeroed result cost
+/// a memset of every product's output, about 2 % of a training step (docs/performance.md, item 17).
+fn product_f32(
+    (m, n, k): (usize, usize, usize),
+    (a, a_rs, a_cs): Strided<'_>,
+    (b, b_rs, b_cs): Strided<'_>,
+) -> Vec<f32> {
+    let reach = |rows: usize, cols: usize, rs: usize, cs: usize| {
+        if rows == 0 || cols == 0 {
+            0
+        } else {
+            (rows - 1) * rs + (cols - 1) * cs + 1
+        }
+    };
+    assert!(
+        a.len() >= reach(m, k, a_rs, a_cs) && b.len() >= reach(k, n, b_rs, b_cs),
+        "product_f32: an operand is shorter than its shape and strides"
+    );
+    if k == 0 || m == 0 || n == 0 {
+        return vec![0f32; m * n];
+    }
+    let threads = candle_core::utils::get_num_threads();
+    let parallelism = if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    let mut y: Vec<f32> = Vec::with_capacity(m * n);
+    // SAFETY: the operands hold every element their shapes and strides reach (asserted above); the
+    // destination has room for m·n elements, which gemm writes all of (row-major strides n, 1)
+    // without reading any (`read_dst` false), so they are initialised when the length is set.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            y.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            a.as_ptr(),
+            a_cs as isize,
+            a_rs as isize,
+            b.as_ptr(),
+            b_cs as isize,
+            b_rs as isize,
+            0f32,
+            1f32,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+        y.set_len(m * n);
+    }
+    y
+}
+
+/// `∂x = ∂y·w` and, when `weight_grad`, `∂w = ∂yᵀ·x` of `y = x·wᵀ` (x: [n, in], w: [out, in], ∂y:
+/// [n, out]): by [`product_f32`] for contiguous f32 tensors on the CPU, else candle's products.
+fn linear_grads(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    weight_grad: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let direct = [x, w, dy]
+        .iter()
+        .all(|t| t.device().is_cpu() && t.dtype() == candle_core::DType::F32 && t.is_contiguous());
+    if !direct {
+        let dw = if weight_grad {
+            Some(dy.t()?.matmul(x)?)
+        } else {
+            None
+        };
+        return Ok((dy.matmul(w)?, dw));
+    }
+    let (n, inp) = x.dims2()?;
+    let (out, w_in) = w.dims2()?;
+    if w_in != inp || dy.dims2()? != (n, out) {
+        bail!(
+            "linear: the gradient {:?} does not fit x {:?} and the weight {:?}",
+            dy.dims(),
+            x.dims(),
+            w.dims()
+        )
+    }
+    let (xs, xl) = x.storage_and_layout();
+    let (ws, wl) = w.storage_and_layout();
+    let (gs, gl) = dy.storage_and_layout();
+    let (Storage::Cpu(xs), Storage::Cpu(ws), Storage::Cpu(gs)) = (&*xs, &*ws, &*gs) else {
+        bail!("linear: the gradient's operands are not on the CPU")
+    };
+    let xv = cpu_f32("linear: x", xs, xl)?;
+    let wv = cpu_f32("linear: the weight", ws, wl)?;
+    let gv = cpu_f32("linear: the gradient", gs, gl)?;
+    let dx = product_f32((n, inp, out), (gv, out, 1), (wv, inp, 1));
+    let dx = Tensor::from_vec(dx, (n, inp), x.device())?;
+    let dw = if weight_grad {
+        // ∂yᵀ: ∂y's columns read as rows.
+        let dw = product_f32((out, inp, n), (gv, 1, out), (xv, inp, 1));
+        Some(Tensor::from_vec(dw, (out, inp), w.device())?)
+    } else {
+        None
+    };
+    Ok((dx, dw))
 }
 
 struct FrozenLinear {
@@ -311,20 +516,23 @@ impl CustomOp1 for FrozenLinear {
         cpu_product(x, xl, w, wl, self.bmnk)
     }
 
-    fn bwd(&self, _x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(dy.matmul(&self.w)?))
+    fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(linear_grads(x, &self.w, dy, false)?.0))
     }
 }
 
-/// A few rows times a trained weight: the forward by [`matvec`], the backward candle's products
-/// (∂x = ∂y·w, ∂w = ∂yᵀ·x).
-struct TrackedRows {
+/// Rows times a trained weight: the forward [`cpu_product`] (by [`matvec`] for a few rows), the
+/// backward candle's products ∂x = ∂y·w and ∂w = ∂yᵀ·x, each written in its own layout. candle's
+/// `x.matmul(&w.t())` computes ∂(wᵀ) = xᵀ·∂y instead and hands back its transpose, a strided view
+/// that the gradient store then copies into a contiguous weight-sized buffer: one transposing copy of
+/// every trained weight per backward pass (docs/performance.md, item 17).
+struct TrackedLinear {
     bmnk: (usize, usize, usize, usize),
 }
 
-impl CustomOp2 for TrackedRows {
+impl CustomOp2 for TrackedLinear {
     fn name(&self) -> &'static str {
-        "linear-rows"
+        "tracked-linear"
     }
 
     fn cpu_fwd(
@@ -344,7 +552,8 @@ impl CustomOp2 for TrackedRows {
         _y: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        Ok((Some(dy.matmul(w)?), Some(dy.t()?.matmul(x)?)))
+        let (dx, dw) = linear_grads(x, w, dy, true)?;
+        Ok((Some(dx), dw))
     }
 }
 
@@ -587,8 +796,8 @@ unsafe fn dot_rows_avx2<const R: usize>(xs: &[&[f32]; R], w: &[f32]) -> [f32; R]
 // ---------------------------------------------------------------------------------------------------
 // SwiGLU
 
-/// `silu(gate) · up` elementwise (same shapes, f32). The fused kernel on the CPU, [`plain_swiglu`] on any
-/// other device.
+/// `silu(gate) · up` elementwise (same shapes, f32). The fused kernel on the CPU and on a CUDA
+/// device, [`plain_swiglu`] elsewhere or as `device_kernels::fused_layers` says.
 pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     check_f32("swiglu", gate)?;
     check_f32("swiglu", up)?;
@@ -599,7 +808,7 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
             up.dims()
         )
     }
-    if !gate.device().is_cpu() {
+    if !crate::device_kernels::fused_layers(gate.device())? {
         return plain_swiglu(gate, up);
     }
     gate.contiguous()?.apply_op2(&up.contiguous()?, SwiGlu)
@@ -637,6 +846,42 @@ impl CustomOp2 for SwiGlu {
                 }
             });
         Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use crate::device_kernels::{self as k, storage_address as at};
+        let n = l1.shape().elem_count();
+        if l2.shape().elem_count() != n {
+            bail!("swiglu: gate and up differ in size")
+        }
+        let device = s1.device();
+        let (y, out) = k::zeros(device, n)?;
+        if n > 0 {
+            let table = [
+                at(s1, l1, "swiglu: gate")?,
+                at(s2, l2, "swiglu: up")?,
+                out,
+                n as u64,
+            ];
+            // SAFETY: the three buffers hold n f32 each, on this stream.
+            unsafe {
+                k::launch(
+                    device,
+                    "rlx_swiglu",
+                    k::element_grid(n),
+                    k::ELEMENT_BLOCK,
+                    &table,
+                )
+            }?;
+        }
+        Ok((k::storage(device, y), l1.shape().clone()))
     }
 
     fn bwd(
@@ -695,6 +940,45 @@ impl CustomOp3 for SwiGluBwd {
             });
         Ok((CpuStorage::F32(out), Shape::from(2 * n)))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use crate::device_kernels::{self as k, storage_address as at};
+        let n = l1.shape().elem_count();
+        if l3.shape().elem_count() != n || l2.shape().elem_count() != n {
+            bail!("swiglu backward: the gradient's shape differs from the input's")
+        }
+        let device = s1.device();
+        let (both, out) = k::zeros(device, 2 * n)?;
+        if n > 0 {
+            let table = [
+                at(s1, l1, "swiglu backward: gate")?,
+                at(s2, l2, "swiglu backward: up")?,
+                at(s3, l3, "swiglu backward: the gradient")?,
+                out,
+                n as u64,
+            ];
+            // SAFETY: gate, up and the gradient hold n f32, out 2n; on this stream.
+            unsafe {
+                k::launch(
+                    device,
+                    "rlx_swiglu_bwd",
+                    k::element_grid(n),
+                    k::ELEMENT_BLOCK,
+                    &table,
+                )
+            }?;
+        }
+        Ok((k::storage(device, both), Shape::from(2 * n)))
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -730,6 +1014,21 @@ impl RopeTables {
         }
     }
 
+    /// cos θ of position `p` (from the tables' first), pair `i`: `[t, half]` row-major.
+    pub fn cos(&self) -> &[f32] {
+        &self.cos
+    }
+
+    /// sin θ, as [`RopeTables::cos`].
+    pub fn sin(&self) -> &[f32] {
+        &self.sin
+    }
+
+    /// Positions and pairs per row: the tables are `[t, half]`.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.t, self.half)
+    }
+
     /// `y` = the row `x` of d = 2·half values at position `p` rotated by `sign`·θ (the halves
     /// [x₁, x₂]: y₁ = x₁ cos − x₂ sin, y₂ = x₂ cos + x₁ sin).
     fn rotate(&self, y: &mut [f32], x: &[f32], p: usize, sign: f32) {
@@ -761,7 +1060,8 @@ impl RopeTables {
 }
 
 /// The rotary embedding of `x: [.., t, d]` (d = 2 · the tables' half, t their positions), f32. The fused
-/// kernel on the CPU, [`plain_rope`] on any other device.
+/// kernel on the CPU and on a CUDA device, [`plain_rope`] elsewhere or as
+/// `device_kernels::fused_layers` says.
 pub fn rope(x: &Tensor, tables: &RopeTables) -> Result<Tensor> {
     check_f32("rope", x)?;
     let dims = x.dims();
@@ -773,7 +1073,7 @@ pub fn rope(x: &Tensor, tables: &RopeTables) -> Result<Tensor> {
             2 * tables.half
         )
     }
-    if !x.device().is_cpu() {
+    if !crate::device_kernels::fused_layers(x.device())? {
         return plain_rope(x, tables);
     }
     x.contiguous()?.apply_op1(Rope {
@@ -813,6 +1113,25 @@ impl CustomOp1 for Rope {
         Ok((CpuStorage::F32(y), l.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (t, half) = (self.tables.t, self.tables.half);
+        let rows = l.shape().elem_count() / (t * 2 * half).max(1);
+        let y = gpu_heads(
+            s,
+            l,
+            (rows, t, 1, 2 * half),
+            Some(&self.tables),
+            0,
+            self.inverse,
+        )?;
+        Ok((y, l.shape().clone()))
+    }
+
     fn bwd(&self, _x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         let dx = grad.contiguous()?.apply_op1_no_bwd(&Rope {
             tables: self.tables.clone(),
@@ -828,14 +1147,14 @@ impl CustomOp1 for Rope {
 /// `x: [b, t, n, d]` (a projection's output: n heads per position) → `[b, n, t, d]` (the per-head blocks
 /// attention reads), each head's positions rotated by `tables` when given: the split into heads and the
 /// rotary embedding as one parallel pass, where `x.transpose(1, 2).contiguous()` then [`rope`] made two
-/// (the first a strided copy on one thread). Values are exactly those of the two ops. On other devices:
+/// (the first a strided copy on one thread). Values are exactly those of the two ops. Where the layers are plain:
 /// those two ops.
 pub fn to_heads(x: &Tensor, tables: Option<&RopeTables>) -> Result<Tensor> {
     heads_op(x, tables, true)
 }
 
 /// `x: [b, n, t, d]` (attention's per-head output) → `[b, t, n, d]`, back to positions: one parallel pass
-/// instead of `x.transpose(1, 2).contiguous()`. On other devices: that.
+/// instead of `x.transpose(1, 2).contiguous()`. Where the layers are plain: that.
 pub fn from_heads(x: &Tensor) -> Result<Tensor> {
     heads_op(x, None, false)
 }
@@ -856,7 +1175,7 @@ fn heads_op(x: &Tensor, tables: Option<&RopeTables>, to_heads: bool) -> Result<T
             )
         }
     }
-    if !x.device().is_cpu() {
+    if !crate::device_kernels::fused_layers(x.device())? {
         let y = x.transpose(1, 2)?.contiguous()?;
         return match tables {
             Some(tables) => plain_rope(&y, tables),
@@ -926,6 +1245,23 @@ impl CustomOp1 for Heads {
         Ok((CpuStorage::F32(y), shape))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (b, t, n, d) = self.dims;
+        let mode = if self.to_heads { 1 } else { 2 };
+        let y = gpu_heads(s, l, self.dims, self.tables.as_ref(), mode, self.inverse)?;
+        let shape = if self.to_heads {
+            Shape::from((b, n, t, d))
+        } else {
+            Shape::from((b, t, n, d))
+        };
+        Ok((y, shape))
+    }
+
     fn bwd(&self, _x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         let dx = grad.contiguous()?.apply_op1_no_bwd(&Heads {
             dims: self.dims,
@@ -935,4 +1271,70 @@ impl CustomOp1 for Heads {
         })?;
         Ok(Some(dx))
     }
+}
+
+/// `rlx_heads` (`device_kernels.cu`) on a CUDA storage: `dims` = (b, t, n, d) of the move (`mode` 0:
+/// rope on [b, t, d] rows with n = 1; 1: to_heads; 2: from_heads), rotated by the tables (by −θ when
+/// `inverse`) if any.
+#[cfg(feature = "cuda")]
+fn gpu_heads(
+    s: &candle_core::CudaStorage,
+    l: &Layout,
+    (b, t, n, d): (usize, usize, usize, usize),
+    tables: Option<&RopeTables>,
+    mode: u64,
+    inverse: bool,
+) -> Result<candle_core::CudaStorage> {
+    use crate::device_kernels::{self as k, storage_address as at};
+    let total = l.shape().elem_count();
+    if b * t * n * d != total {
+        bail!("heads: {total} values for [{b}, {t}, {n}, {d}]")
+    }
+    let device = s.device();
+    let (y, out) = k::zeros(device, total)?;
+    if total == 0 {
+        return Ok(k::storage(device, y));
+    }
+    // The tables on the device for this launch (t × d/2 values each).
+    let uploaded = match tables {
+        Some(tables) => Some((
+            device.clone_htod(tables.cos.as_slice())?,
+            device.clone_htod(tables.sin.as_slice())?,
+        )),
+        None => None,
+    };
+    let stream = device.cuda_stream();
+    let (cos, sin) = match &uploaded {
+        Some((cos, sin)) => {
+            use candle_core::cuda_backend::cudarc::driver::DevicePtr;
+            (cos.device_ptr(&stream).0, sin.device_ptr(&stream).0)
+        }
+        None => (0, 0),
+    };
+    let sign = if inverse { -1f32 } else { 1f32 };
+    let table = [
+        at(s, l, "heads: input")?,
+        out,
+        cos,
+        sin,
+        b as u64,
+        t as u64,
+        n as u64,
+        d as u64,
+        mode,
+        k::f32_word(sign),
+    ];
+    // SAFETY: the input and `y` hold b·t·n·d f32, the tables t × d/2 each (checked by the callers
+    // against the tables' dims); on this stream, the tables freed after the launch in stream order.
+    unsafe {
+        k::launch(
+            device,
+            "rlx_heads",
+            k::element_grid(total),
+            k::ELEMENT_BLOCK,
+            &table,
+        )
+    }?;
+    drop(uploaded);
+    Ok(k::storage(device, y))
 }

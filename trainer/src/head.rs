@@ -4,8 +4,9 @@
 //! The forward pass walks the vocabulary (and the rows, when there are many) in chunks whose logits have
 //! at most `budget` elements, keeping an online log-sum-exp per row; the backward pass (a candle
 //! [`CustomOp2`] on `hidden` and `weight`) recomputes each chunk's logits from the saved per-row
-//! log-sum-exp and entropy and accumulates ∂hidden and ∂weight chunk by chunk. Only candle tensor ops are
-//! used, so the same code runs on any candle device.
+//! log-sum-exp and entropy and accumulates ∂hidden and ∂weight chunk by chunk. The per-chunk passes over
+//! the logits are candle tensor ops on any device, one parallel pass each on the CPU (`head_cpu.rs`), and
+//! CUDA kernels on a GPU (`device_kernels.cu`, the `gpu` module below); the chunks' products are candle's.
 //!
 //! The derivation, with z the logits of a row, p = softmax(z), lse = log Σ exp z, t its target:
 //!
@@ -80,7 +81,7 @@ pub fn fused_logp_entropy(
     for r0 in (0..n).step_by(rows) {
         let rc = rows.min(n - r0);
         let h = hidden_d.narrow(0, r0, rc)?;
-        if head_cpu::applies(&h) {
+        if head_cpu::applies(&h) && crate::device_kernels::fused_layers(device)? {
             // f32 on the CPU: one parallel pass per chunk (`head_cpu.rs`), the same formulas.
             if v == 0 {
                 bail!("fused_logp_entropy: empty vocabulary")
@@ -99,6 +100,19 @@ pub fn fused_logp_entropy(
             logp_parts.push(column(|d| d.0)?);
             lse_parts.push(column(|d| d.1)?);
             entropy_parts.push(column(|d| d.2)?);
+            continue;
+        }
+        #[cfg(feature = "cuda")]
+        if gpu::applies(&h)? {
+            // f32 on a GPU: the chunk passes of `device_kernels.cu`, the same formulas.
+            if v == 0 {
+                bail!("fused_logp_entropy: empty vocabulary")
+            }
+            let (logp, lse, entropy) =
+                gpu::forward_rows(&h, &weight_d, &targets.narrow(0, r0, rc)?, cols)?;
+            logp_parts.push(logp);
+            lse_parts.push(lse);
+            entropy_parts.push(entropy);
             continue;
         }
         let t = targets
@@ -390,13 +404,26 @@ impl CustomOp2 for FusedHead {
         let g2 = grad.narrow(1, 1, 1)?;
         let row_starts: Vec<usize> = (0..n).step_by(self.rows).collect();
         // f32 on the CPU: ∂z of each chunk in one parallel pass (`head_cpu.rs`) from these rows' values.
-        let cpu = if n > 0 && head_cpu::applies(&h_all) {
+        let cpu =
+            if n > 0 && head_cpu::applies(&h_all) && crate::device_kernels::fused_layers(device)? {
+                Some((
+                    self.targets.to_vec1::<u32>()?,
+                    head_cpu::values(&self.lse)?,
+                    head_cpu::values(&self.entropy)?,
+                    head_cpu::values(&g1)?,
+                    head_cpu::values(&g2)?,
+                ))
+            } else {
+                None
+            };
+        // f32 on a GPU: ∂z of each chunk by `rlx_head_backward_chunk` from contiguous per-row columns.
+        #[cfg(feature = "cuda")]
+        let gpu_rows = if n > 0 && gpu::applies(&h_all)? {
             Some((
-                self.targets.to_vec1::<u32>()?,
-                head_cpu::values(&self.lse)?,
-                head_cpu::values(&self.entropy)?,
-                head_cpu::values(&g1)?,
-                head_cpu::values(&g2)?,
+                self.lse.contiguous()?,
+                self.entropy.contiguous()?,
+                g1.contiguous()?,
+                g2.contiguous()?,
             ))
         } else {
             None
@@ -415,8 +442,22 @@ impl CustomOp2 for FusedHead {
             for (k, &r0) in row_starts.iter().enumerate() {
                 let rc = self.rows.min(n - r0);
                 let h = h_all.narrow(0, r0, rc)?;
-                let dz = match &cpu {
-                    Some((targets, lse, entropy, g1, g2)) => {
+                #[cfg(feature = "cuda")]
+                let on_gpu = gpu_rows.as_ref();
+                #[cfg(not(feature = "cuda"))]
+                let on_gpu: Option<&()> = None;
+                let dz = match (&cpu, on_gpu) {
+                    #[cfg(feature = "cuda")]
+                    (_, Some((lse, entropy, g1, g2))) => {
+                        let rows = |t: &Tensor| t.narrow(0, r0, rc);
+                        gpu::chunk_gradient(
+                            &h.matmul(&w.t()?)?,
+                            c0,
+                            &self.targets.narrow(0, r0, rc)?,
+                            [&rows(lse)?, &rows(entropy)?, &rows(g1)?, &rows(g2)?],
+                        )?
+                    }
+                    (Some((targets, lse, entropy, g1, g2)), _) => {
                         let rows = r0..r0 + rc;
                         head_cpu::backward_chunk(
                             &h.matmul(&w.t()?)?,
@@ -429,7 +470,7 @@ impl CustomOp2 for FusedHead {
                             device,
                         )?
                     }
-                    None => chunk_gradient(
+                    _ => chunk_gradient(
                         &h,
                         &w,
                         (c0, vc),
@@ -608,4 +649,140 @@ pub fn benchmark(
         "grad_hidden_sq": values[2],
         "grad_weight_sq": values[3],
     }))
+}
+
+/// The head's chunk passes on a GPU (`device_kernels.cu`: `rlx_head_forward_chunk`, `rlx_head_finish`,
+/// `rlx_head_backward_chunk`), for f32 tensors on a CUDA device whose fused layers are on
+/// (`device_kernels::fused_layers`; `RLX_GPU_LAYERS=plain` takes the candle-op path instead).
+#[cfg(feature = "cuda")]
+mod gpu {
+    use candle_core::{bail, DType, Device, Result, Tensor};
+
+    use crate::device_kernels::{self as k, address_of};
+
+    pub fn applies(t: &Tensor) -> Result<bool> {
+        Ok(t.dtype() == DType::F32 && t.device().is_cuda() && k::fused_layers(t.device())?)
+    }
+
+    fn cuda(device: &Device) -> Result<&candle_core::CudaDevice> {
+        match device {
+            Device::Cuda(cuda) => Ok(cuda),
+            _ => bail!("fused-lm-head: not a CUDA device"),
+        }
+    }
+
+    /// The rows `h: [rc, hd]` against every chunk of `weight` (`cols` columns at a time): their
+    /// ([rc, 1] each) log p of the target, lse and entropy. The chunks' logits are candle's products
+    /// (cuBLAS); the per-row state (m, s, u, target logit) stays on the device.
+    pub fn forward_rows(
+        h: &Tensor,
+        weight: &Tensor,
+        targets: &Tensor,
+        cols: usize,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let rc = h.dim(0)?;
+        let v = weight.dim(0)?;
+        let device = h.device();
+        let gpu = cuda(device)?;
+        let targets = targets.contiguous()?;
+        let initial: Vec<f32> = (0..rc)
+            .flat_map(|_| [f32::NEG_INFINITY, 0.0, 0.0, 0.0])
+            .collect();
+        // Written in place by the kernels: fresh tensors no other tensor shares.
+        let state = Tensor::from_vec(initial, (rc, 4), device)?;
+        let out = Tensor::zeros((rc, 3), DType::F32, device)?;
+        if rc > 0 {
+            for c0 in (0..v).step_by(cols.max(1)) {
+                let vc = cols.min(v - c0);
+                let z = h.matmul(&weight.narrow(0, c0, vc)?.t()?)?.contiguous()?;
+                let (z_at, _z) = address_of(&z, DType::F32, "fused-lm-head: the logits")?;
+                let (t_at, _t) = address_of(&targets, DType::U32, "fused-lm-head: the targets")?;
+                let (s_at, _s) = address_of(&state, DType::F32, "fused-lm-head: the state")?;
+                let table = [z_at, t_at, s_at, rc as u64, vc as u64, c0 as u64];
+                // SAFETY: z holds rc × vc f32, the targets rc u32, the state rc × 4 f32; on this
+                // stream, alive (the guards and tensors) until the launch is queued.
+                unsafe {
+                    k::launch(
+                        gpu,
+                        "rlx_head_forward_chunk",
+                        k::row_grid(rc),
+                        k::ROW_BLOCK,
+                        &table,
+                    )
+                }?;
+            }
+            let (s_at, _s) = address_of(&state, DType::F32, "fused-lm-head: the state")?;
+            let (o_at, _o) = address_of(&out, DType::F32, "fused-lm-head: the result")?;
+            let table = [s_at, o_at, rc as u64];
+            // SAFETY: the state holds rc × 4 f32, the result rc × 3; on this stream.
+            unsafe {
+                k::launch(
+                    gpu,
+                    "rlx_head_finish",
+                    k::element_grid(rc),
+                    k::ELEMENT_BLOCK,
+                    &table,
+                )
+            }?;
+        }
+        Ok((
+            out.narrow(1, 0, 1)?,
+            out.narrow(1, 1, 1)?,
+            out.narrow(1, 2, 1)?,
+        ))
+    }
+
+    /// ∂loss/∂z of one chunk `z: [rc, vc]` (columns `c0..`), from the rows' targets and contiguous
+    /// `[rc, 1]` lse, entropy, g1 and g2.
+    pub fn chunk_gradient(
+        z: &Tensor,
+        c0: usize,
+        targets: &Tensor,
+        rows: [&Tensor; 4],
+    ) -> Result<Tensor> {
+        let z = z.contiguous()?;
+        let (rc, vc) = z.dims2()?;
+        let device = z.device();
+        let gpu = cuda(device)?;
+        let dz = Tensor::zeros((rc, vc), DType::F32, device)?;
+        if rc * vc == 0 {
+            return Ok(dz);
+        }
+        let targets = targets.contiguous()?;
+        let mut guards = Vec::new();
+        let mut addresses = Vec::new();
+        for (t, dtype, what) in [
+            (&z, DType::F32, "the logits"),
+            (&targets, DType::U32, "the targets"),
+            (rows[0], DType::F32, "lse"),
+            (rows[1], DType::F32, "the entropy"),
+            (rows[2], DType::F32, "g1"),
+            (rows[3], DType::F32, "g2"),
+            (&dz, DType::F32, "∂z"),
+        ] {
+            if t.dim(0)? != rc {
+                bail!(
+                    "fused-lm-head: {what} has {} rows, the chunk {rc}",
+                    t.dim(0)?
+                )
+            }
+            let (address, guard) = address_of(t, dtype, &format!("fused-lm-head: {what}"))?;
+            addresses.push(address);
+            guards.push(guard);
+        }
+        addresses.extend([rc as u64, vc as u64, c0 as u64]);
+        // SAFETY: z and dz hold rc × vc f32, the others rc values (checked above); on this stream,
+        // alive while the guards are.
+        unsafe {
+            k::launch(
+                gpu,
+                "rlx_head_backward_chunk",
+                k::element_grid(rc * vc),
+                k::ELEMENT_BLOCK,
+                &addresses,
+            )
+        }?;
+        drop(guards);
+        Ok(dz)
+    }
 }

@@ -11,6 +11,7 @@ pub mod cli;
 pub mod compare;
 pub mod config;
 pub mod decompose;
+pub mod device_kernels;
 pub mod embed;
 pub mod error;
 pub mod export;

@@ -7,10 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use rlx_compiler::ir::Graph;
-use rlx_runtime::batch::Batch;
-use rlx_runtime::cuda::GpuKernel;
-use rlx_runtime::interp::{evaluate, Context, EvalError, Outcome};
-use rlx_runtime::kernel::{Kernel, Options};
+use rlx_runtime::{evaluate, Batch, Context, EvalError, GpuKernel, Kernel, Options, Outcome};
 
 /// How a compiled recipe is evaluated: the f64 reference interpreter, the cranelift kernel, or the
 /// same kernel plan as CUDA C on a GPU (`rlx run --device cuda:N`, docs/gpu.md).
@@ -81,14 +78,13 @@ impl Objective {
         }
     }
 
-    /// Evaluate the recipe on `batch`; a kernel's non-finite output is explained by the interpreter
-    /// (`EvalError::explained`: the expression that made it, for which element).
+    /// Evaluate the recipe on `batch`; a non-finite output names the expression that made it, for
+    /// which element (the executor's finiteness check, `rlx_runtime::NonFinite`).
     pub fn run(&self, batch: &Batch, context: &Context) -> Result<Outcome, EvalError> {
-        let explain = |e: EvalError| e.explained(self.graph(), batch, context);
         match self {
             Objective::Interpreter(graph) => evaluate(graph, batch, context),
-            Objective::Kernel(kernel) => kernel.run(batch, context).map_err(explain),
-            Objective::Gpu(kernel) => kernel.run(batch, context).map_err(explain),
+            Objective::Kernel(kernel) => kernel.run(batch, context),
+            Objective::Gpu(kernel) => kernel.run(batch, context),
         }
     }
 }
@@ -111,6 +107,17 @@ pub struct RecipeOp {
     /// The evaluation's error when the forward pass failed, typed (candle's error keeps only its
     /// message): `failure_handle`.
     failure: Arc<Mutex<Option<EvalError>>>,
+    /// On a GPU: ∂loss/∂argument as the recipe's kernels left it, interleaved in the argument's
+    /// `[elements, columns]` layout on candle's stream (`cuda_fwd`), which `bwd` hands to candle.
+    #[cfg(feature = "cuda")]
+    device_gradient: Arc<Mutex<Option<DeviceGradient>>>,
+}
+
+/// ∂loss/∂argument on the GPU (`RecipeOp::cuda_fwd`): `[elements, columns]` f32, row-major.
+#[cfg(feature = "cuda")]
+struct DeviceGradient {
+    values: candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>,
+    device: candle_core::CudaDevice,
 }
 
 impl RecipeOp {
@@ -163,6 +170,8 @@ impl RecipeOp {
             context,
             outcome: Arc::new(Mutex::new(None)),
             failure: Arc::new(Mutex::new(None)),
+            #[cfg(feature = "cuda")]
+            device_gradient: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -229,11 +238,53 @@ impl RecipeOp {
             })
     }
 
+    /// Whether the GPU path needs the argument's values on the host: for a recipe with `keep`
+    /// sections (the kept phase's inputs are gathered on the host, `Kernel`'s filter), for a column
+    /// the kernels store in f64 (uploaded from the host), and for a column a host pass reads (`rank`,
+    /// `components`, `distinct_ngrams`, `uniform`'s seed). Otherwise the kernels read the columns
+    /// where candle holds them and the host column is a placeholder of the right length (the runner
+    /// validates lengths, not values).
+    pub fn needs_host_values(&self, kernel: &Kernel) -> bool {
+        use rlx_compiler::backend::plan::{BufferKind, Pass};
+        use rlx_runtime::Precision;
+        let plan = kernel.plan();
+        if plan.phases.len() > 1 {
+            return true;
+        }
+        let filled: Vec<usize> = self.columns.iter().flatten().map(|(i, _)| *i).collect();
+        if filled
+            .iter()
+            .any(|i| kernel.input_storage(*i) != Some(Precision::F32))
+        {
+            return true;
+        }
+        plan.phases.iter().any(|phase| {
+            let reads_column = |b: &u32| {
+                matches!(phase.buffers[*b as usize].kind,
+                    BufferKind::Input(i) if filled.contains(&(i as usize)))
+            };
+            phase.passes.iter().any(|pass| match pass {
+                Pass::Ngrams { source, .. } | Pass::Components { source, .. } => {
+                    reads_column(source)
+                }
+                Pass::Rank { source, mask, .. } => {
+                    reads_column(source) || mask.as_ref().is_some_and(reads_column)
+                }
+                Pass::Uniform { seed, .. } => reads_column(seed),
+                Pass::Loop(_) | Pass::Combine { .. } => false,
+            })
+        })
+    }
+
     /// The recipe's CUDA kernels on the argument where candle holds it (`storage`, on the kernels' GPU
-    /// and stream): the host copy of the values is what the runner validates (and what a `keep` filter
-    /// slices), while each f32-stored column the recipe reads is handed to the kernels by its device
+    /// and stream). `values` is the host copy of the argument (what the runner validates and what a
+    /// `keep` filter slices) or, when [`RecipeOp::needs_host_values`] says no reader needs it, zeros of
+    /// its length. Each f32-stored column the recipe reads is handed to the kernels by its device
     /// address (column 0 of a one-column argument in place, the others as a contiguous copy made on
-    /// the stream), so the log-probabilities are not uploaded again.
+    /// the stream). The gradients stay on the device: each differentiable column's ∂loss/∂input is
+    /// written into its column of a `[elements, columns]` buffer (`rlx_gradient_column_*`,
+    /// `device_kernels.cu`), kept for `bwd`; only the outputs (loss, metrics, rewards, advantages) and
+    /// a finiteness flag per column come back.
     #[cfg(feature = "cuda")]
     fn evaluate_on_device(
         &self,
@@ -241,16 +292,17 @@ impl RecipeOp {
         storage: &candle_core::CudaStorage,
         layout: &Layout,
         values: &[f32],
-    ) -> candle_core::Result<Outcome> {
+    ) -> candle_core::Result<(Outcome, DeviceGradient)> {
         use candle_core::backend::{BackendDevice, BackendStorage};
-        use candle_core::cuda_backend::cudarc::driver::DevicePtr;
-        use rlx_runtime::kernel::Column;
+        use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DevicePtrMut};
+        use rlx_runtime::{Column, Precision};
 
-        let recipe = |e: String| candle_core::Error::Msg(format!("recipe: {e}"));
+        use crate::device_kernels;
+
         let packed = gpu
             .kernel()
             .pack(&self.filled(values))
-            .map_err(|e| recipe(e.to_string()))?;
+            .map_err(|e| self.device_failure(e, storage, layout))?;
         let width = self.columns.len();
         let elements = values.len() / width.max(1);
         let device = storage.device();
@@ -284,16 +336,137 @@ impl RecipeOp {
             addresses[*index] = Some(address);
         }
         let columns: Vec<_> = packed.inputs.iter().map(Column::as_column_ref).collect();
-        // SAFETY: each address is, on this kernel's GPU, `elements` f32 values equal to the host
-        // column at the same index (both are the argument's column, the host one downloaded from it and
-        // packed in f32, exactly); they live in `storage` or `copies`, which outlive the call, and the
-        // runner's kernels run on the stream that wrote them, which nothing else writes them on before
-        // the call returns (it synchronises before reading its results).
-        let outcome =
-            unsafe { gpu.run_view_on_device(&packed.layout, &columns, &addresses, &self.context) }
-                .map_err(|e| recipe(e.to_string()))?;
+        // SAFETY: each address is, on this kernel's GPU, `elements` f32 values of the argument's
+        // column; the host column at the same index holds the same values, or is a placeholder that
+        // nothing but the length validation reads (`needs_host_values`). They live in `storage` or
+        // `copies`, which outlive the call, and the runner's kernels run on the stream that wrote them,
+        // which nothing else writes them on before the call returns.
+        let (outcome, gradients) = unsafe {
+            gpu.run_view_keeping_gradients(&packed.layout, &columns, &addresses, &self.context)
+        }
+        .map_err(|e| self.device_failure(e, storage, layout))?;
         drop(copies);
-        Ok(outcome.into_outcome())
+
+        // ∂loss/∂argument, interleaved on the device; per column the first non-finite element.
+        let (interleaved, out) = device_kernels::zeros(device, elements * width)?;
+        let mut first_bad = device.clone_htod(&vec![u64::MAX; width])?;
+        let bad_base = first_bad.device_ptr_mut(&stream).0;
+        let mut maps = Vec::new();
+        for (c, column) in self.columns.iter().enumerate() {
+            let Some((index, true)) = column else {
+                continue;
+            };
+            let name = &self.objective.graph().inputs[*index].name;
+            let Some(gradient) = gradients.iter().find(|g| g.input == *index) else {
+                candle_core::bail!("rlx-recipe: the recipe gives no gradient for `{name}`")
+            };
+            let (map, has_map) = match &gradient.map {
+                Some(map) => {
+                    let map = device.clone_htod(map.as_slice())?;
+                    let address = map.device_ptr(&stream).0;
+                    maps.push(map);
+                    (address, 1)
+                }
+                None if gradient.len == elements => (0, 0),
+                None => candle_core::bail!(
+                    "rlx-recipe: ∂loss/∂{name} has {} elements, the argument {elements}",
+                    gradient.len
+                ),
+            };
+            let kernel = match gradient.precision {
+                Precision::F32 => "rlx_gradient_column_f32",
+                Precision::F64 => "rlx_gradient_column_f64",
+            };
+            let source = gradient.buffer.device_ptr(&stream).0;
+            let table = [
+                out,
+                source,
+                map,
+                bad_base + 8 * c as u64,
+                gradient.len as u64,
+                width as u64,
+                c as u64,
+                has_map,
+            ];
+            if gradient.len > 0 {
+                // SAFETY: `out` holds elements × width f32, `source` the gradient's `len` values in its
+                // precision, `map` (if any) `len` element indices below `elements` (the runner's
+                // kept-element map of this layout), the flag one u64 of `first_bad`; all on this
+                // stream's device and alive until the launch has run (stream-ordered frees).
+                unsafe {
+                    device_kernels::launch(
+                        device,
+                        kernel,
+                        device_kernels::element_grid(gradient.len),
+                        device_kernels::ELEMENT_BLOCK,
+                        &table,
+                    )
+                }?;
+            }
+        }
+        let flags = device.clone_dtoh(&first_bad)?;
+        drop(maps);
+        drop(gradients);
+        for (c, &element) in flags.iter().enumerate() {
+            if element == u64::MAX {
+                continue;
+            }
+            let Some(Some((index, _))) = self.columns.get(c) else {
+                continue;
+            };
+            let name = &self.objective.graph().inputs[*index].name;
+            let at = element as usize * width + c;
+            let value = device.clone_dtoh(&interleaved.slice(at..at + 1))?[0];
+            let output = rlx_runtime::NonFiniteOutput::Gradient {
+                input: name.clone(),
+                element: element as usize,
+            };
+            let non_finite = rlx_runtime::NonFinite::new(output, f64::from(value));
+            return Err(self.device_failure(
+                EvalError::NonFinite(Box::new(non_finite)),
+                storage,
+                layout,
+            ));
+        }
+        Ok((
+            outcome.into_outcome(),
+            DeviceGradient {
+                values: interleaved,
+                device: device.clone(),
+            },
+        ))
+    }
+}
+
+impl RecipeOp {
+    /// A failure of the GPU path, kept for `failure_handle`; a non-finite output is explained first
+    /// (`EvalError::explained`: the interpreter on the argument's values, copied to the host only on
+    /// this failure path, since the run may have had placeholders for them). The candle error carries
+    /// its message.
+    #[cfg(feature = "cuda")]
+    fn device_failure(
+        &self,
+        error: EvalError,
+        storage: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> candle_core::Error {
+        use candle_core::backend::BackendStorage;
+        let values = match (&error, layout.contiguous_offsets()) {
+            (EvalError::NonFinite(_), Some((start, end))) => storage
+                .to_cpu_storage()
+                .ok()
+                .and_then(|host| Some(host.as_slice::<f32>().ok()?[start..end].to_vec())),
+            _ => None,
+        };
+        let error = match values {
+            Some(values) => {
+                error.explained(self.objective.graph(), &self.filled(&values), &self.context)
+            }
+            None => error,
+        };
+        let message = format!("recipe: {error}");
+        *self.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
+        candle_core::Error::Msg(message)
     }
 }
 
@@ -318,8 +491,9 @@ impl CustomOp1 for RecipeOp {
     }
 
     /// On a GPU: the recipe's CUDA kernels read the argument on the device (an [`Objective::Gpu`] on
-    /// the same GPU; [`Objective::gpu_for`]), any other objective evaluates a host copy; the scalar
-    /// loss is returned on the device.
+    /// the same GPU; [`Objective::gpu_for`]) and leave ∂loss/∂argument there for `bwd`; the argument
+    /// is copied to the host only when a reader there needs it ([`RecipeOp::needs_host_values`]). Any
+    /// other objective evaluates a host copy. The scalar loss is returned on the device.
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
         &self,
@@ -330,16 +504,27 @@ impl CustomOp1 for RecipeOp {
         let Some((start, end)) = layout.contiguous_offsets() else {
             candle_core::bail!("rlx-recipe: the input must be contiguous")
         };
-        let host = storage.to_cpu_storage()?;
-        let values = &host.as_slice::<f32>()?[start..end];
+        *self.device_gradient.lock().expect("gradient lock") = None;
         let outcome = match &*self.objective {
             Objective::Gpu(gpu)
                 if matches!(storage.device().location(),
                     candle_core::DeviceLocation::Cuda { gpu_id } if gpu_id == gpu.ordinal()) =>
             {
-                self.evaluate_on_device(gpu, storage, layout, values)?
+                let (outcome, gradient) = if self.needs_host_values(gpu.kernel()) {
+                    let host = storage.to_cpu_storage()?;
+                    let values = &host.as_slice::<f32>()?[start..end];
+                    self.evaluate_on_device(gpu, storage, layout, values)?
+                } else {
+                    let placeholder = vec![0f32; end - start];
+                    self.evaluate_on_device(gpu, storage, layout, &placeholder)?
+                };
+                *self.device_gradient.lock().expect("gradient lock") = Some(gradient);
+                outcome
             }
-            _ => self.evaluate(values)?,
+            _ => {
+                let host = storage.to_cpu_storage()?;
+                self.evaluate(&host.as_slice::<f32>()?[start..end])?
+            }
         };
         let loss = outcome.loss.unwrap_or(0.0) as f32;
         *self.outcome.lock().expect("outcome lock") = Some(outcome);
@@ -353,6 +538,20 @@ impl CustomOp1 for RecipeOp {
         _res: &Tensor,
         grad_res: &Tensor,
     ) -> candle_core::Result<Option<Tensor>> {
+        #[cfg(feature = "cuda")]
+        if arg.device().is_cuda() {
+            if let Some(gradient) = self.device_gradient.lock().expect("gradient lock").as_ref() {
+                // ∂loss/∂argument never left the device: a copy of it becomes the tensor.
+                let copy = {
+                    use candle_core::cuda_backend::WrapErr;
+                    gradient.values.try_clone().w()?
+                };
+                let gradient = arg.apply_op1_no_bwd(&StoredGradient {
+                    values: Mutex::new(Some((copy, gradient.device.clone()))),
+                })?;
+                return Ok(Some(gradient.broadcast_mul(grad_res)?));
+            }
+        }
         let cached = self.outcome.lock().expect("outcome lock").clone();
         let outcome = match cached {
             Some(outcome) => outcome,
@@ -381,5 +580,49 @@ impl CustomOp1 for RecipeOp {
         }
         let gradient = Tensor::from_vec(gradient, arg.shape(), arg.device())?;
         Ok(Some(gradient.broadcast_mul(grad_res)?))
+    }
+}
+
+/// The tensor of a gradient already on the GPU (`RecipeOp::bwd`): applied to the argument, it returns
+/// the stored `[elements, columns]` buffer as its storage.
+#[cfg(feature = "cuda")]
+struct StoredGradient {
+    values: Mutex<
+        Option<(
+            candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>,
+            candle_core::CudaDevice,
+        )>,
+    >,
+}
+
+#[cfg(feature = "cuda")]
+impl CustomOp1 for StoredGradient {
+    fn name(&self) -> &'static str {
+        "rlx-recipe-gradient"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        candle_core::bail!("rlx-recipe-gradient: the gradient is on a GPU, the argument is not")
+    }
+
+    fn cuda_fwd(
+        &self,
+        _: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let Some((values, device)) = self.values.lock().expect("gradient lock").take() else {
+            candle_core::bail!("rlx-recipe-gradient: applied twice")
+        };
+        if values.len() < layout.shape().elem_count() {
+            candle_core::bail!(
+                "rlx-recipe-gradient: {} values for an argument of shape {:?}",
+                values.len(),
+                layout.shape().dims()
+            )
+        }
+        Ok((
+            crate::device_kernels::storage(&device, values),
+            layout.shape().clone(),
+        ))
     }
 }

@@ -343,6 +343,18 @@ impl candle_core::InplaceOp1 for InPlace<'_> {
     }
 }
 
+/// `count` zeros, written rather than allocated zeroed. `vec![0.0; n]` asks the
+/// allocator for zeroed memory, which for a large vector is fresh pages that the kernel maps to its
+/// shared zero page on the first read: the first update, which reads each moment before writing it,
+/// then takes a copy-on-write fault per page, and each of those flushes the page from every other
+/// thread's TLB by an interprocessor interrupt (seconds for SmolLM2's 2 × 135 M moments in a virtual
+/// machine; docs/performance.md, item 17). Writing the zeros first takes one plain fault per page.
+fn written_zeros(count: usize) -> Vec<f32> {
+    let mut zeros = Vec::with_capacity(count);
+    zeros.resize(count, 0f32);
+    zeros
+}
+
 /// One parameter's AdamW moments: host vectors (updated in place with the parameter on the CPU) or
 /// tensors where the parameter is (candle's ops).
 enum Moments {
@@ -383,7 +395,7 @@ impl AdamW {
                     Moments::Tensor(zeros(), zeros())
                 } else {
                     let count = var.elem_count();
-                    Moments::Host(vec![0f32; count], vec![0f32; count])
+                    Moments::Host(written_zeros(count), written_zeros(count))
                 }
             })
             .collect();

@@ -20,8 +20,7 @@ use serde_json::{json, Map, Value};
 
 use rlx_compiler::hir::Recipe;
 use rlx_compiler::ir::{Graph, Level, RolloutInfo, RolloutValueInfo};
-use rlx_runtime::batch::Batch;
-use rlx_runtime::interp::{Context, Outcome};
+use rlx_runtime::{Batch, Context, Outcome};
 
 use crate::config::Config;
 use crate::model::{KvCache, Model};
@@ -43,7 +42,7 @@ pub(crate) fn err(e: candle_core::Error) -> Error {
 /// keeps the expression that made it), or anything else (a message).
 #[derive(Debug)]
 pub enum LossError {
-    Recipe(rlx_runtime::interp::EvalError),
+    Recipe(rlx_runtime::EvalError),
     Message(String),
 }
 
@@ -895,7 +894,7 @@ pub fn candle_device(gpu: Option<usize>) -> Result<Device, Error> {
     let Some(ordinal) = gpu else {
         return Ok(Device::Cpu);
     };
-    rlx_runtime::cuda::probe(ordinal)?;
+    rlx_runtime::probe_gpu(ordinal)?;
     match std::panic::catch_unwind(|| Device::new_cuda(ordinal)) {
         Ok(Ok(device)) => Ok(device),
         Ok(Err(e)) => Err(format!(

@@ -14,9 +14,7 @@ use candle_core::Device;
 use serde_json::{json, Map, Value};
 
 use rlx_compiler::ir::Graph;
-use rlx_runtime::batch::{Batch, Layout};
-use rlx_runtime::geometry::Geometry;
-use rlx_runtime::interp::{Context, EvalError, Outcome};
+use rlx_runtime::{Batch, Context, EvalError, Geometry, Layout, Outcome};
 
 use crate::checkpoint::{self, BaseModel, State};
 use crate::config::Config;
@@ -1346,8 +1344,7 @@ fn monitor_kl(
         step: 0.0,
         progress: 0.0,
     };
-    let outcome =
-        rlx_runtime::interp::evaluate(graph, &batch, &context).map_err(|e| e.to_string())?;
+    let outcome = rlx_runtime::evaluate(graph, &batch, &context).map_err(|e| e.to_string())?;
     outcome
         .metrics
         .iter()

@@ -324,7 +324,7 @@ fn a_frozen_weight_gets_no_gradient_and_the_input_gets_candles() {
     .try_into()
     .unwrap();
     assert!(max_rel(&dx, &want_dx) < 1e-5, "{}", max_rel(&dx, &want_dx));
-    // A trained weight: both gradients, candle's.
+    // A trained weight: both gradients, candle's values (∂w computed as ∂yᵀ·x by `fused::linear`).
     let got = gradients(&[x.clone(), w.clone()], &weights, |t| {
         linear(&t[0], &t[1]).unwrap()
     });

@@ -1,7 +1,9 @@
 //! The parts of scripts/gpu-check.sh that run without a GPU (its `--device cpu` smoke mode, at test
 //! sizes): the LM-head benchmark (`rlx_trainer::head::benchmark`) against scripts/torch_head_bench.py
 //! (PyTorch's materialised head on the same formula inputs), and scripts/gpu_step_report.py on two
-//! `rlx run`s of the same first step (agreement, and a tampered loss that it must reject).
+//! `rlx run`s of the same first step (agreement, and a tampered loss that it must reject); and the
+//! fused-against-plain layers check (`device_kernels::compare_layers`, trainer/examples/layers_check.rs)
+//! on the CPU, with a 1 % difference it must reject.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -178,4 +180,27 @@ fn the_step_report_compares_the_first_steps_and_rejects_a_different_loss() {
     assert!(output.status.success(), "{stdout}");
     assert!(stdout.contains("first-step loss: agree"), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_layers_check_finds_the_fused_and_plain_layers_alike_and_rejects_a_difference() {
+    use rlx_trainer::device_kernels::{compare_layers, relative_difference, LAYERS_TOLERANCE};
+    let report = compare_layers(&Device::Cpu).unwrap();
+    assert!(report.agree(), "{report:?}");
+    assert!(report.parameters >= 10, "{report:?}");
+    let json = report.to_json("cpu");
+    assert_eq!(json["agree"], true, "{json}");
+    assert!(json["gradients_relative_difference"]
+        .as_f64()
+        .is_some_and(f64::is_finite));
+    // A value off by 1 % is beyond the tolerance; a NaN or a missing value is never agreement.
+    let plain = [0.5f32, -2.0, 3.0, 0.0];
+    let off: Vec<f32> = plain.iter().map(|v| v * 1.01).collect();
+    assert!(relative_difference(&off, &plain) > LAYERS_TOLERANCE);
+    assert!(relative_difference(&plain, &plain) == 0.0);
+    assert!(relative_difference(&[f32::NAN, 1.0, 1.0, 1.0], &plain).is_infinite());
+    assert!(relative_difference(&plain[..3], &plain).is_infinite());
+    let mut tampered = report.clone();
+    tampered.gradients = 0.0099;
+    assert!(!tampered.agree());
 }

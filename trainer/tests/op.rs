@@ -16,10 +16,8 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor, Var};
 use candle_objectives::{Objective as CandleObjective, Padded};
 use rlx_compiler::ir::Graph;
-use rlx_runtime::batch::{Batch, Layout};
-use rlx_runtime::interp::{evaluate, Context, Outcome};
-use rlx_runtime::kernel::{Kernel, Options};
 use rlx_runtime::synthetic::Rng;
+use rlx_runtime::{evaluate, Batch, Context, Kernel, Layout, Options, Outcome};
 use rlx_trainer::op::{Objective, RecipeOp};
 
 const GROUPS: usize = 4;
@@ -335,4 +333,35 @@ fn a_model_parameter_gets_the_same_gradient_through_every_route_dapo() {
 #[test]
 fn a_model_parameter_gets_the_same_gradient_through_every_route_darling() {
     model_gradients_agree("darling");
+}
+
+/// On a GPU the op reads the argument where candle holds it, and copies it to the host only for a
+/// recipe that reads it there (`RecipeOp::needs_host_values`): a `keep` recipe (its kept phase is
+/// gathered on the host) or f64 storage (uploaded from the host column); not GRPO in f32.
+#[test]
+fn the_gpu_path_copies_the_argument_to_the_host_only_for_recipes_that_read_it_there() {
+    use rlx_runtime::synthetic::{self, Spec};
+    use rlx_runtime::Precision;
+    let f32_storage = Options::default();
+    let f64_storage = Options {
+        storage: Precision::F64,
+        accumulate: Precision::F64,
+    };
+    for (name, options, expected) in [
+        ("grpo.rlx", &f32_storage, false),
+        ("dapo.rlx", &f32_storage, true),
+        ("grpo.rlx", &f64_storage, true),
+    ] {
+        let graph = graph(name);
+        let kernel = Kernel::compile(&graph, options).unwrap();
+        let batch = synthetic::batch(&graph, &Spec::default());
+        let objective = Arc::new(Objective::interpreter(graph.clone()));
+        let op = RecipeOp::new(objective, batch, "logp", Context::default()).unwrap();
+        assert_eq!(
+            op.needs_host_values(&kernel),
+            expected,
+            "{name}, {:?} storage",
+            options.storage
+        );
+    }
 }

@@ -6,8 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
-use rlx_runtime::batch::{Batch, Layout};
-use rlx_runtime::interp::Context;
+use rlx_runtime::{Batch, Context, Layout};
 use rlx_trainer::cli::{prepare, RunArgs};
 use rlx_trainer::model::{Model, ModelConfig};
 use rlx_trainer::op::{Objective, RecipeOp};

@@ -1,9 +1,10 @@
-//! Stage `codegen` for NVIDIA GPUs: every loop pass and every `combine` pass of a kernel plan becomes
-//! one `extern "C" __global__` CUDA C kernel, compiled at run time with NVRTC (`rlx_runtime::cuda`).
+//! Stage `codegen` for NVIDIA GPUs: every loop function and every combine of a plan's loop IR
+//! (`super::loops`) becomes one `extern "C" __global__` CUDA C kernel, compiled at run time with NVRTC
+//! (`rlx_runtime::cuda`). This module is instruction selection over the loop IR (C text).
 //! `rlxc compile RECIPE --emit cuda` prints the source. docs/gpu.md describes the design and the checks.
 //!
 //! # Launch geometry
-//! Every kernel has the JIT's calling convention (`jit::slot`): `(void* const* table, u64 g_begin,
+//! Every kernel has the JIT's calling convention (the ABI of `super::abi`): `(void* const* table, u64 g_begin,
 //! u64 g_end)`, the table holding device pointers to the layout arrays, the scalars and the phase's
 //! buffers. A pass whose nest starts with groups runs **one block per group** (`g = g_begin +
 //! blockIdx.x`); other passes (batch level, `combine`) run one block.
@@ -44,14 +45,14 @@
 //! barrier, so the tests compile every recipe's kernels with the system C compiler and check them against
 //! the interpreter on machines without a GPU (tests/cuda.rs).
 
-use std::collections::HashSet;
 use std::fmt::Write as _;
 
-use super::plan::{
-    Action, BufferId, Entry, KernelPlan, LoopKind, LoopPass, Pass, Phase, Reduction, Role,
-};
+use super::abi::{self, Fixed};
+use super::layout::{Cond, Coord, Index, Scope};
+use super::loops::{self, Combine, Expr, Function, Loop, LoopFunction, Operand, Order, Stmt};
+use super::plan::{BufferId, KernelPlan, LoopKind, Phase, Reduction};
 use super::Precision;
-use crate::ir::{Feature, Graph, Level, NodeId, Op, Shape, Value};
+use crate::ir::{Graph, NodeId, Op};
 use crate::ops::{self, Cuda, Primitive};
 
 /// The portability header that makes the generated source plain host C (see the module docs).
@@ -150,8 +151,10 @@ RLX_DEVICE {t} rlx_block_reduce({t} v, int op, {t}* red) {{
     out
 }
 
-/// Generate the CUDA C of every pass of `plan` (for `graph`). An error names what cannot be expressed.
+/// Generate the CUDA C of every pass of `plan` (for `graph`), from its loop IR (`super::loops`). An
+/// error names what cannot be expressed.
 pub fn generate(graph: &Graph, plan: &KernelPlan) -> Result<CudaSource, String> {
+    let kernel = loops::lower(graph, plan)?;
     let ft = plan.options.accumulate;
     let acc = c_type(ft);
     let mut source = String::new();
@@ -168,65 +171,38 @@ pub fn generate(graph: &Graph, plan: &KernelPlan) -> Result<CudaSource, String> 
     let _ = writeln!(source, "#define RLX_MAX_BLOCK {MAX_BLOCK}");
     source.push_str(&functions(ft));
     let mut launches = Vec::new();
-    for (phase_index, phase) in plan.phases.iter().enumerate() {
+    for ((phase_index, phase), lowered) in plan.phases.iter().enumerate().zip(&kernel.phases) {
         let mut phase_launches = Vec::new();
-        for (pass_index, pass) in phase.passes.iter().enumerate() {
-            match pass {
-                Pass::Loop(loop_pass) => {
+        for (pass_index, function) in lowered.functions.iter().enumerate() {
+            match function {
+                Function::Loop(function) => {
                     let name = format!("rlx_p{phase_index}_{pass_index}");
-                    let threads = block_parallel(loop_pass);
                     let mut gen = Gen {
                         out: String::new(),
                         graph,
                         phase,
-                        pass: loop_pass,
                         ft,
-                        threads,
-                        tok_depth: loop_pass
-                            .path
-                            .iter()
-                            .position(|k| *k == LoopKind::Tok)
-                            .map(|p| p + 1),
-                        bound: HashSet::new(),
+                        threads: function.split,
                         indent: 1,
                     };
-                    gen.kernel(&name, phase_index, pass_index)?;
+                    gen.kernel(function, &name, phase_index, pass_index)?;
                     source.push_str(&gen.out);
                     phase_launches.push(Some(Launch {
                         name,
-                        per_group: loop_pass.parallel(),
-                        threads,
+                        per_group: function.per_group,
+                        threads: function.split,
                     }));
                 }
-                Pass::Combine {
-                    node,
-                    op,
-                    partial,
-                    partial_count,
-                    value,
-                    count,
-                    ..
-                } => {
+                Function::Combine(combine) => {
                     let name = format!("rlx_c{phase_index}_{pass_index}");
-                    combine_kernel(
-                        &mut source,
-                        &name,
-                        phase,
-                        graph.node(*node).shape.feature.as_ref(),
-                        *op,
-                        (*partial, *partial_count),
-                        (*value, *count),
-                    )?;
+                    combine_kernel(&mut source, &name, phase, combine)?;
                     phase_launches.push(Some(Launch {
                         name,
                         per_group: false,
                         threads: false,
                     }));
                 }
-                Pass::Ngrams { .. }
-                | Pass::Rank { .. }
-                | Pass::Uniform { .. }
-                | Pass::Components { .. } => phase_launches.push(None),
+                Function::Host(_) => phase_launches.push(None),
             }
         }
         launches.push(phase_launches);
@@ -239,20 +215,6 @@ fn c_type(p: Precision) -> &'static str {
         Precision::F64 => "double",
         Precision::F32 => "float",
     }
-}
-
-/// Whether the block's threads share a pass's token loop: a token pass without a scan (a recurrence)
-/// and without memory accumulation inside its token loop.
-fn block_parallel(pass: &LoopPass) -> bool {
-    let Some(tok) = pass.path.iter().position(|k| *k == LoopKind::Tok) else {
-        return false;
-    };
-    let tok_depth = tok + 1;
-    pass.actions.iter().all(|action| match action {
-        Action::Scan { .. } => false,
-        Action::Reduce { depth, target, .. } => *depth < tok_depth || target.register,
-        Action::Store { .. } => true,
-    })
 }
 
 /// A literal of the accumulation precision.
@@ -281,38 +243,68 @@ fn literal(value: f64, ft: Precision) -> String {
     }
 }
 
+/// An index expression as C (`long long` arithmetic).
+fn c_index(index: &Index) -> String {
+    match index {
+        Index::Const(k) => format!("{k}LL"),
+        Index::Coord(Coord::GBegin) => "(long long)g_begin".into(),
+        Index::Coord(Coord::GEnd) => "(long long)g_end".into(),
+        Index::Coord(c) => c.name().into(),
+        Index::Sum(terms) => {
+            let terms: Vec<String> = terms
+                .iter()
+                .map(|term| match term {
+                    Index::Product(a, b) => format!("{} * {}", c_index(a), c_index(b)),
+                    term => c_index(term),
+                })
+                .collect();
+            format!("({})", terms.join(" + "))
+        }
+        Index::Product(a, b) => format!("({} * {})", c_index(a), c_index(b)),
+        Index::Diff(a, b) => format!("({} - {})", c_index(a), c_index(b)),
+        Index::Quot(a, b) => format!("({} / {})", c_index(a), c_index(b)),
+        Index::Rem(a, b) => format!("({} % {})", c_index(a), c_index(b)),
+        Index::Offset(x, k) if *k < 0 => format!("({} - {}LL)", c_index(x), k.unsigned_abs()),
+        Index::Offset(x, k) => format!("({} + {k}LL)", c_index(x)),
+        Index::Select(cond, a, b) => {
+            format!("({} ? {} : {})", c_cond(cond), c_index(a), c_index(b))
+        }
+        Index::Table(fixed, at) => format!("(long long){}[{}]", fixed.c_name(), c_index(at)),
+        Index::Size(size) => format!(
+            "(long long)((const rlx_u64*)table[{}])[{}]",
+            Fixed::Sizes.slot(),
+            size.index()
+        ),
+    }
+}
+
+fn c_cond(cond: &Cond) -> String {
+    match cond {
+        Cond::Within { x, start, end } => {
+            let x = c_index(x);
+            format!("({x} >= {} && {x} < {})", c_index(start), c_index(end))
+        }
+        Cond::Is(x, k) => format!("{} == {k}LL", c_index(x)),
+        Cond::Greater(a, b) => format!("{} > {}", c_index(a), c_index(b)),
+    }
+}
+
+fn buffer_type(phase: &Phase, b: BufferId) -> Result<&'static str, String> {
+    phase
+        .buffers
+        .get(b as usize)
+        .map(|buffer| c_type(buffer.storage))
+        .ok_or_else(|| format!("internal: unknown buffer b{b}"))
+}
+
 fn combine_kernel(
     out: &mut String,
     name: &str,
     phase: &Phase,
-    feature: Option<&Feature>,
-    op: Reduction,
-    (partial, partial_count): (BufferId, Option<BufferId>),
-    (value, count): (BufferId, Option<BufferId>),
+    combine: &Combine,
 ) -> Result<(), String> {
-    let ty = |b: BufferId| -> Result<&'static str, String> {
-        phase
-            .buffers
-            .get(b as usize)
-            .map(|buffer| c_type(buffer.storage))
-            .ok_or_else(|| format!("internal: unknown buffer b{b}"))
-    };
-    fn batch_width(feature: &Feature) -> String {
-        match feature {
-            Feature::Dim => "(long long)((const rlx_u64*)table[7])[0]".into(),
-            Feature::Rubric { len, .. } => format!("{len}"),
-            // Criteria are per group: a batch-level criterion axis is empty.
-            Feature::Crit => "0".into(),
-            Feature::Matrix { rows, cols } => {
-                format!("({} * {})", batch_width(rows), batch_width(cols))
-            }
-        }
-    }
-    let width = match feature {
-        None => "1".to_string(),
-        Some(feature) => batch_width(feature),
-    };
-    let (combine, identity) = match op {
+    let ty = |b: BufferId| buffer_type(phase, b);
+    let (combine_op, identity) = match combine.op {
         Reduction::Max => ("rlx_max(a, b)", "rlx_nan()"),
         Reduction::Min => ("rlx_min(a, b)", "rlx_nan()"),
         Reduction::Sum
@@ -320,6 +312,11 @@ fn combine_kernel(
         | Reduction::SumByOther
         | Reduction::ContractRows
         | Reduction::ContractCols => ("a + b", "0"),
+    };
+    let (partial, value) = (combine.partial, combine.value);
+    let counts = match (combine.partial_count, combine.count) {
+        (Some(pc), Some(c)) => Some((pc, c)),
+        _ => None,
     };
     let _ = writeln!(
         out,
@@ -331,36 +328,51 @@ fn combine_kernel(
     );
     let _ = writeln!(
         out,
-        "    if (threadIdx.x != 0 || blockIdx.x != 0) return;\n    long long groups = (long long)g_end - (long long)g_begin;\n    long long width = {width};"
+        "    if (threadIdx.x != 0 || blockIdx.x != 0) return;\n    long long groups = (long long)g_end - (long long)g_begin;"
     );
+    let mut width_coords = Vec::new();
+    combine.width.coords(&mut width_coords);
+    for (coord, value) in Scope::entry_binds() {
+        if !width_coords.contains(&coord) {
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "    const long long {} = {}; (void){};",
+            coord.name(),
+            c_index(&value),
+            coord.name()
+        );
+    }
+    let _ = writeln!(out, "    long long width = {};", c_index(&combine.width));
     let _ = writeln!(
         out,
         "    {} *p = ({} *)table[{}];\n    {} *v = ({} *)table[{}];",
         ty(partial)?,
         ty(partial)?,
-        super::jit::slot::FIRST_BUFFER + partial as usize,
+        abi::buffer_slot(partial),
         ty(value)?,
         ty(value)?,
-        super::jit::slot::FIRST_BUFFER + value as usize
+        abi::buffer_slot(value)
     );
-    if let (Some(pc), Some(c)) = (partial_count, count) {
+    if let Some((pc, c)) = counts {
         let _ = writeln!(
             out,
             "    {} *pc = ({} *)table[{}];\n    {} *vc = ({} *)table[{}];",
             ty(pc)?,
             ty(pc)?,
-            super::jit::slot::FIRST_BUFFER + pc as usize,
+            abi::buffer_slot(pc),
             ty(c)?,
             ty(c)?,
-            super::jit::slot::FIRST_BUFFER + c as usize
+            abi::buffer_slot(c)
         );
     }
     let _ = writeln!(out, "    for (long long f = 0; f < width; f++) {{");
     let _ = writeln!(
         out,
-        "        for (long long s = 1; s < groups; s <<= 1) {{\n            for (long long i = 0; i + s < groups; i += 2 * s) {{\n                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];\n                p[i * width + f] = {combine};"
+        "        for (long long s = 1; s < groups; s <<= 1) {{\n            for (long long i = 0; i + s < groups; i += 2 * s) {{\n                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];\n                p[i * width + f] = {combine_op};"
     );
-    if partial_count.is_some() && count.is_some() {
+    if counts.is_some() {
         let _ = writeln!(
             out,
             "                pc[i * width + f] = (rlx_acc)pc[i * width + f] + (rlx_acc)pc[(i + s) * width + f];"
@@ -371,7 +383,7 @@ fn combine_kernel(
         out,
         "        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc){identity};"
     );
-    if partial_count.is_some() && count.is_some() {
+    if counts.is_some() {
         let _ = writeln!(
             out,
             "        vc[f] = groups > 0 ? (rlx_acc)pc[f] : (rlx_acc)0;"
@@ -381,23 +393,15 @@ fn combine_kernel(
     Ok(())
 }
 
+/// Instruction selection for one loop function: C text.
 struct Gen<'a> {
     out: String,
     graph: &'a Graph,
     phase: &'a Phase,
-    pass: &'a LoopPass,
     ft: Precision,
-    /// Block-parallel (see `block_parallel`).
+    /// The function's token loop is split across the block's threads.
     threads: bool,
-    /// The depth of the token loop's body, if the pass has one.
-    tok_depth: Option<usize>,
-    /// Coordinates bound so far.
-    bound: HashSet<&'static str>,
     indent: usize,
-}
-
-fn unbound(name: &str) -> String {
-    format!("internal: coordinate {name} is not bound in this pass")
 }
 
 impl Gen<'_> {
@@ -409,14 +413,6 @@ impl Gen<'_> {
         self.out.push('\n');
     }
 
-    fn coord(&self, name: &'static str) -> Result<&'static str, String> {
-        if self.bound.contains(name) {
-            Ok(name)
-        } else {
-            Err(unbound(name))
-        }
-    }
-
     fn fn_name(&self, name: &str) -> String {
         match self.ft {
             Precision::F64 => name.to_string(),
@@ -424,32 +420,34 @@ impl Gen<'_> {
         }
     }
 
-    fn storage(&self, buffer: BufferId) -> Result<Precision, String> {
-        self.phase
-            .buffers
-            .get(buffer as usize)
-            .map(|b| b.storage)
-            .ok_or_else(|| format!("internal: unknown buffer b{buffer}"))
+    fn ty(&self, buffer: BufferId) -> Result<&'static str, String> {
+        buffer_type(self.phase, buffer)
     }
 
-    fn kernel(&mut self, name: &str, phase_index: usize, pass_index: usize) -> Result<(), String> {
-        let path: Vec<&str> = self.pass.path.iter().map(loop_name).collect();
+    fn kernel(
+        &mut self,
+        function: &LoopFunction,
+        name: &str,
+        phase_index: usize,
+        pass_index: usize,
+    ) -> Result<(), String> {
+        let path: Vec<&str> = function.path.iter().map(LoopKind::name).collect();
         let _ = writeln!(
             self.out,
             "\n/* phase {phase_index} ({}), pass {pass_index} (stage {}): loop {}{}; {}. */",
             self.phase.name,
-            self.pass.stage,
+            function.stage,
             if path.is_empty() {
                 "[batch]".to_string()
             } else {
                 path.join(" > ")
             },
-            if self.pass.reverse {
+            if function.reverse {
                 ", tokens backwards"
             } else {
                 ""
             },
-            match (self.pass.parallel(), self.threads) {
+            match (function.per_group, self.threads) {
                 (true, true) => "a block per group, threads over tokens",
                 (true, false) => "a block per group, one thread",
                 (false, _) => "one thread",
@@ -465,153 +463,56 @@ impl Gen<'_> {
         } else {
             self.line("if (threadIdx.x != 0) return;");
         }
-        if !self.pass.parallel() {
+        if !function.per_group {
             self.line("if (blockIdx.x != 0) return;");
         }
-        self.line("const rlx_u64* go = (const rlx_u64*)table[0];");
-        self.line("const rlx_u64* to = (const rlx_u64*)table[1];");
-        self.line("const rlx_u64* co = (const rlx_u64*)table[2];");
-        self.line("const rlx_u64* rcb_t = (const rlx_u64*)table[3];");
-        self.line("const rlx_u64* po = (const rlx_u64*)table[4];");
-        self.line("const rlx_u64* pcb_t = (const rlx_u64*)table[5];");
-        self.line("const double* sc = (const double*)table[6];");
-        self.line("const long long dim = (long long)((const rlx_u64*)table[7])[0];");
-        self.line("(void)go; (void)to; (void)co; (void)rcb_t; (void)po; (void)pcb_t; (void)sc; (void)dim; (void)g_end;");
-        for b in self.pass.buffers_used(self.graph, self.phase) {
-            let ty = c_type(self.storage(b)?);
-            let slot = super::jit::slot::FIRST_BUFFER + b as usize;
+        // The ABI's fixed arrays (`abi::Fixed`), the entry's coordinates, the buffers used.
+        let mut unused = Vec::new();
+        for fixed in Fixed::ALL {
+            if fixed == Fixed::Sizes {
+                // Read where a size is bound (`c_index` of `Index::Size`).
+                continue;
+            }
+            let ty = if fixed.is_float() {
+                "double"
+            } else {
+                "rlx_u64"
+            };
+            let (name, slot) = (fixed.c_name(), fixed.slot());
+            self.line(&format!("const {ty}* {name} = (const {ty}*)table[{slot}];"));
+            unused.push(name);
+        }
+        unused.extend(self.binds(&function.binds));
+        unused.push("g_end");
+        self.void(&unused);
+        for &b in &function.buffers {
+            let ty = self.ty(b)?;
+            let slot = abi::buffer_slot(b);
             self.line(&format!("{ty}* b{b} = ({ty}*)table[{slot}];"));
         }
-        self.bound.insert("dim");
-        self.level(0)?;
+        self.block(&function.body)?;
         self.out.push_str("}\n");
         let _ = writeln!(self.out, "RLX_HOST_LAUNCHER({name})");
         Ok(())
     }
 
-    fn width(&self, feature: &Feature) -> Result<String, String> {
-        Ok(match feature {
-            Feature::Crit => {
-                if self.bound.contains("cn") {
-                    "cn".into()
-                } else {
-                    "0LL".into()
-                }
-            }
-            Feature::Dim => self.coord("dim")?.into(),
-            Feature::Rubric { len, .. } => format!("{len}LL"),
-            Feature::Matrix { rows, cols } => {
-                format!("({} * {})", self.width(rows)?, self.width(cols)?)
-            }
-        })
-    }
-
-    /// At matrix element f = a·cols + b of the current feature loop: its row a (`rows`) or column b.
-    fn matrix_coordinate(&self, matrix: Option<&Feature>, rows: bool) -> Result<String, String> {
-        let Some(Feature::Matrix { cols, .. }) = matrix else {
-            return Err("internal: a matrix operation on a value without a matrix axis".into());
-        };
-        let f = self.coord("f")?;
-        let width = self.width(cols)?;
-        Ok(if rows {
-            format!("({f} / {width})")
-        } else {
-            format!("({f} % {width})")
-        })
-    }
-
-    /// The element of `shape` above the current point (as the JIT's `index`).
-    fn index(&self, shape: &Shape, other: bool, feature: Option<&str>) -> Result<String, String> {
-        let f = || -> Result<String, String> {
-            match feature {
-                Some(f) => Ok(f.to_string()),
-                None => Ok(self.coord("f")?.to_string()),
-            }
-        };
-        let (r, li) = if other { ("j", "lj") } else { ("r", "li") };
-        Ok(match (shape.level, &shape.feature) {
-            (Level::Batch, None) => "0LL".into(),
-            (Level::Batch, Some(_)) => f()?,
-            (Level::Group, None) => self.coord("g")?.into(),
-            (Level::Group, Some(Feature::Crit)) => format!("({} + {})", self.coord("cs")?, f()?),
-            (Level::Group, Some(feature)) => {
-                format!(
-                    "({} * {} + {})",
-                    self.coord("g")?,
-                    self.width(feature)?,
-                    f()?
-                )
-            }
-            (Level::Resp, None) => self.coord_any(r)?,
-            (Level::Resp, Some(Feature::Crit)) => format!(
-                "({} + {} * {} + {})",
-                self.coord("rcb")?,
-                self.coord_any(li)?,
-                self.coord("cn")?,
-                f()?
-            ),
-            (Level::Resp, Some(feature)) => {
-                format!(
-                    "({} * {} + {})",
-                    self.coord_any(r)?,
-                    self.width(feature)?,
-                    f()?
-                )
-            }
-            (Level::Tok, None) => self.coord("t")?.into(),
-            (Level::Pair, None) => self.coord("p")?.into(),
-            (Level::Pair, Some(Feature::Crit)) => format!(
-                "({} + ({} - {}) * {} + {})",
-                self.coord("pcb")?,
-                self.coord("p")?,
-                self.coord("pb")?,
-                self.coord("cn")?,
-                f()?
-            ),
-            (Level::Pair, Some(feature)) => {
-                format!(
-                    "({} * {} + {})",
-                    self.coord("p")?,
-                    self.width(feature)?,
-                    f()?
-                )
-            }
-            (Level::Tok, Some(_)) => return Err("internal: token values have no feature".into()),
-        })
-    }
-
-    fn coord_any(&self, name: &str) -> Result<String, String> {
-        if self.bound.contains(name) {
-            Ok(name.to_string())
-        } else {
-            Err(unbound(name))
+    /// A declaration of each bound coordinate; returns their names.
+    fn binds(&mut self, binds: &[(Coord, Index)]) -> Vec<&'static str> {
+        for (coord, value) in binds {
+            self.line(&format!(
+                "const long long {} = {};",
+                coord.name(),
+                c_index(value)
+            ));
         }
+        binds.iter().map(|(coord, _)| coord.name()).collect()
     }
 
-    /// Element `index` of a buffer, in the accumulation precision.
-    fn load(&self, buffer: BufferId, index: &str) -> Result<String, String> {
-        self.storage(buffer)?;
-        Ok(format!("((rlx_acc)b{buffer}[{index}])"))
-    }
-
-    /// A node's value from its buffer at `index`; an empty `max`/`min` reads as 0.
-    fn load_node(&self, node: NodeId, index: &str) -> Result<String, String> {
-        match self.phase.roles[node.0 as usize] {
-            Role::Input(b) | Role::Carried(b) => self.load(b, index),
-            Role::Buffer { value, count } => {
-                let v = self.load(value, index)?;
-                match count {
-                    None => Ok(v),
-                    Some(count) => Ok(format!(
-                        "({} == 0 ? (rlx_acc)0 : {v})",
-                        self.load(count, index)?
-                    )),
-                }
-            }
-            Role::Inline | Role::Unused => Err(format!(
-                "internal: %{} is read at another element but has no buffer",
-                node.0
-            )),
+    /// `(void)x;` for names that may be unused.
+    fn void(&mut self, names: &[&str]) {
+        let text: Vec<String> = names.iter().map(|n| format!("(void){n};")).collect();
+        if !text.is_empty() {
+            self.line(&text.join(" "));
         }
     }
 
@@ -619,39 +520,56 @@ impl Gen<'_> {
         literal(v, self.ft)
     }
 
-    /// The C expression of one entry.
-    fn entry(&self, entry: &Entry) -> Result<String, String> {
+    fn operand(&self, operand: &Operand) -> Result<String, String> {
+        Ok(match operand {
+            Operand::Node(node) => format!("v{}", node.0),
+            Operand::Load(load) => {
+                let index = c_index(&load.index);
+                self.ty(load.buffer)?;
+                let v = format!("((rlx_acc)b{}[{index}])", load.buffer);
+                match load.count {
+                    None => v,
+                    Some(count) => {
+                        self.ty(count)?;
+                        format!("(((rlx_acc)b{count}[{index}]) == 0 ? (rlx_acc)0 : {v})")
+                    }
+                }
+            }
+            Operand::Zero => "(rlx_acc)0".into(),
+            Operand::One => "(rlx_acc)1".into(),
+        })
+    }
+
+    /// The C expression of a `Let`.
+    fn expr(&self, node_id: NodeId, expr: &Expr) -> Result<String, String> {
+        Ok(match expr {
+            Expr::Op => self.op(node_id)?,
+            Expr::Const(v) => self.lit(*v),
+            Expr::Scalar(scalar) => format!("((rlx_acc)sc[{}])", scalar.index()),
+            Expr::Count(index) => format!("((rlx_acc){})", c_index(index)),
+            Expr::Operand(operand) => self.operand(operand)?,
+            Expr::Select { cond, yes, no } => format!(
+                "({} ? {} : {})",
+                c_cond(cond),
+                self.operand(yes)?,
+                self.operand(no)?
+            ),
+        })
+    }
+
+    /// A node's element-wise op over its operands (the op table's C forms).
+    fn op(&self, node_id: NodeId) -> Result<String, String> {
         let graph = self.graph;
-        let node = graph.node(entry.node);
-        if entry.load {
-            let index = self.index(&node.shape, false, None)?;
-            return self.load_node(entry.node, &index);
-        }
+        let node = graph.node(node_id);
         let arg = |k: usize| -> Result<String, String> {
             node.args
                 .get(k)
                 .map(|a| format!("v{}", a.0))
-                .ok_or_else(|| format!("internal: operand {k} of %{} missing", entry.node.0))
+                .ok_or_else(|| format!("internal: operand {k} of %{} missing", node_id.0))
         };
         let cond = |k: usize| -> Result<String, String> { Ok(format!("({} != 0)", arg(k)?)) };
         let truth = |c: String| format!("(({c}) ? (rlx_acc)1 : (rlx_acc)0)");
         Ok(match &node.op {
-            Op::Const(v) => self.lit(*v),
-            Op::Value(value) => match value {
-                Value::Step => "((rlx_acc)sc[0])".into(),
-                Value::Progress => "((rlx_acc)sc[1])".into(),
-                Value::N => format!("((rlx_acc){})", self.coord("n")?),
-                Value::RespIndex => format!("((rlx_acc){})", self.coord("li")?),
-                Value::Length => {
-                    format!("((rlx_acc)({} - {}))", self.coord("te")?, self.coord("ts")?)
-                }
-                Value::TokenIndex => {
-                    format!("((rlx_acc)({} - {}))", self.coord("t")?, self.coord("ts")?)
-                }
-                Value::Inf => self.lit(f64::INFINITY),
-                Value::Pi => self.lit(std::f64::consts::PI),
-            },
-            Op::Input(_) => return Err("internal: inputs are loaded".into()),
             Op::Copy | Op::StopGrad => arg(0)?,
             Op::Neg => format!("(-{})", arg(0)?),
             Op::Not => truth(format!("!{}", cond(0)?)),
@@ -693,51 +611,6 @@ impl Gen<'_> {
             Op::And => truth(format!("{} && {}", cond(0)?, cond(1)?)),
             Op::Or => truth(format!("{} || {}", cond(0)?, cond(1)?)),
             Op::Select => format!("({} ? {} : {})", cond(0)?, arg(1)?, arg(2)?),
-            Op::Other => {
-                let operand = node.args[0];
-                let shape = graph.node(operand).shape.clone();
-                if shape.level == Level::Resp {
-                    let index = self.index(&shape, true, None)?;
-                    self.load_node(operand, &index)?
-                } else {
-                    arg(0)?
-                }
-            }
-            Op::Index(k) => {
-                let operand = node.args[0];
-                let shape = graph.node(operand).shape.clone();
-                if matches!(shape.feature, Some(Feature::Rubric { .. })) {
-                    let k = format!("{k}LL");
-                    let index = self.index(&shape, false, Some(&k))?;
-                    self.load_node(operand, &index)?
-                } else {
-                    arg(0)?
-                }
-            }
-            Op::SpreadRows | Op::SpreadCols => {
-                let operand = node.args[0];
-                let shape = graph.node(operand).shape.clone();
-                let k =
-                    self.matrix_coordinate(node.shape.feature.as_ref(), node.op == Op::SpreadRows)?;
-                let index = self.index(&shape, false, Some(&k))?;
-                self.load_node(operand, &index)?
-            }
-            Op::Unindex(k) => format!("({} == {k}LL ? {} : (rlx_acc)0)", self.coord("f")?, arg(0)?),
-            Op::Shift { offset } => {
-                let (t, ts, te) = (self.coord("t")?, self.coord("ts")?, self.coord("te")?);
-                let source = format!("({t} + ({offset}LL))");
-                let inside = format!("({source} >= {ts} && {source} < {te})");
-                let operand = node.args[0];
-                let shape = graph.node(operand).shape.clone();
-                let value = if shape.level == Level::Tok {
-                    // Clamp into the response so the load is in bounds either way.
-                    let clamped = format!("({inside} ? {source} : {t})");
-                    self.load_node(operand, &clamped)?
-                } else {
-                    arg(0)?
-                };
-                format!("({inside} ? {value} : {})", arg(1)?)
-            }
             // A primitive: its op table expression.
             op => {
                 let Some(primitive) = op.primitive() else {
@@ -763,21 +636,18 @@ impl Gen<'_> {
         })
     }
 
-    /// Whether code at `depth` runs in every thread while only thread 0 may have side effects.
-    fn above_tokens(&self, depth: usize) -> bool {
-        self.threads && self.tok_depth.is_some_and(|t| depth < t)
-    }
-
+    /// `buffer[index] = value` (converted to the buffer's type), by thread 0 only with `once` in a
+    /// block-parallel kernel.
     fn store(
         &mut self,
         buffer: BufferId,
         index: &str,
         value: &str,
-        guard: bool,
+        once: bool,
     ) -> Result<(), String> {
-        let ty = c_type(self.storage(buffer)?);
+        let ty = self.ty(buffer)?;
         let text = format!("b{buffer}[{index}] = ({ty})({value});");
-        if guard {
+        if once && self.threads {
             self.line(&format!("if (tid == 0) {text}"));
         } else {
             self.line(&text);
@@ -785,173 +655,130 @@ impl Gen<'_> {
         Ok(())
     }
 
-    /// Emit everything at loop depth `depth`, then the loop below it (as the JIT's `level`).
-    fn level(&mut self, depth: usize) -> Result<(), String> {
-        let pass = self.pass;
-        for entry in pass.entries.iter().filter(|e| e.depth == depth) {
-            let value = self.entry(entry)?;
-            self.line(&format!("const rlx_acc v{} = {value};", entry.node.0));
-        }
-        for (position, action) in pass.actions.iter().enumerate() {
-            match action {
-                Action::Reduce { op, target, .. } if target.register && target.depth == depth => {
-                    let init = if matches!(op, Reduction::Max | Reduction::Min) {
-                        self.lit(f64::NAN)
-                    } else {
-                        "(rlx_acc)0".into()
-                    };
-                    self.line(&format!("rlx_acc a{position} = {init};"));
-                    if target.count.is_some() {
-                        self.line(&format!("rlx_acc n{position} = (rlx_acc)0;"));
-                    }
-                }
-                Action::Scan { carry_depth, .. } if *carry_depth == depth => {
-                    self.line(&format!("rlx_acc s{position} = (rlx_acc)0;"));
-                }
-                _ => {}
-            }
-        }
-        let guard = self.above_tokens(depth);
-        for (position, action) in pass.actions.iter().enumerate() {
-            match action {
-                Action::Store {
-                    node,
-                    shape,
-                    buffer,
-                    depth: d,
-                } if *d == depth => {
-                    let index = self.index(shape, false, None)?;
-                    self.store(*buffer, &index, &format!("v{}", node.0), guard)?;
-                }
-                Action::Reduce {
-                    op,
-                    operand,
-                    from,
-                    to,
-                    depth: d,
-                    target,
-                    ..
-                } if *d == depth => {
-                    let x = if *op == Reduction::Count {
-                        "(rlx_acc)1".to_string()
-                    } else {
-                        format!("v{}", operand.0)
-                    };
-                    if target.register {
-                        let new = accumulate(*op, &format!("a{position}"), &x);
-                        self.line(&format!("a{position} = {new};"));
-                        if target.count.is_some() {
-                            self.line(&format!("n{position} += (rlx_acc)1;"));
-                        }
-                    } else {
-                        let index = self.target_index((from, to), target.partial, *op)?;
-                        let old = self.load(target.value, &index)?;
-                        let new = accumulate(*op, &old, &x);
-                        let mut body = Vec::new();
-                        let ty = c_type(self.storage(target.value)?);
-                        body.push(format!("b{}[{index}] = ({ty})({new});", target.value));
-                        if let Some(count) = target.count {
-                            let ty = c_type(self.storage(count)?);
-                            let old = self.load(count, &index)?;
-                            body.push(format!("b{count}[{index}] = ({ty})({old} + (rlx_acc)1);"));
-                        }
-                        if guard {
-                            self.line(&format!("if (tid == 0) {{ {} }}", body.join(" ")));
-                        } else {
-                            for b in body {
-                                self.line(&b);
-                            }
-                        }
-                    }
-                }
-                Action::Scan {
-                    x,
-                    decay,
-                    buffer,
-                    depth: d,
-                    ..
-                } if *d == depth => {
-                    self.line(&format!(
-                        "s{position} = v{} + (s{position} == (rlx_acc)0 ? (rlx_acc)0 : v{} * s{position});",
-                        x.0, decay.0
-                    ));
-                    let t = self.coord("t")?;
-                    self.store(*buffer, t, &format!("s{position}"), false)?;
-                }
-                _ => {}
-            }
-        }
-        if depth < pass.path.len() {
-            let saved = self.bound.clone();
-            self.child_loop(depth)?;
-            self.bound = saved;
-        }
-        // Register accumulators complete here.
-        for (position, action) in pass.actions.iter().enumerate() {
-            if let Action::Reduce {
-                op,
-                from,
-                to,
-                target,
-                depth: from_depth,
-                ..
-            } = action
-            {
-                if target.register && target.depth == depth {
-                    let index = self.target_index((from, to), target.partial, *op)?;
-                    let mut value = format!("a{position}");
-                    let mut count = format!("n{position}");
-                    // Token contributions are split across the threads: a block reduction.
-                    if self.threads && Some(*from_depth) == self.tok_depth {
-                        let code = match op {
-                            Reduction::Max => 1,
-                            Reduction::Min => 2,
-                            _ => 0,
-                        };
-                        self.line(&format!(
-                            "const rlx_acc r{position} = rlx_block_reduce(a{position}, {code}, rlx_red);"
-                        ));
-                        value = format!("r{position}");
-                        if target.count.is_some() {
-                            self.line(&format!(
-                                "const rlx_acc rn{position} = rlx_block_reduce(n{position}, 0, rlx_red);"
-                            ));
-                            count = format!("rn{position}");
-                        }
-                    }
-                    self.store(target.value, &index, &value, guard)?;
-                    if let Some(buffer) = target.count {
-                        self.store(buffer, &index, &count, guard)?;
-                    }
-                }
-            }
+    fn block(&mut self, body: &[Stmt]) -> Result<(), String> {
+        for stmt in body {
+            self.stmt(stmt)?;
         }
         Ok(())
     }
 
-    fn target_index(
-        &self,
-        (from, to): (&Shape, &Shape),
-        partial: bool,
-        op: Reduction,
-    ) -> Result<String, String> {
-        if matches!(op, Reduction::ContractRows | Reduction::ContractCols) {
-            // Matrix element (a, b) adds into element b (over the rows) or a (over the columns).
-            let k = self.matrix_coordinate(from.feature.as_ref(), op == Reduction::ContractCols)?;
-            return self.index(to, false, Some(&k));
+    fn stmt(&mut self, stmt: &Stmt) -> Result<(), String> {
+        match stmt {
+            Stmt::Let { node, expr } => {
+                let value = self.expr(*node, expr)?;
+                self.line(&format!("const rlx_acc v{} = {value};", node.0));
+            }
+            Stmt::Loop(l) => self.child_loop(l)?,
+            Stmt::Store {
+                buffer,
+                index,
+                value,
+                once,
+            } => {
+                let value = self.operand(value)?;
+                self.store(*buffer, &c_index(index), &value, *once)?;
+            }
+            Stmt::Update {
+                op,
+                buffer,
+                count,
+                index,
+                x,
+                once,
+            } => {
+                let index = c_index(index);
+                let x = self.operand(x)?;
+                let old = format!("((rlx_acc)b{buffer}[{index}])");
+                let new = accumulate(*op, &old, &x);
+                let mut body = Vec::new();
+                body.push(format!(
+                    "b{buffer}[{index}] = ({})({new});",
+                    self.ty(*buffer)?
+                ));
+                if let Some(count) = count {
+                    body.push(format!(
+                        "b{count}[{index}] = ({})(((rlx_acc)b{count}[{index}]) + (rlx_acc)1);",
+                        self.ty(*count)?
+                    ));
+                }
+                if *once && self.threads {
+                    self.line(&format!("if (tid == 0) {{ {} }}", body.join(" ")));
+                } else {
+                    for b in body {
+                        self.line(&b);
+                    }
+                }
+            }
+            Stmt::Reset { acc, op, count } => {
+                let init = if matches!(op, Reduction::Max | Reduction::Min) {
+                    self.lit(f64::NAN)
+                } else {
+                    "(rlx_acc)0".into()
+                };
+                self.line(&format!("rlx_acc a{acc} = {init};"));
+                if *count {
+                    self.line(&format!("rlx_acc n{acc} = (rlx_acc)0;"));
+                }
+            }
+            Stmt::Accumulate { acc, op, x, count } => {
+                let x = self.operand(x)?;
+                let new = accumulate(*op, &format!("a{acc}"), &x);
+                self.line(&format!("a{acc} = {new};"));
+                if *count {
+                    self.line(&format!("n{acc} += (rlx_acc)1;"));
+                }
+            }
+            Stmt::ScanReset { carry } => self.line(&format!("rlx_acc s{carry} = (rlx_acc)0;")),
+            Stmt::Scan {
+                carry,
+                x,
+                decay,
+                buffer,
+                index,
+            } => {
+                self.line(&format!(
+                    "s{carry} = v{} + (s{carry} == (rlx_acc)0 ? (rlx_acc)0 : v{} * s{carry});",
+                    x.0, decay.0
+                ));
+                self.store(*buffer, &c_index(index), &format!("s{carry}"), false)?;
+            }
+            Stmt::Finish {
+                acc,
+                op,
+                block,
+                buffer,
+                count,
+                index,
+                once,
+            } => {
+                let index = c_index(index);
+                let mut value = format!("a{acc}");
+                let mut n = format!("n{acc}");
+                // Token contributions are split across the threads: a block reduction.
+                if *block && self.threads {
+                    let code = match op {
+                        Reduction::Max => 1,
+                        Reduction::Min => 2,
+                        _ => 0,
+                    };
+                    self.line(&format!(
+                        "const rlx_acc r{acc} = rlx_block_reduce(a{acc}, {code}, rlx_red);"
+                    ));
+                    value = format!("r{acc}");
+                    if count.is_some() {
+                        self.line(&format!(
+                            "const rlx_acc rn{acc} = rlx_block_reduce(n{acc}, 0, rlx_red);"
+                        ));
+                        n = format!("rn{acc}");
+                    }
+                }
+                self.store(*buffer, &index, &value, *once)?;
+                if let Some(count) = count {
+                    self.store(*count, &index, &n, *once)?;
+                }
+            }
         }
-        if partial {
-            let g = self.coord("g")?;
-            return match &to.feature {
-                None => Ok(g.into()),
-                Some(feature) => Ok(format!(
-                    "({g} * {} + {})",
-                    self.width(feature)?,
-                    self.coord("f")?
-                )),
-            };
-        }
-        self.index(to, op == Reduction::SumByOther, None)
+        Ok(())
     }
 
     fn open(&mut self, header: &str) {
@@ -968,80 +795,36 @@ impl Gen<'_> {
         self.line("}");
     }
 
-    fn child_loop(&mut self, depth: usize) -> Result<(), String> {
-        let kind = self.pass.path[depth].clone();
-        match kind {
-            LoopKind::Group => {
-                // One block per group.
-                self.open("");
-                self.line("const long long g = (long long)g_begin + (long long)blockIdx.x;");
-                self.line("if (g >= (long long)g_end) return;");
-                self.line("const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;");
-                self.line("const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;");
-                self.line("const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];");
-                self.line("(void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;");
-                for c in ["g", "gs", "n", "cs", "cn", "rcb", "pb", "pcb"] {
-                    self.bound.insert(c);
+    fn child_loop(&mut self, l: &Loop) -> Result<(), String> {
+        let head = &l.head;
+        let c = head.counter.name();
+        let (start, end) = (c_index(&head.start), c_index(&head.end));
+        if head.counter == Coord::G {
+            // One block per group.
+            self.open("");
+            self.line(&format!(
+                "const long long {c} = {start} + (long long)blockIdx.x;"
+            ));
+            self.line(&format!("if ({c} >= {end}) return;"));
+        } else {
+            self.open(&match l.order {
+                Order::Forward => format!("for (long long {c} = {start}; {c} < {end}; {c}++)"),
+                Order::Backward => {
+                    format!("for (long long {c} = {end} - 1; {c} >= {start}; {c}--)")
                 }
-                self.level(depth + 1)?;
-                self.close();
-            }
-            LoopKind::Resp => {
-                let (gs, n) = (self.coord("gs")?, self.coord("n")?);
-                self.open(&format!("for (long long r = {gs}; r < {gs} + {n}; r++)"));
-                self.line(&format!("const long long li = r - {gs};"));
-                self.line("const long long ts = (long long)to[r], te = (long long)to[r + 1];");
-                self.line("(void)li; (void)ts; (void)te;");
-                for c in ["r", "li", "ts", "te"] {
-                    self.bound.insert(c);
+                Order::Split if self.threads => {
+                    format!("for (long long {c} = {start} + tid; {c} < {end}; {c} += nth)")
                 }
-                self.level(depth + 1)?;
-                self.close();
-            }
-            LoopKind::Tok => {
-                let (ts, te) = (self.coord("ts")?, self.coord("te")?);
-                if self.threads {
-                    self.open(&format!(
-                        "for (long long t = {ts} + tid; t < {te}; t += nth)"
-                    ));
-                } else if self.pass.reverse {
-                    self.open(&format!("for (long long t = {te} - 1; t >= {ts}; t--)"));
-                } else {
-                    self.open(&format!("for (long long t = {ts}; t < {te}; t++)"));
-                }
-                self.bound.insert("t");
-                self.level(depth + 1)?;
-                self.close();
-            }
-            LoopKind::Pair => {
-                let (gs, n, r, li, pb) = (
-                    self.coord("gs")?,
-                    self.coord("n")?,
-                    self.coord("r")?,
-                    self.coord("li")?,
-                    self.coord("pb")?,
-                );
-                self.open(&format!("for (long long j = {gs}; j < {gs} + {n}; j++)"));
-                self.line(&format!("if (j == {r}) continue;"));
-                self.line(&format!("const long long lj = j - {gs};"));
-                // p = pair_base + li·(n − 1) + (lj − [lj > li])
-                self.line(&format!(
-                    "const long long p = {pb} + {li} * ({n} - 1) + (lj - (lj > {li} ? 1 : 0));"
-                ));
-                for c in ["j", "lj", "p"] {
-                    self.bound.insert(c);
-                }
-                self.level(depth + 1)?;
-                self.close();
-            }
-            LoopKind::Feature(feature) => {
-                let width = self.width(&feature)?;
-                self.open(&format!("for (long long f = 0; f < {width}; f++)"));
-                self.bound.insert("f");
-                self.level(depth + 1)?;
-                self.close();
-            }
+                Order::Split => format!("for (long long {c} = {start}; {c} < {end}; {c}++)"),
+            });
         }
+        if let Some(skip) = &head.skip {
+            self.line(&format!("if ({c} == {}) continue;", c_index(skip)));
+        }
+        let names = self.binds(&head.binds);
+        self.void(&names);
+        self.block(&l.body)?;
+        self.close();
         Ok(())
     }
 }
@@ -1055,18 +838,5 @@ fn accumulate(op: Reduction, old: &str, x: &str) -> String {
         | Reduction::ContractCols => format!("{old} + {x}"),
         Reduction::Max => format!("rlx_max({old}, {x})"),
         Reduction::Min => format!("rlx_min({old}, {x})"),
-    }
-}
-
-fn loop_name(kind: &LoopKind) -> &'static str {
-    match kind {
-        LoopKind::Group => "group",
-        LoopKind::Resp => "resp",
-        LoopKind::Tok => "tok",
-        LoopKind::Pair => "pair",
-        LoopKind::Feature(Feature::Crit) => "crit",
-        LoopKind::Feature(Feature::Dim) => "dim",
-        LoopKind::Feature(Feature::Rubric { .. }) => "rubric",
-        LoopKind::Feature(Feature::Matrix { .. }) => "matrix",
     }
 }

@@ -1,12 +1,13 @@
-//! Stage `codegen`: every loop pass of a kernel plan becomes one native function, compiled with
-//! cranelift. The function loops over its nest (groups › responses › tokens, pairs or features) reading
-//! the layout's offset arrays and the pass's buffers through a pointer table, computes its entries in
-//! registers (f64, or f32 with `Precision::F32` accumulation), accumulates reductions and stores values.
+//! Stage `codegen`: every loop function of a plan's loop IR (`super::loops`) becomes one native
+//! function, compiled with cranelift. This module is instruction selection over that IR: its loops,
+//! index expressions (`super::layout`), loads and stores become cranelift instructions, its `let`s
+//! registers (f64, or f32 with `Precision::F32` accumulation), with the JIT's own optimisations:
+//! vectorised token loops (`Gen::simd_type`), the inlined `exp`, and-selections against zero.
 //!
 //! # Calling convention
-//! `extern "C" fn(table: *const *mut u8, g_begin: usize, g_end: usize)`. The table holds the layout
-//! (slots `slot::*`, `usize` arrays and the f64 scalars) and then the phase's buffers in plan order
-//! (`slot::FIRST_BUFFER + id`). A pass whose nest starts with groups visits groups `g_begin..g_end` only,
+//! `extern "C" fn(table: *const *mut u8, g_begin: usize, g_end: usize)`. The table is the ABI of
+//! `super::abi` (the layout's `usize` arrays and the f64 scalars, then the phase's buffers in plan
+//! order). A pass whose nest starts with groups visits groups `g_begin..g_end` only,
 //! so the runtime can split groups across threads; other passes ignore the range.
 //!
 //! # Safety contract
@@ -41,11 +42,12 @@ use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{default_libcall_names, FuncId, Linkage, Module};
 
-use super::plan::{
-    Action, BufferId, Entry, KernelPlan, LoopKind, LoopPass, Phase, Reduction, Role,
-};
+use super::abi::{self, Fixed};
+use super::layout::{Cond, Coord, Index};
+use super::loops::{self, Expr, Function, Load, Loop, LoopFunction, Operand, Order, Stmt};
+use super::plan::{Action, BufferId, KernelPlan, LoopPass, Reduction};
 use super::Precision;
-use crate::ir::{Feature, Graph, Level, NodeId, Op, Shape, Value};
+use crate::ir::{Graph, NodeId, Op, Value};
 use crate::ops::{self, Jit, Shims};
 
 /// The most variables one pass function may declare. Each register accumulator, count and scan carry is
@@ -76,28 +78,6 @@ fn pass_variables(pass: &LoopPass) -> usize {
 
 /// A compiled loop pass (see the calling convention above).
 pub type PassFn = unsafe extern "C" fn(table: *const *mut u8, g_begin: usize, g_end: usize);
-
-/// Fixed slots of the pointer table.
-pub mod slot {
-    /// `usize[G + 1]`: `Layout::group_offsets`.
-    pub const GROUP_OFFSETS: usize = 0;
-    /// `usize[R + 1]`: `Layout::token_offsets`.
-    pub const TOKEN_OFFSETS: usize = 1;
-    /// `usize[G + 1]`: `Layout::crit_offsets`.
-    pub const CRIT_OFFSETS: usize = 2;
-    /// `usize[G + 1]`: where group g's `[resp, crit]` elements start (Σ over earlier groups of n·C).
-    pub const RESP_CRIT_BASE: usize = 3;
-    /// `usize[G + 1]`: where group g's pairs start (Σ over earlier groups of n·(n − 1)).
-    pub const PAIR_OFFSETS: usize = 4;
-    /// `usize[G + 1]`: where group g's `[pair, crit]` elements start.
-    pub const PAIR_CRIT_BASE: usize = 5;
-    /// `f64[2]`: `step`, `progress`.
-    pub const SCALARS: usize = 6;
-    /// `usize[1]`: the `dim` axis length.
-    pub const SIZES: usize = 7;
-    /// The plan's buffers follow, by id.
-    pub const FIRST_BUFFER: usize = 8;
-}
 
 /// The native code of a plan: one function per loop pass.
 pub struct JitKernel {
@@ -240,10 +220,13 @@ pub fn compile_with(
     let mut context = module.make_context();
     let mut function_context = FunctionBuilderContext::new();
     let mut counter = 0usize;
-    for (phase_index, phase) in plan.phases.iter().enumerate() {
+    let lowered = loops::lower(graph, plan)?;
+    for ((phase_index, phase), lowered) in plan.phases.iter().enumerate().zip(&lowered.phases) {
         let mut phase_ids = Vec::new();
-        for (pass_index, pass) in phase.passes.iter().enumerate() {
-            let super::plan::Pass::Loop(pass) = pass else {
+        for (pass_index, (pass, function)) in
+            phase.passes.iter().zip(&lowered.functions).enumerate()
+        {
+            let (super::plan::Pass::Loop(pass), Function::Loop(function)) = (pass, function) else {
                 phase_ids.push(None);
                 continue;
             };
@@ -272,8 +255,7 @@ pub fn compile_with(
                 let mut gen = Gen {
                     b,
                     graph,
-                    phase,
-                    pass,
+                    function,
                     ft,
                     storage_types: phase
                         .buffers
@@ -287,11 +269,8 @@ pub fn compile_with(
                     bases: HashMap::new(),
                     values: HashMap::new(),
                     conds: HashMap::new(),
-                    c: Coords::default(),
+                    coords: HashMap::new(),
                     accumulators: HashMap::new(),
-                    table: None,
-                    range: None,
-                    dim: None,
                     simd: codegen.simd,
                     vector: None,
                 };
@@ -343,41 +322,16 @@ pub fn compile_with(
     })
 }
 
-/// The loop coordinates bound so far (`usize` values).
-#[derive(Clone, Default)]
-struct Coords {
-    g: Option<ClifValue>,
-    /// First and end response of the group, its size.
-    gs: Option<ClifValue>,
-    n: Option<ClifValue>,
-    /// First criterion of the group and its count.
-    cs: Option<ClifValue>,
-    cn: Option<ClifValue>,
-    resp_crit_base: Option<ClifValue>,
-    pair_base: Option<ClifValue>,
-    pair_crit_base: Option<ClifValue>,
-    r: Option<ClifValue>,
-    /// r − gs.
-    li: Option<ClifValue>,
-    ts: Option<ClifValue>,
-    te: Option<ClifValue>,
-    t: Option<ClifValue>,
-    j: Option<ClifValue>,
-    lj: Option<ClifValue>,
-    p: Option<ClifValue>,
-    f: Option<ClifValue>,
-}
-
 struct Accumulator {
     value: Variable,
     count: Option<Variable>,
 }
 
+/// Instruction selection for one loop function of the loop IR.
 struct Gen<'a, 'b> {
     b: FunctionBuilder<'b>,
     graph: &'a Graph,
-    phase: &'a Phase,
-    pass: &'a LoopPass,
+    function: &'a LoopFunction,
     ft: Type,
     storage_types: Vec<Type>,
     shims: HashMap<&'static str, FuncRef>,
@@ -387,12 +341,10 @@ struct Gen<'a, 'b> {
     /// For nodes that are conditions (comparisons, `and`, `or`, `not`): the `i8` truth value, so
     /// `where`/`and`/`or` test it directly instead of comparing the 0/1 float with 0.
     conds: HashMap<NodeId, ClifValue>,
-    c: Coords,
+    /// The coordinates bound so far (`usize` values).
+    coords: HashMap<Coord, ClifValue>,
     /// Register accumulators and scan carries, by action index.
     accumulators: HashMap<usize, Accumulator>,
-    table: Option<ClifValue>,
-    range: Option<(ClifValue, ClifValue)>,
-    dim: Option<ClifValue>,
     /// Whether token loops may be vectorised.
     simd: bool,
     /// While generating a vectorised token loop body: its register type (`F64X2` or `F32X4`). Values
@@ -419,10 +371,6 @@ fn lanes_flags() -> MemFlagsData {
     MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little)
 }
 
-fn unbound(name: &str) -> String {
-    format!("internal: coordinate {name} is not bound in this pass")
-}
-
 impl Gen<'_, '_> {
     fn function(&mut self) -> GenResult<()> {
         let entry = self.b.create_block();
@@ -430,22 +378,20 @@ impl Gen<'_, '_> {
         self.b.switch_to_block(entry);
         let params = self.b.block_params(entry).to_vec();
         let (table, g_begin, g_end) = (params[0], params[1], params[2]);
-        self.table = Some(table);
-        self.range = Some((g_begin, g_end));
-        let mut slots: Vec<usize> = (0..slot::FIRST_BUFFER).collect();
-        slots.extend(
-            self.pass
-                .buffers_used(self.graph, self.phase)
-                .into_iter()
-                .map(|b| slot::FIRST_BUFFER + b as usize),
-        );
+        self.coords.insert(Coord::GBegin, g_begin);
+        self.coords.insert(Coord::GEnd, g_end);
+        let function = self.function;
+        let mut slots: Vec<usize> = Fixed::ALL.iter().map(|f| f.slot()).collect();
+        slots.extend(function.buffers.iter().copied().map(abi::buffer_slot));
         for s in slots {
             let base = self.b.ins().load(I64, flags(), table, (s * 8) as i32);
             self.bases.insert(s, base);
         }
-        let sizes = self.bases[&slot::SIZES];
-        self.dim = Some(self.b.ins().load(I64, flags(), sizes, 0));
-        self.level(0)?;
+        for (coord, value) in &function.binds {
+            let value = self.index(value)?;
+            self.coords.insert(*coord, value);
+        }
+        self.block(&function.body)?;
         self.b.ins().return_(&[]);
         self.b.seal_all_blocks();
         Ok(())
@@ -459,7 +405,7 @@ impl Gen<'_, '_> {
     }
 
     fn buffer_base(&self, buffer: BufferId) -> GenResult<ClifValue> {
-        self.base(slot::FIRST_BUFFER + buffer as usize)
+        self.base(abi::buffer_slot(buffer))
     }
 
     fn iconst(&mut self, value: i64) -> ClifValue {
@@ -693,123 +639,119 @@ impl Gen<'_, '_> {
         }
     }
 
-    fn coordinate(&self, value: Option<ClifValue>, name: &str) -> GenResult<ClifValue> {
-        value.ok_or_else(|| unbound(name))
+    fn coord(&self, coord: Coord) -> GenResult<ClifValue> {
+        self.coords
+            .get(&coord)
+            .copied()
+            .ok_or_else(|| format!("internal: coordinate {} is not bound", coord.name()))
     }
 
-    /// The length of a feature axis at the current element.
-    fn width(&mut self, feature: &Feature) -> GenResult<ClifValue> {
-        Ok(match feature {
-            Feature::Crit => match self.c.cn {
-                Some(cn) => cn,
-                None => self.iconst(0),
-            },
-            Feature::Dim => self.coordinate(self.dim, "dim")?,
-            Feature::Rubric { len, .. } => self.iconst(i64::from(*len)),
-            Feature::Matrix { rows, cols } => {
-                let rows = self.width(rows)?;
-                let cols = self.width(cols)?;
-                self.b.ins().imul(rows, cols)
-            }
-        })
-    }
-
-    /// At matrix element f = a·cols + b of the current feature loop: its row a (`rows`) or column b.
-    fn matrix_coordinate(&mut self, matrix: &Feature, rows: bool) -> GenResult<ClifValue> {
-        let Feature::Matrix { cols, .. } = matrix else {
-            return Err("internal: a matrix operation on a value without a matrix axis".into());
-        };
-        let f = self.coordinate(self.c.f, "feature")?;
-        let width = self.width(cols)?;
-        Ok(if rows {
-            self.b.ins().udiv(f, width)
-        } else {
-            self.b.ins().urem(f, width)
-        })
-    }
-
-    /// The element of `shape` above the current point: at response j instead of i with `other`, at
-    /// feature `feature` instead of the loop's.
-    fn index(
-        &mut self,
-        shape: &Shape,
-        other: bool,
-        feature: Option<ClifValue>,
-    ) -> GenResult<ClifValue> {
-        let c = self.c.clone();
-        let f = || feature.or(c.f).ok_or_else(|| unbound("feature"));
-        let (r, li) = if other { (c.j, c.lj) } else { (c.r, c.li) };
-        Ok(match (shape.level, &shape.feature) {
-            (Level::Batch, None) => self.iconst(0),
-            (Level::Batch, Some(_)) => f()?,
-            (Level::Group, None) => self.coordinate(c.g, "group")?,
-            (Level::Group, Some(Feature::Crit)) => {
-                let cs = self.coordinate(c.cs, "criteria")?;
-                self.b.ins().iadd(cs, f()?)
-            }
-            (Level::Group, Some(feature)) => {
-                let g = self.coordinate(c.g, "group")?;
-                let width = self.width(feature)?;
-                let row = self.b.ins().imul(g, width);
-                self.b.ins().iadd(row, f()?)
-            }
-            (Level::Resp, None) => self.coordinate(r, "response")?,
-            (Level::Resp, Some(Feature::Crit)) => {
-                let base = self.coordinate(c.resp_crit_base, "criteria")?;
-                let li = self.coordinate(li, "response")?;
-                let cn = self.coordinate(c.cn, "criteria")?;
-                let row = self.b.ins().imul(li, cn);
-                let start = self.b.ins().iadd(base, row);
-                self.b.ins().iadd(start, f()?)
-            }
-            (Level::Resp, Some(feature)) => {
-                let r = self.coordinate(r, "response")?;
-                let width = self.width(feature)?;
-                let row = self.b.ins().imul(r, width);
-                self.b.ins().iadd(row, f()?)
-            }
-            (Level::Tok, None) => self.coordinate(c.t, "token")?,
-            (Level::Pair, None) => self.coordinate(c.p, "pair")?,
-            (Level::Pair, Some(Feature::Crit)) => {
-                let base = self.coordinate(c.pair_crit_base, "criteria")?;
-                let p = self.coordinate(c.p, "pair")?;
-                let pair_base = self.coordinate(c.pair_base, "pair")?;
-                let cn = self.coordinate(c.cn, "criteria")?;
-                let local = self.b.ins().isub(p, pair_base);
-                let row = self.b.ins().imul(local, cn);
-                let start = self.b.ins().iadd(base, row);
-                self.b.ins().iadd(start, f()?)
-            }
-            (Level::Pair, Some(feature)) => {
-                let p = self.coordinate(c.p, "pair")?;
-                let width = self.width(feature)?;
-                let row = self.b.ins().imul(p, width);
-                self.b.ins().iadd(row, f()?)
-            }
-            (Level::Tok, Some(_)) => return Err("internal: token values have no feature".into()),
-        })
-    }
-
-    /// A node's value from its buffer at `index`; an empty `max`/`min` reads as 0.
-    fn load_node(&mut self, node: NodeId, index: ClifValue) -> GenResult<ClifValue> {
-        match self.phase.roles[node.0 as usize] {
-            Role::Input(b) | Role::Carried(b) => self.load(b, index),
-            Role::Buffer { value, count } => {
-                let v = self.load(value, index)?;
-                match count {
-                    None => Ok(v),
-                    Some(count) => {
-                        let n = self.load(count, index)?;
-                        let zero = self.fconst(0.0);
-                        let empty = self.b.ins().fcmp(FloatCC::Equal, n, zero);
-                        Ok(self.pick(empty, zero, v))
-                    }
+    /// An index expression of the loop IR (`usize` arithmetic).
+    fn index(&mut self, index: &Index) -> GenResult<ClifValue> {
+        Ok(match index {
+            Index::Const(k) => self.iconst(*k),
+            Index::Coord(c) => self.coord(*c)?,
+            Index::Sum(terms) => {
+                let mut sum = None;
+                for term in terms {
+                    let x = self.index(term)?;
+                    sum = Some(match sum {
+                        None => x,
+                        Some(s) => self.b.ins().iadd(s, x),
+                    });
+                }
+                match sum {
+                    Some(sum) => sum,
+                    None => self.iconst(0),
                 }
             }
-            Role::Inline | Role::Unused => Err(format!(
-                "internal: %{} is read at another element but has no buffer",
-                node.0
-            )),
+            Index::Product(a, b) | Index::Diff(a, b) | Index::Quot(a, b) | Index::Rem(a, b) => {
+                let (a, b) = (self.index(a)?, self.index(b)?);
+                match index {
+                    Index::Product(..) => self.b.ins().imul(a, b),
+                    Index::Diff(..) => self.b.ins().isub(a, b),
+                    Index::Quot(..) => self.b.ins().udiv(a, b),
+                    _ => self.b.ins().urem(a, b),
+                }
+            }
+            Index::Offset(x, k) => {
+                let x = self.index(x)?;
+                self.b.ins().iadd_imm_s(x, *k)
+            }
+            Index::Select(cond, yes, no) => {
+                let c = self.cond(cond)?;
+                if **yes == Index::Const(1) && **no == Index::Const(0) {
+                    // A truth value as 0/1.
+                    self.b.ins().uextend(I64, c)
+                } else {
+                    let (yes, no) = (self.index(yes)?, self.index(no)?);
+                    self.b.ins().select(c, yes, no)
+                }
+            }
+            Index::Table(fixed, at) => {
+                let at = self.index(at)?;
+                let base = self.base(fixed.slot())?;
+                self.load_index(base, at)
+            }
+            Index::Size(size) => {
+                let base = self.base(Fixed::Sizes.slot())?;
+                self.b
+                    .ins()
+                    .load(I64, flags(), base, (size.index() * 8) as i32)
+            }
+        })
+    }
+
+    /// An `i8` truth value of the loop IR.
+    fn cond(&mut self, cond: &Cond) -> GenResult<ClifValue> {
+        Ok(match cond {
+            Cond::Within { x, start, end } => {
+                // Signed: `shift`'s source may precede 0.
+                let (x, start, end) = (self.index(x)?, self.index(start)?, self.index(end)?);
+                let after_start = self.b.ins().icmp(IntCC::SignedGreaterThanOrEqual, x, start);
+                let before_end = self.b.ins().icmp(IntCC::SignedLessThan, x, end);
+                self.b.ins().band(after_start, before_end)
+            }
+            Cond::Is(x, k) => {
+                let x = self.index(x)?;
+                self.b.ins().icmp_imm_u(IntCC::Equal, x, *k)
+            }
+            Cond::Greater(a, b) => {
+                let (a, b) = (self.index(a)?, self.index(b)?);
+                self.b.ins().icmp(IntCC::UnsignedGreaterThan, a, b)
+            }
+        })
+    }
+
+    /// A value read from memory; an empty `max`/`min` (its count is 0) reads as 0. In a vector
+    /// body, a token's value is a vector of consecutive tokens and another element's value (the
+    /// same for all lanes) is splatted.
+    fn load_value(&mut self, load: &Load) -> GenResult<ClifValue> {
+        if self.vector.is_some() && !uses_token(&load.index) {
+            return self.scalar_then_widen(|gen| gen.load_value(load));
+        }
+        let index = self.index(&load.index)?;
+        let v = self.load(load.buffer, index)?;
+        match load.count {
+            None => Ok(v),
+            Some(count) => {
+                let n = self.load(count, index)?;
+                let zero = self.fconst(0.0);
+                let empty = self.b.ins().fcmp(FloatCC::Equal, n, zero);
+                Ok(self.pick(empty, zero, v))
+            }
+        }
+    }
+
+    fn operand(&mut self, operand: &Operand) -> GenResult<ClifValue> {
+        match operand {
+            Operand::Node(node) => {
+                let value = self.value(*node)?;
+                Ok(self.widen(value))
+            }
+            Operand::Load(load) => self.load_value(load),
+            Operand::Zero => Ok(self.fconst(0.0)),
+            Operand::One => Ok(self.fconst(1.0)),
         }
     }
 
@@ -1130,56 +1072,55 @@ impl Gen<'_, '_> {
         self.b.ins().fcvt_from_uint(self.ft, x)
     }
 
-    /// The value of a built-in name at the current element (scalar).
-    fn builtin(&mut self, value: &Value) -> GenResult<ClifValue> {
-        let c = self.c.clone();
-        Ok(match value {
-            Value::Step | Value::Progress => {
-                let scalars = self.base(slot::SCALARS)?;
-                let offset = if *value == Value::Step { 0 } else { 8 };
-                let v = self.b.ins().load(types::F64, flags(), scalars, offset);
-                self.convert(v, types::F64, self.ft)
+    /// The value a `Let` binds.
+    fn let_value(&mut self, node: NodeId, expr: &Expr) -> GenResult<ClifValue> {
+        Ok(match expr {
+            Expr::Op => self.op_value(node)?,
+            Expr::Const(v) => self.fconst(*v),
+            Expr::Scalar(scalar) => self.scalar_then_widen(|gen| {
+                let scalars = gen.base(Fixed::Scalars.slot())?;
+                let offset = (scalar.index() * 8) as i32;
+                let v = gen.b.ins().load(types::F64, flags(), scalars, offset);
+                Ok(gen.convert(v, types::F64, gen.ft))
+            })?,
+            Expr::Count(index) if self.vector.is_some() && uses_token(index) => {
+                // t − ts + lane for each lane (`token_index`, the only count of a token).
+                if !is_token_position(index) {
+                    return Err(format!("internal: a vector of the count {index}"));
+                }
+                let position = self.scalar_then_widen(|gen| {
+                    let i = gen.index(index)?;
+                    Ok(gen.usize_to_float(i))
+                })?;
+                let mut offsets = self.fconst(0.0);
+                for lane in 1..self.vector.map_or(1, |vt| vt.lane_count()) {
+                    let k = if self.ft == types::F64 {
+                        self.b.ins().f64const(f64::from(lane))
+                    } else {
+                        self.b.ins().f32const(lane as f32)
+                    };
+                    offsets = self.b.ins().insertlane(offsets, k, lane as u8);
+                }
+                self.b.ins().fadd(position, offsets)
             }
-            Value::N => {
-                let n = self.coordinate(c.n, "group")?;
-                self.usize_to_float(n)
+            Expr::Count(index) => self.scalar_then_widen(|gen| {
+                let i = gen.index(index)?;
+                Ok(gen.usize_to_float(i))
+            })?,
+            Expr::Operand(operand) => self.operand(operand)?,
+            Expr::Select { cond, yes, no } => {
+                // Scalar only (`simd_type` keeps selections out of vector bodies).
+                let c = self.cond(cond)?;
+                let (yes, no) = (self.operand(yes)?, self.operand(no)?);
+                self.b.ins().select(c, yes, no)
             }
-            Value::RespIndex => {
-                let li = self.coordinate(c.li, "response")?;
-                self.usize_to_float(li)
-            }
-            Value::Length => {
-                let ts = self.coordinate(c.ts, "response")?;
-                let te = self.coordinate(c.te, "response")?;
-                let length = self.b.ins().isub(te, ts);
-                self.usize_to_float(length)
-            }
-            Value::TokenIndex => {
-                let ts = self.coordinate(c.ts, "response")?;
-                let t = self.coordinate(c.t, "token")?;
-                let position = self.b.ins().isub(t, ts);
-                self.usize_to_float(position)
-            }
-            Value::Inf => self.fconst(f64::INFINITY),
-            Value::Pi => self.fconst(std::f64::consts::PI),
         })
     }
 
-    /// Compute (or load) one entry.
-    fn entry(&mut self, entry: &Entry) -> GenResult<ClifValue> {
+    /// A node's element-wise op over its operands' values.
+    fn op_value(&mut self, node_id: NodeId) -> GenResult<ClifValue> {
         let graph = self.graph;
-        let node = graph.node(entry.node);
-        if entry.load {
-            if self.vector.is_some() && node.shape.level != Level::Tok {
-                // A value of an outer element, read inside the vector body: the same for all lanes.
-                return self.scalar_then_widen(|gen| {
-                    let index = gen.index(&node.shape, false, None)?;
-                    gen.load_node(entry.node, index)
-                });
-            }
-            let index = self.index(&node.shape, false, None)?;
-            return self.load_node(entry.node, index);
-        }
+        let node = graph.node(node_id);
         let operands: Vec<Option<ClifValue>> = node
             .args
             .iter()
@@ -1192,29 +1133,11 @@ impl Gen<'_, '_> {
             operands.get(k).copied().flatten().ok_or_else(|| {
                 format!(
                     "internal: operand {k} of %{} used before it is computed",
-                    entry.node.0
+                    node_id.0
                 )
             })
         };
-        let c = self.c.clone();
         Ok(match &node.op {
-            Op::Const(v) => self.fconst(*v),
-            Op::Value(Value::TokenIndex) if self.vector.is_some() => {
-                // t − ts + lane for each lane.
-                let position = self.scalar_then_widen(|gen| gen.builtin(&Value::TokenIndex))?;
-                let mut offsets = self.fconst(0.0);
-                for lane in 1..self.vector.map_or(1, |vt| vt.lane_count()) {
-                    let k = if self.ft == types::F64 {
-                        self.b.ins().f64const(f64::from(lane))
-                    } else {
-                        self.b.ins().f32const(lane as f32)
-                    };
-                    offsets = self.b.ins().insertlane(offsets, k, lane as u8);
-                }
-                self.b.ins().fadd(position, offsets)
-            }
-            Op::Value(value) => self.scalar_then_widen(|gen| gen.builtin(value))?,
-            Op::Input(_) => return Err("internal: inputs are loaded".into()),
             Op::Copy | Op::StopGrad => arg(0)?,
             Op::Neg => {
                 let a = arg(0)?;
@@ -1229,7 +1152,7 @@ impl Gen<'_, '_> {
                     let one = self.b.ins().iconst(types::I8, 1);
                     self.b.ins().bxor(a, one)
                 };
-                self.conds.insert(entry.node, not);
+                self.conds.insert(node_id, not);
                 self.truth(not)
             }
             Op::Mul if zero_times_index(graph, &node.args).is_some() => {
@@ -1279,7 +1202,7 @@ impl Gen<'_, '_> {
                     _ => FloatCC::GreaterThanOrEqual,
                 };
                 let condition = self.b.ins().fcmp(cc, a, b);
-                self.conds.insert(entry.node, condition);
+                self.conds.insert(node_id, condition);
                 self.truth(condition)
             }
             Op::And | Op::Or => {
@@ -1290,7 +1213,7 @@ impl Gen<'_, '_> {
                 } else {
                     self.b.ins().bor(a, b)
                 };
-                self.conds.insert(entry.node, both);
+                self.conds.insert(node_id, both);
                 self.truth(both)
             }
             Op::Select => {
@@ -1330,71 +1253,6 @@ impl Gen<'_, '_> {
                 let low = self.pick(negative, minus, zero);
                 self.pick(positive, one, low)
             }
-            Op::Other => {
-                let operand = node.args[0];
-                let shape = self.graph.node(operand).shape.clone();
-                if shape.level == Level::Resp {
-                    let index = self.index(&shape, true, None)?;
-                    self.load_node(operand, index)?
-                } else {
-                    arg(0)?
-                }
-            }
-            Op::Index(k) => {
-                let operand = node.args[0];
-                let shape = self.graph.node(operand).shape.clone();
-                if matches!(shape.feature, Some(Feature::Rubric { .. })) {
-                    let k = self.iconst(i64::from(*k));
-                    let index = self.index(&shape, false, Some(k))?;
-                    self.load_node(operand, index)?
-                } else {
-                    arg(0)?
-                }
-            }
-            Op::SpreadRows | Op::SpreadCols => {
-                let operand = node.args[0];
-                let shape = self.graph.node(operand).shape.clone();
-                let matrix = node
-                    .shape
-                    .feature
-                    .clone()
-                    .ok_or("internal: a spread without a matrix axis")?;
-                let k = self.matrix_coordinate(&matrix, node.op == Op::SpreadRows)?;
-                let index = self.index(&shape, false, Some(k))?;
-                self.load_node(operand, index)?
-            }
-            Op::Unindex(k) => {
-                let a = arg(0)?;
-                let f = self.coordinate(c.f, "feature")?;
-                let here = self.b.ins().icmp_imm_u(IntCC::Equal, f, i64::from(*k));
-                let zero = self.fconst(0.0);
-                self.pick(here, a, zero)
-            }
-            Op::Shift { offset } => {
-                let t = self.coordinate(c.t, "token")?;
-                let ts = self.coordinate(c.ts, "response")?;
-                let te = self.coordinate(c.te, "response")?;
-                let fill = arg(1)?;
-                // source = t + offset, inside [ts, te) (signed: the source may precede 0).
-                let source = self.b.ins().iadd_imm_s(t, i64::from(*offset));
-                let after_start = self
-                    .b
-                    .ins()
-                    .icmp(IntCC::SignedGreaterThanOrEqual, source, ts);
-                let before_end = self.b.ins().icmp(IntCC::SignedLessThan, source, te);
-                let inside = self.b.ins().band(after_start, before_end);
-                let operand = node.args[0];
-                let shape = self.graph.node(operand).shape.clone();
-                let value = if shape.level == Level::Tok {
-                    // Clamp into the response (t itself is inside it) so the load is in bounds
-                    // whether or not the source is.
-                    let clamped = self.b.ins().select(inside, source, t);
-                    self.load_node(operand, clamped)?
-                } else {
-                    arg(0)?
-                };
-                self.b.ins().select(inside, value, fill)
-            }
             // A primitive computed by its op table shim, lane by lane.
             op => match op.primitive().filter(|p| p.jit == Jit::Call) {
                 Some(primitive) => {
@@ -1413,152 +1271,138 @@ impl Gen<'_, '_> {
         })
     }
 
-    /// Emit everything at loop depth `depth`, then the loop below it.
-    fn level(&mut self, depth: usize) -> GenResult<()> {
-        let pass = self.pass;
-        for entry in pass.entries.iter().filter(|e| e.depth == depth) {
-            let value = self.entry(entry)?;
-            self.values.insert(entry.node, value);
+    fn block(&mut self, body: &[Stmt]) -> GenResult<()> {
+        for stmt in body {
+            self.stmt(stmt)?;
         }
-        // Register accumulators and scan carries reset here.
-        for (position, action) in pass.actions.iter().enumerate() {
-            match action {
-                Action::Reduce { op, target, .. } if target.register && target.depth == depth => {
-                    let init = if matches!(op, Reduction::Max | Reduction::Min) {
-                        f64::NAN
-                    } else {
-                        0.0
-                    };
-                    let value = self.b.declare_var(self.ft);
-                    let start = self.fconst(init);
-                    self.b.def_var(value, start);
-                    let count = target.count.map(|_| {
-                        let count = self.b.declare_var(self.ft);
-                        let zero = self.fconst(0.0);
-                        self.b.def_var(count, zero);
-                        count
-                    });
-                    self.accumulators
-                        .insert(position, Accumulator { value, count });
-                }
-                Action::Scan { carry_depth, .. } if *carry_depth == depth => {
-                    let value = self.b.declare_var(self.ft);
-                    let zero = self.fconst(0.0);
-                    self.b.def_var(value, zero);
-                    self.accumulators
-                        .insert(position, Accumulator { value, count: None });
-                }
-                _ => {}
+        Ok(())
+    }
+
+    fn stmt(&mut self, stmt: &Stmt) -> GenResult<()> {
+        match stmt {
+            Stmt::Let { node, expr } => {
+                let value = self.let_value(*node, expr)?;
+                self.values.insert(*node, value);
             }
-        }
-        for (position, action) in pass.actions.iter().enumerate() {
-            match action {
-                Action::Store {
-                    node,
-                    shape,
-                    buffer,
-                    depth: d,
-                } if *d == depth => {
-                    let value = self.value(*node)?;
-                    let index = self.index(shape, false, None)?;
-                    self.store(*buffer, index, value)?;
-                }
-                Action::Reduce {
-                    op,
-                    operand,
-                    from,
-                    to,
-                    depth: d,
-                    target,
-                    ..
-                } if *d == depth => {
-                    let x = if *op == Reduction::Count {
-                        self.fconst(1.0)
-                    } else {
-                        self.value(*operand)?
-                    };
-                    if target.register {
-                        let accumulator = self
-                            .accumulators
-                            .get(&position)
-                            .ok_or("internal: accumulator not reset")?;
-                        let (value, count) = (accumulator.value, accumulator.count);
-                        let old = self.b.use_var(value);
-                        let new = self.accumulate(*op, old, x);
-                        self.b.def_var(value, new);
-                        if let Some(count) = count {
-                            let old = self.b.use_var(count);
-                            let one = self.fconst(1.0);
-                            let new = self.b.ins().fadd(old, one);
-                            self.b.def_var(count, new);
-                        }
-                    } else {
-                        let index = self.target_index((from, to), target.partial, *op)?;
-                        let old = self.load(target.value, index)?;
-                        let new = self.accumulate(*op, old, x);
-                        self.store(target.value, index, new)?;
-                        if let Some(count) = target.count {
-                            let old = self.load(count, index)?;
-                            let one = self.fconst(1.0);
-                            let new = self.b.ins().fadd(old, one);
-                            self.store(count, index, new)?;
-                        }
-                    }
-                }
-                Action::Scan {
-                    x,
-                    decay,
-                    buffer,
-                    depth: d,
-                    ..
-                } if *d == depth => {
-                    let carry = self
-                        .accumulators
-                        .get(&position)
-                        .ok_or("internal: scan carry not reset")?
-                        .value;
-                    let (x, decay) = (self.value(*x)?, self.value(*decay)?);
-                    let previous = self.b.use_var(carry);
-                    // decay · carry, 0 for a zero carry (the interpreter's `scan_carry`).
-                    let product = self.b.ins().fmul(decay, previous);
-                    let zero = self.fconst(0.0);
-                    let empty = self.b.ins().fcmp(FloatCC::Equal, previous, zero);
-                    let decayed = self.b.ins().select(empty, zero, product);
-                    let next = self.b.ins().fadd(x, decayed);
-                    self.b.def_var(carry, next);
-                    let t = self.coordinate(self.c.t, "token")?;
-                    self.store(*buffer, t, next)?;
-                }
-                _ => {}
+            Stmt::Loop(l) => {
+                let saved = self.coords.clone();
+                let generated = self.child_loop(l);
+                self.coords = saved;
+                generated?;
             }
-        }
-        if depth < pass.path.len() {
-            let saved = self.c.clone();
-            self.child_loop(depth)?;
-            self.c = saved;
-        }
-        // Register accumulators complete here.
-        for (position, action) in pass.actions.iter().enumerate() {
-            if let Action::Reduce {
-                op,
-                from,
-                to,
-                target,
+            // One thread: `once` and block reductions need nothing.
+            Stmt::Store {
+                buffer,
+                index,
+                value,
                 ..
-            } = action
-            {
-                if target.register && target.depth == depth {
-                    let accumulator = self
-                        .accumulators
-                        .remove(&position)
-                        .ok_or("internal: accumulator not reset")?;
-                    let index = self.target_index((from, to), target.partial, *op)?;
-                    let value = self.b.use_var(accumulator.value);
-                    self.store(target.value, index, value)?;
-                    if let (Some(count), Some(buffer)) = (accumulator.count, target.count) {
-                        let n = self.b.use_var(count);
-                        self.store(buffer, index, n)?;
-                    }
+            } => {
+                let value = self.operand(value)?;
+                let index = self.index(index)?;
+                self.store(*buffer, index, value)?;
+            }
+            Stmt::Update {
+                op,
+                buffer,
+                count,
+                index,
+                x,
+                ..
+            } => {
+                let x = self.operand(x)?;
+                let index = self.index(index)?;
+                let old = self.load(*buffer, index)?;
+                let new = self.accumulate(*op, old, x);
+                self.store(*buffer, index, new)?;
+                if let Some(count) = count {
+                    let old = self.load(*count, index)?;
+                    let one = self.fconst(1.0);
+                    let new = self.b.ins().fadd(old, one);
+                    self.store(*count, index, new)?;
+                }
+            }
+            Stmt::Reset { acc, op, count } => {
+                let init = if matches!(op, Reduction::Max | Reduction::Min) {
+                    f64::NAN
+                } else {
+                    0.0
+                };
+                let value = self.b.declare_var(self.ft);
+                let start = self.fconst(init);
+                self.b.def_var(value, start);
+                let count = count.then(|| {
+                    let count = self.b.declare_var(self.ft);
+                    let zero = self.fconst(0.0);
+                    self.b.def_var(count, zero);
+                    count
+                });
+                self.accumulators.insert(*acc, Accumulator { value, count });
+            }
+            Stmt::Accumulate { acc, op, x, .. } => {
+                let x = self.operand(x)?;
+                let accumulator = self
+                    .accumulators
+                    .get(acc)
+                    .ok_or("internal: accumulator not reset")?;
+                let (value, count) = (accumulator.value, accumulator.count);
+                let old = self.b.use_var(value);
+                let new = self.accumulate(*op, old, x);
+                self.b.def_var(value, new);
+                if let Some(count) = count {
+                    let old = self.b.use_var(count);
+                    let one = self.fconst(1.0);
+                    let new = self.b.ins().fadd(old, one);
+                    self.b.def_var(count, new);
+                }
+            }
+            Stmt::ScanReset { carry } => {
+                let value = self.b.declare_var(self.ft);
+                let zero = self.fconst(0.0);
+                self.b.def_var(value, zero);
+                self.accumulators
+                    .insert(*carry, Accumulator { value, count: None });
+            }
+            Stmt::Scan {
+                carry,
+                x,
+                decay,
+                buffer,
+                index,
+            } => {
+                let carry = self
+                    .accumulators
+                    .get(carry)
+                    .ok_or("internal: scan carry not reset")?
+                    .value;
+                let (x, decay) = (self.value(*x)?, self.value(*decay)?);
+                let previous = self.b.use_var(carry);
+                // decay · carry, 0 for a zero carry (the interpreter's `scan_carry`).
+                let product = self.b.ins().fmul(decay, previous);
+                let zero = self.fconst(0.0);
+                let empty = self.b.ins().fcmp(FloatCC::Equal, previous, zero);
+                let decayed = self.b.ins().select(empty, zero, product);
+                let next = self.b.ins().fadd(x, decayed);
+                self.b.def_var(carry, next);
+                let index = self.index(index)?;
+                self.store(*buffer, index, next)?;
+            }
+            Stmt::Finish {
+                acc,
+                buffer,
+                count,
+                index,
+                ..
+            } => {
+                let accumulator = self
+                    .accumulators
+                    .remove(acc)
+                    .ok_or("internal: accumulator not reset")?;
+                let index = self.index(index)?;
+                let value = self.b.use_var(accumulator.value);
+                self.store(*buffer, index, value)?;
+                if let (Some(n), Some(buffer)) = (accumulator.count, count) {
+                    let n = self.b.use_var(n);
+                    self.store(*buffer, index, n)?;
                 }
             }
         }
@@ -1575,38 +1419,6 @@ impl Gen<'_, '_> {
             Reduction::Max => self.extreme(old, x, true),
             Reduction::Min => self.extreme(old, x, false),
         }
-    }
-
-    /// The element a reduction accumulates into.
-    fn target_index(
-        &mut self,
-        (from, to): (&Shape, &Shape),
-        partial: bool,
-        op: Reduction,
-    ) -> GenResult<ClifValue> {
-        if matches!(op, Reduction::ContractRows | Reduction::ContractCols) {
-            // Matrix element (a, b) adds into element b (over the rows) or a (over the columns).
-            let matrix = from
-                .feature
-                .clone()
-                .ok_or("internal: a contraction of a value without a matrix axis")?;
-            let k = self.matrix_coordinate(&matrix, op == Reduction::ContractCols)?;
-            return self.index(to, false, Some(k));
-        }
-        if partial {
-            // Group g's partial: g·width + f (the target is at the batch level).
-            let g = self.coordinate(self.c.g, "group")?;
-            return match &to.feature {
-                None => Ok(g),
-                Some(feature) => {
-                    let width = self.width(feature)?;
-                    let f = self.coordinate(self.c.f, "feature")?;
-                    let row = self.b.ins().imul(g, width);
-                    Ok(self.b.ins().iadd(row, f))
-                }
-            };
-        }
-        self.index(to, op == Reduction::SumByOther, None)
     }
 
     /// A counted loop `start..end` (or `end` down to `start` with `reverse`); returns the loop's
@@ -1654,132 +1466,75 @@ impl Gen<'_, '_> {
         self.b.switch_to_block(blocks.exit);
     }
 
-    fn child_loop(&mut self, depth: usize) -> GenResult<()> {
-        let kind = self.pass.path[depth].clone();
-        match kind {
-            LoopKind::Group => {
-                let (g_begin, g_end) = self.range.ok_or("internal: no group range")?;
-                let (blocks, g) = self.open(g_begin, g_end, false);
-                let next = self.b.ins().iadd_imm_s(g, 1);
-                let load = |gen: &mut Self, slot: usize, at: ClifValue| -> GenResult<ClifValue> {
-                    let base = gen.base(slot)?;
-                    Ok(gen.load_index(base, at))
-                };
-                let gs = load(self, slot::GROUP_OFFSETS, g)?;
-                let ge = load(self, slot::GROUP_OFFSETS, next)?;
-                let cs = load(self, slot::CRIT_OFFSETS, g)?;
-                let ce = load(self, slot::CRIT_OFFSETS, next)?;
-                self.c.g = Some(g);
-                self.c.gs = Some(gs);
-                self.c.n = Some(self.b.ins().isub(ge, gs));
-                self.c.cs = Some(cs);
-                self.c.cn = Some(self.b.ins().isub(ce, cs));
-                self.c.resp_crit_base = Some(load(self, slot::RESP_CRIT_BASE, g)?);
-                self.c.pair_base = Some(load(self, slot::PAIR_OFFSETS, g)?);
-                self.c.pair_crit_base = Some(load(self, slot::PAIR_CRIT_BASE, g)?);
-                self.level(depth + 1)?;
-                self.close(blocks);
-            }
-            LoopKind::Resp => {
-                let gs = self.coordinate(self.c.gs, "group")?;
-                let n = self.coordinate(self.c.n, "group")?;
-                let ge = self.b.ins().iadd(gs, n);
-                let (blocks, r) = self.open(gs, ge, false);
-                let tokens = self.base(slot::TOKEN_OFFSETS)?;
-                let next = self.b.ins().iadd_imm_s(r, 1);
-                self.c.r = Some(r);
-                self.c.li = Some(self.b.ins().isub(r, gs));
-                self.c.ts = Some(self.load_index(tokens, r));
-                self.c.te = Some(self.load_index(tokens, next));
-                self.level(depth + 1)?;
-                self.close(blocks);
-            }
-            LoopKind::Tok => {
-                let ts = self.coordinate(self.c.ts, "response")?;
-                let te = self.coordinate(self.c.te, "response")?;
-                let start = match self.simd_type(depth) {
-                    Some(vt) => self.vector_tokens(depth, vt, ts, te)?,
-                    None => ts,
-                };
-                let (blocks, t) = self.open(start, te, self.pass.reverse);
-                self.c.t = Some(t);
-                self.level(depth + 1)?;
-                self.close(blocks);
-            }
-            LoopKind::Pair => {
-                let gs = self.coordinate(self.c.gs, "group")?;
-                let n = self.coordinate(self.c.n, "group")?;
-                let r = self.coordinate(self.c.r, "response")?;
-                let li = self.coordinate(self.c.li, "response")?;
-                let pair_base = self.coordinate(self.c.pair_base, "pair")?;
-                let ge = self.b.ins().iadd(gs, n);
-                let (blocks, j) = self.open(gs, ge, false);
+    fn child_loop(&mut self, l: &Loop) -> GenResult<()> {
+        let head = &l.head;
+        let start = self.index(&head.start)?;
+        let end = self.index(&head.end)?;
+        let start = match self.simd_type(l) {
+            Some(vt) => self.vector_tokens(l, vt, start, end)?,
+            None => start,
+        };
+        let (blocks, i) = self.open(start, end, l.order == Order::Backward);
+        self.coords.insert(head.counter, i);
+        let skip = match &head.skip {
+            Some(skip) => {
+                let value = self.index(skip)?;
                 let inner = self.b.create_block();
                 let skip = self.b.create_block();
-                let same = self.b.ins().icmp(IntCC::Equal, j, r);
+                let same = self.b.ins().icmp(IntCC::Equal, i, value);
                 self.b.ins().brif(same, skip, &[], inner, &[]);
                 self.b.switch_to_block(inner);
-                // p = pair_base + li·(n − 1) + (lj − [lj > li])
-                let lj = self.b.ins().isub(j, gs);
-                let others = self.b.ins().iadd_imm_s(n, -1);
-                let row = self.b.ins().imul(li, others);
-                let after = self.b.ins().icmp(IntCC::UnsignedGreaterThan, lj, li);
-                let after = self.b.ins().uextend(I64, after);
-                let column = self.b.ins().isub(lj, after);
-                let start = self.b.ins().iadd(pair_base, row);
-                self.c.j = Some(j);
-                self.c.lj = Some(lj);
-                self.c.p = Some(self.b.ins().iadd(start, column));
-                self.level(depth + 1)?;
-                self.b.ins().jump(skip, &[]);
-                self.b.switch_to_block(skip);
-                self.close(blocks);
+                Some(skip)
             }
-            LoopKind::Feature(feature) => {
-                let zero = self.iconst(0);
-                let width = self.width(&feature)?;
-                let (blocks, f) = self.open(zero, width, false);
-                self.c.f = Some(f);
-                self.level(depth + 1)?;
-                self.close(blocks);
-            }
+            None => None,
+        };
+        for (coord, value) in &head.binds {
+            let value = self.index(value)?;
+            self.coords.insert(*coord, value);
         }
+        self.block(&l.body)?;
+        if let Some(skip) = skip {
+            self.b.ins().jump(skip, &[]);
+            self.b.switch_to_block(skip);
+        }
+        self.close(blocks);
         Ok(())
     }
 }
 
 impl Gen<'_, '_> {
-    /// The vector type for the token loop opened at `depth`, if it can be vectorised: the loop is
-    /// the innermost and runs forwards, its entries are element-wise (no `shift`, no reads of other
-    /// elements), and its actions are stores of token values and register reductions.
-    fn simd_type(&self, depth: usize) -> Option<Type> {
-        if !self.simd || self.pass.reverse || depth + 1 != self.pass.path.len() {
+    /// The vector type for a token loop, if it can be vectorised: the loop is the innermost and
+    /// runs forwards, its `Let`s are element-wise (no selections, and the only reads of its own
+    /// tokens are at the token), and its other statements are stores at the token and register
+    /// accumulations.
+    fn simd_type(&self, l: &Loop) -> Option<Type> {
+        if !self.simd || l.head.counter != Coord::T || l.order == Order::Backward {
             return None;
         }
-        let body = depth + 1;
-        let graph = self.graph;
-        let elementwise = self
-            .pass
-            .entries
-            .iter()
-            .filter(|e| e.depth == body)
-            .all(|e| {
-                e.load
-                    || !matches!(
-                        graph.node(e.node).op,
-                        Op::Shift { .. } | Op::Other | Op::Index(_) | Op::Unindex(_)
-                    )
-            });
-        let actions = self.pass.actions.iter().all(|action| match action {
-            Action::Store { shape, depth, .. } => {
-                *depth != body || (shape.level == Level::Tok && shape.feature.is_none())
+        let at_token = |index: &Index| *index == Index::Coord(Coord::T) || !uses_token(index);
+        let operand_ok = |operand: &Operand| match operand {
+            Operand::Load(load) => at_token(&load.index),
+            Operand::Node(_) | Operand::Zero | Operand::One => true,
+        };
+        let admitted = l.body.iter().all(|stmt| match stmt {
+            Stmt::Let { expr, .. } => match expr {
+                Expr::Op | Expr::Const(_) | Expr::Scalar(_) => true,
+                Expr::Count(index) => !uses_token(index) || is_token_position(index),
+                Expr::Operand(operand) => operand_ok(operand),
+                Expr::Select { .. } => false,
+            },
+            Stmt::Store { index, value, .. } => {
+                *index == Index::Coord(Coord::T) && operand_ok(value)
             }
-            Action::Reduce { depth, target, .. } => {
-                (*depth != body || target.register) && target.depth != body
-            }
-            Action::Scan { depth, .. } => *depth != body,
+            Stmt::Accumulate { x, .. } => operand_ok(x),
+            Stmt::Loop(_)
+            | Stmt::Update { .. }
+            | Stmt::Reset { .. }
+            | Stmt::ScanReset { .. }
+            | Stmt::Scan { .. }
+            | Stmt::Finish { .. } => false,
         });
-        if !(elementwise && actions) {
+        if !admitted {
             return None;
         }
         Some(if self.ft == types::F64 {
@@ -1795,42 +1550,32 @@ impl Gen<'_, '_> {
     /// loop.
     fn vector_tokens(
         &mut self,
-        depth: usize,
+        l: &Loop,
         vt: Type,
         ts: ClifValue,
         te: ClifValue,
     ) -> GenResult<ClifValue> {
-        let body_depth = depth + 1;
         let lanes = i64::from(vt.lane_count());
         // Per-lane accumulators for the reductions of the body.
         self.vector = Some(vt);
         let mut lane_accumulators: Vec<(usize, Reduction, Accumulator)> = Vec::new();
-        for (position, action) in self.pass.actions.iter().enumerate() {
-            if let Action::Reduce { op, depth, .. } = action {
-                if *depth != body_depth {
-                    continue;
-                }
+        for stmt in &l.body {
+            if let Stmt::Accumulate { acc, op, count, .. } = stmt {
                 let init = if matches!(op, Reduction::Max | Reduction::Min) {
                     f64::NAN
                 } else {
                     0.0
                 };
-                let has_count = self
-                    .accumulators
-                    .get(&position)
-                    .ok_or("internal: accumulator not reset")?
-                    .count
-                    .is_some();
                 let value = self.b.declare_var(vt);
                 let start = self.fconst(init);
                 self.b.def_var(value, start);
-                let count = has_count.then(|| {
+                let count = count.then(|| {
                     let count = self.b.declare_var(vt);
                     let zero = self.fconst(0.0);
                     self.b.def_var(count, zero);
                     count
                 });
-                lane_accumulators.push((position, *op, Accumulator { value, count }));
+                lane_accumulators.push((*acc, *op, Accumulator { value, count }));
             }
         }
         self.vector = None;
@@ -1851,7 +1596,7 @@ impl Gen<'_, '_> {
         self.b.switch_to_block(body);
 
         // `vector_body` works on per-copy scopes; the outer values stay as they are.
-        let saved_t = self.c.t;
+        let saved_t = self.coords.get(&Coord::T).copied();
         let copies: Vec<ClifValue> = (0..vectors)
             .map(|k| {
                 if k == 0 {
@@ -1862,9 +1607,12 @@ impl Gen<'_, '_> {
             })
             .collect();
         self.vector = Some(vt);
-        let generated = self.vector_body(body_depth, &lane_accumulators, &copies);
+        let generated = self.vector_body(&l.body, &lane_accumulators, &copies);
         self.vector = None;
-        self.c.t = saved_t;
+        match saved_t {
+            Some(t) => self.coords.insert(Coord::T, t),
+            None => self.coords.remove(&Coord::T),
+        };
         generated?;
         let next = self.b.ins().iadd_imm_s(t, step);
         self.b.def_var(counter, next);
@@ -1897,16 +1645,16 @@ impl Gen<'_, '_> {
         Ok(self.b.use_var(counter))
     }
 
-    /// The entries and actions of a vectorised token loop body (`simd_type` admitted them), for
-    /// the vectors of tokens starting at each of `copies`, interleaved entry by entry (so a constant
-    /// loaded for one serves all; each copy has its own values).
+    /// The statements of a vectorised token loop body (`simd_type` admitted them), for the vectors
+    /// of tokens starting at each of `copies`: the `Let`s interleaved copy by copy (so a constant
+    /// loaded for one serves all; each copy has its own values), then each copy's stores and
+    /// accumulations.
     fn vector_body(
         &mut self,
-        depth: usize,
+        body: &[Stmt],
         lane_accumulators: &[(usize, Reduction, Accumulator)],
         copies: &[ClifValue],
     ) -> GenResult<()> {
-        let pass = self.pass;
         let mut scopes: Vec<(HashMap<NodeId, ClifValue>, HashMap<NodeId, ClifValue>)> = copies
             .iter()
             .map(|_| (self.values.clone(), self.conds.clone()))
@@ -1917,63 +1665,49 @@ impl Gen<'_, '_> {
          -> GenResult<()> {
             std::mem::swap(&mut gen.values, &mut scopes[k].0);
             std::mem::swap(&mut gen.conds, &mut scopes[k].1);
-            gen.c.t = Some(copies[k]);
+            gen.coords.insert(Coord::T, copies[k]);
             let result = work(gen);
             std::mem::swap(&mut gen.values, &mut scopes[k].0);
             std::mem::swap(&mut gen.conds, &mut scopes[k].1);
             result
         };
-        for entry in pass.entries.iter().filter(|e| e.depth == depth) {
-            for k in 0..copies.len() {
-                in_copy(self, k, &mut |gen| {
-                    let value = gen.entry(entry)?;
-                    gen.values.insert(entry.node, value);
-                    Ok(())
-                })?;
+        for stmt in body {
+            if let Stmt::Let { node, expr } = stmt {
+                for k in 0..copies.len() {
+                    in_copy(self, k, &mut |gen| {
+                        let value = gen.let_value(*node, expr)?;
+                        gen.values.insert(*node, value);
+                        Ok(())
+                    })?;
+                }
             }
         }
         for k in 0..copies.len() {
             in_copy(self, k, &mut |gen| {
-                gen.vector_actions(depth, lane_accumulators)
+                gen.vector_actions(body, lane_accumulators)
             })?;
         }
         Ok(())
     }
 
-    /// The stores and reductions of one vector of tokens.
+    /// The stores and accumulations of one vector of tokens.
     fn vector_actions(
         &mut self,
-        depth: usize,
+        body: &[Stmt],
         lane_accumulators: &[(usize, Reduction, Accumulator)],
     ) -> GenResult<()> {
-        let pass = self.pass;
-        for (position, action) in pass.actions.iter().enumerate() {
-            match action {
-                Action::Store {
-                    node,
-                    buffer,
-                    depth: d,
-                    ..
-                } if *d == depth => {
-                    let value = self.value(*node)?;
-                    let t = self.coordinate(self.c.t, "token")?;
+        for stmt in body {
+            match stmt {
+                Stmt::Store { buffer, value, .. } => {
+                    let value = self.operand(value)?;
+                    let t = self.coord(Coord::T)?;
                     self.store(*buffer, t, value)?;
                 }
-                Action::Reduce {
-                    op,
-                    operand,
-                    depth: d,
-                    ..
-                } if *d == depth => {
-                    let x = if *op == Reduction::Count {
-                        self.fconst(1.0)
-                    } else {
-                        let x = self.value(*operand)?;
-                        self.widen(x)
-                    };
+                Stmt::Accumulate { acc, op, x, .. } => {
+                    let x = self.operand(x)?;
                     let (_, _, accumulator) = lane_accumulators
                         .iter()
-                        .find(|(p, _, _)| *p == position)
+                        .find(|(p, _, _)| p == acc)
                         .ok_or("internal: no lane accumulator")?;
                     let old = self.b.use_var(accumulator.value);
                     let new = self.accumulate(*op, old, x);
@@ -1990,6 +1724,19 @@ impl Gen<'_, '_> {
         }
         Ok(())
     }
+}
+
+/// Whether an index reads the token coordinate.
+fn uses_token(index: &Index) -> bool {
+    let mut coords = Vec::new();
+    index.coords(&mut coords);
+    coords.contains(&Coord::T)
+}
+
+/// `t − ts`: a token's position in its response (`token_index`).
+fn is_token_position(index: &Index) -> bool {
+    matches!(index, Index::Diff(a, b)
+        if **a == Index::Coord(Coord::T) && **b == Index::Coord(Coord::Ts))
 }
 
 /// For a product of two nodes: the constant ±0.0 when one is that constant and the other an index

@@ -1,10 +1,15 @@
 //! Stages `fuse` and `codegen`: the IR graph becomes a kernel plan (`plan.rs`: passes over the packed
-//! layout, which values live in registers and which in buffers), and each loop pass of the plan becomes
-//! one native function compiled with cranelift (`jit.rs`). Execution (buffers, threads, keep filters)
+//! layout, which values live in registers and which in buffers), the plan a backend-neutral loop IR
+//! (`loops.rs`, its index expressions from `layout.rs`), and each loop function of that IR one native
+//! function compiled with cranelift (`jit.rs`) or one CUDA C kernel (`cuda.rs`), both called through the
+//! pointer table of `abi.rs`. Execution (buffers, threads, keep filters)
 //! lives in the runtime (`rlx_runtime::kernel`). docs/kernels.md describes the design.
 
+pub mod abi;
 pub mod cuda;
 pub mod jit;
+pub mod layout;
+pub mod loops;
 pub mod plan;
 
 use serde::Serialize;

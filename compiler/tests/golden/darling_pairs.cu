@@ -85,18 +85,23 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         rlx_acc a1 = (rlx_acc)0;
         rlx_acc a2 = (rlx_acc)0;
         rlx_acc a3 = (rlx_acc)0;
         rlx_acc a4 = (rlx_acc)0;
         b33[g] = (double)(((rlx_acc)b33[g]) + (rlx_acc)1);
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             const rlx_acc v15 = ((rlx_acc)b6[r]);
             rlx_acc a0 = (rlx_acc)0;
@@ -104,10 +109,11 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             a2 = a2 + (rlx_acc)1;
             a3 = a3 + v15;
             a4 = a4 + (rlx_acc)1;
-            for (long long j = gs; j < gs + n; j++) {
+            for (long long j = gs; j < (gs + n); j++) {
                 if (j == r) continue;
-                const long long lj = j - gs;
-                const long long p = pb + li * (n - 1) + (lj - (lj > li ? 1 : 0));
+                const long long lj = (j - gs);
+                const long long p = (pb + li * (n - 1LL) + (lj - (lj > li ? 1LL : 0LL)));
+                (void)lj; (void)p;
                 a0 = a0 + (rlx_acc)1;
             }
             b5[r] = (double)(a0);
@@ -124,7 +130,7 @@ RLX_HOST_LAUNCHER(rlx_p0_0)
 RLX_KERNEL void rlx_c0_1(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[38];
     double *v = (double *)table[22];
     for (long long f = 0; f < width; f++) {
@@ -143,7 +149,7 @@ RLX_HOST_LAUNCHER(rlx_c0_1)
 RLX_KERNEL void rlx_c0_2(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[39];
     double *v = (double *)table[23];
     for (long long f = 0; f < width; f++) {
@@ -162,7 +168,7 @@ RLX_HOST_LAUNCHER(rlx_c0_2)
 RLX_KERNEL void rlx_c0_3(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[40];
     double *v = (double *)table[24];
     for (long long f = 0; f < width; f++) {
@@ -181,7 +187,7 @@ RLX_HOST_LAUNCHER(rlx_c0_3)
 RLX_KERNEL void rlx_c0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[41];
     double *v = (double *)table[27];
     for (long long f = 0; f < width; f++) {
@@ -215,14 +221,19 @@ RLX_KERNEL void rlx_p0_5(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         rlx_acc a0 = (rlx_acc)0;
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             for (long long t = ts + tid; t < te; t += nth) {
                 const rlx_acc v39 = ((rlx_acc)(t - ts));
@@ -241,7 +252,7 @@ RLX_HOST_LAUNCHER(rlx_p0_5)
 RLX_KERNEL void rlx_c0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[42];
     double *v = (double *)table[18];
     for (long long f = 0; f < width; f++) {
@@ -274,24 +285,30 @@ RLX_KERNEL void rlx_p0_8(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         rlx_acc a1 = (rlx_acc)0;
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             const rlx_acc v5 = ((rlx_acc)b3[r]);
             const rlx_acc v73 = ((rlx_acc)li);
             const rlx_acc v74 = ((v5 == v73) ? (rlx_acc)1 : (rlx_acc)0);
             rlx_acc a0 = (rlx_acc)0;
             a1 = a1 + v74;
-            for (long long j = gs; j < gs + n; j++) {
+            for (long long j = gs; j < (gs + n); j++) {
                 if (j == r) continue;
-                const long long lj = j - gs;
-                const long long p = pb + li * (n - 1) + (lj - (lj > li ? 1 : 0));
+                const long long lj = (j - gs);
+                const long long p = (pb + li * (n - 1LL) + (lj - (lj > li ? 1LL : 0LL)));
+                (void)lj; (void)p;
                 const rlx_acc v7 = ((rlx_acc)b3[j]);
                 const rlx_acc v8 = ((v5 != v7) ? (rlx_acc)1 : (rlx_acc)0);
                 a0 = a0 + v8;
@@ -328,17 +345,22 @@ RLX_KERNEL void rlx_p0_9(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         const rlx_acc v75 = ((rlx_acc)b17[g]);
         rlx_acc a0 = (rlx_acc)0;
         rlx_acc a1 = (rlx_acc)0;
         b36[g] = (double)(((rlx_acc)b36[g]) + v75);
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             const rlx_acc v9 = ((rlx_acc)b4[r]);
             const rlx_acc v10 = ((rlx_acc)b5[r]);
@@ -361,7 +383,7 @@ RLX_HOST_LAUNCHER(rlx_p0_9)
 RLX_KERNEL void rlx_c0_10(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[43];
     double *v = (double *)table[21];
     for (long long f = 0; f < width; f++) {
@@ -380,7 +402,7 @@ RLX_HOST_LAUNCHER(rlx_c0_10)
 RLX_KERNEL void rlx_c0_11(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[44];
     double *v = (double *)table[26];
     for (long long f = 0; f < width; f++) {
@@ -452,9 +474,13 @@ RLX_KERNEL void rlx_p0_12(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         const rlx_acc v17 = ((rlx_acc)b7[g]);
         const rlx_acc v18 = ((rlx_acc)b8[g]);
@@ -464,9 +490,10 @@ RLX_KERNEL void rlx_p0_12(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         rlx_acc a1 = (rlx_acc)0;
         rlx_acc a2 = (rlx_acc)0;
         rlx_acc a3 = (rlx_acc)0;
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             const rlx_acc v9 = ((rlx_acc)b4[r]);
             const rlx_acc v10 = ((rlx_acc)b5[r]);
@@ -567,7 +594,7 @@ RLX_HOST_LAUNCHER(rlx_p0_12)
 RLX_KERNEL void rlx_c0_13(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[45];
     double *v = (double *)table[17];
     for (long long f = 0; f < width; f++) {
@@ -586,7 +613,7 @@ RLX_HOST_LAUNCHER(rlx_c0_13)
 RLX_KERNEL void rlx_c0_14(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[46];
     double *v = (double *)table[20];
     for (long long f = 0; f < width; f++) {
@@ -605,7 +632,7 @@ RLX_HOST_LAUNCHER(rlx_c0_14)
 RLX_KERNEL void rlx_c0_15(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[47];
     double *v = (double *)table[28];
     for (long long f = 0; f < width; f++) {
@@ -624,7 +651,7 @@ RLX_HOST_LAUNCHER(rlx_c0_15)
 RLX_KERNEL void rlx_c0_16(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[48];
     double *v = (double *)table[29];
     for (long long f = 0; f < width; f++) {

@@ -83,13 +83,18 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             rlx_acc a0 = (rlx_acc)0;
             for (long long t = ts + tid; t < te; t += nth) {
@@ -124,19 +129,25 @@ RLX_KERNEL void rlx_p0_1(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             rlx_acc a0 = (rlx_acc)0;
-            for (long long j = gs; j < gs + n; j++) {
+            for (long long j = gs; j < (gs + n); j++) {
                 if (j == r) continue;
-                const long long lj = j - gs;
-                const long long p = pb + li * (n - 1) + (lj - (lj > li ? 1 : 0));
+                const long long lj = (j - gs);
+                const long long p = (pb + li * (n - 1LL) + (lj - (lj > li ? 1LL : 0LL)));
+                (void)lj; (void)p;
                 const rlx_acc v10 = ((rlx_acc)b5[j]);
                 const rlx_acc v29 = ((!(v10 != 0)) ? (rlx_acc)1 : (rlx_acc)0);
                 a0 = a0 + v29;
@@ -172,14 +183,19 @@ RLX_KERNEL void rlx_p0_2(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         rlx_acc a2 = (rlx_acc)0;
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             const rlx_acc v5 = ((rlx_acc)b3[r]);
             const rlx_acc v7 = (v6 * v5);
@@ -189,10 +205,11 @@ RLX_KERNEL void rlx_p0_2(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             rlx_acc a1 = (rlx_acc)0;
             b4[r] = (double)(v7);
             a2 = a2 + v31;
-            for (long long j = gs; j < gs + n; j++) {
+            for (long long j = gs; j < (gs + n); j++) {
                 if (j == r) continue;
-                const long long lj = j - gs;
-                const long long p = pb + li * (n - 1) + (lj - (lj > li ? 1 : 0));
+                const long long lj = (j - gs);
+                const long long p = (pb + li * (n - 1LL) + (lj - (lj > li ? 1LL : 0LL)));
+                (void)lj; (void)p;
                 const rlx_acc v10 = ((rlx_acc)b5[j]);
                 const rlx_acc v12 = ((rlx_acc)b3[j]);
                 const rlx_acc v13 = (v5 - v12);
@@ -219,7 +236,7 @@ RLX_HOST_LAUNCHER(rlx_p0_2)
 RLX_KERNEL void rlx_c0_3(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[28];
     double *v = (double *)table[17];
     for (long long f = 0; f < width; f++) {
@@ -268,14 +285,19 @@ RLX_KERNEL void rlx_p0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         rlx_acc a0 = (rlx_acc)0;
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             const rlx_acc v5 = ((rlx_acc)b3[r]);
             const rlx_acc v7 = ((rlx_acc)b4[r]);
@@ -288,10 +310,11 @@ RLX_KERNEL void rlx_p0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             rlx_acc a2 = (rlx_acc)0;
             rlx_acc a3 = (rlx_acc)0;
             a0 = a0 + v27;
-            for (long long j = gs; j < gs + n; j++) {
+            for (long long j = gs; j < (gs + n); j++) {
                 if (j == r) continue;
-                const long long lj = j - gs;
-                const long long p = pb + li * (n - 1) + (lj - (lj > li ? 1 : 0));
+                const long long lj = (j - gs);
+                const long long p = (pb + li * (n - 1LL) + (lj - (lj > li ? 1LL : 0LL)));
+                (void)lj; (void)p;
                 const rlx_acc v10 = ((rlx_acc)b5[j]);
                 const rlx_acc v12 = ((rlx_acc)b3[j]);
                 const rlx_acc v13 = (v5 - v12);
@@ -344,7 +367,7 @@ RLX_HOST_LAUNCHER(rlx_p0_4)
 RLX_KERNEL void rlx_c0_5(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[29];
     double *v = (double *)table[15];
     for (long long f = 0; f < width; f++) {
@@ -386,15 +409,20 @@ RLX_KERNEL void rlx_p0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         rlx_acc a0 = (rlx_acc)0;
         rlx_acc a1 = (rlx_acc)0;
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             const rlx_acc v8 = ((rlx_acc)b5[r]);
             const rlx_acc v38 = ((rlx_acc)b10[r]);
@@ -425,7 +453,7 @@ RLX_HOST_LAUNCHER(rlx_p0_6)
 RLX_KERNEL void rlx_c0_7(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[30];
     double *v = (double *)table[19];
     for (long long f = 0; f < width; f++) {
@@ -444,7 +472,7 @@ RLX_HOST_LAUNCHER(rlx_c0_7)
 RLX_KERNEL void rlx_c0_8(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[31];
     double *v = (double *)table[21];
     for (long long f = 0; f < width; f++) {

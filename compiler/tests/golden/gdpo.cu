@@ -90,9 +90,13 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         rlx_acc a0 = (rlx_acc)0;
         rlx_acc a1 = (rlx_acc)0;
@@ -102,9 +106,10 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         rlx_acc a5 = (rlx_acc)0;
         rlx_acc a6 = (rlx_acc)0;
         rlx_acc a7 = (rlx_acc)0;
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             const rlx_acc v9 = ((rlx_acc)b2[r]);
             const rlx_acc v10 = (v8 * v9);
@@ -137,7 +142,7 @@ RLX_HOST_LAUNCHER(rlx_p0_0)
 RLX_KERNEL void rlx_c0_1(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[35];
     double *v = (double *)table[24];
     for (long long f = 0; f < width; f++) {
@@ -156,7 +161,7 @@ RLX_HOST_LAUNCHER(rlx_c0_1)
 RLX_KERNEL void rlx_c0_2(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[36];
     double *v = (double *)table[25];
     for (long long f = 0; f < width; f++) {
@@ -175,7 +180,7 @@ RLX_HOST_LAUNCHER(rlx_c0_2)
 RLX_KERNEL void rlx_c0_3(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[37];
     double *v = (double *)table[26];
     for (long long f = 0; f < width; f++) {
@@ -194,7 +199,7 @@ RLX_HOST_LAUNCHER(rlx_c0_3)
 RLX_KERNEL void rlx_c0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[38];
     double *v = (double *)table[27];
     for (long long f = 0; f < width; f++) {
@@ -233,9 +238,13 @@ RLX_KERNEL void rlx_p0_5(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         const rlx_acc v21 = ((rlx_acc)b5[g]);
         const rlx_acc v22 = ((rlx_acc)b6[g]);
@@ -247,9 +256,10 @@ RLX_KERNEL void rlx_p0_5(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v40 = (v37 / v39);
         rlx_acc a0 = (rlx_acc)0;
         rlx_acc a1 = (rlx_acc)0;
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             const rlx_acc v9 = ((rlx_acc)b2[r]);
             const rlx_acc v11 = ((rlx_acc)b3[r]);
@@ -298,9 +308,13 @@ RLX_KERNEL void rlx_p0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         const rlx_acc v16 = ((rlx_acc)n);
         const rlx_acc v18 = ((v16 == v17) ? (rlx_acc)1 : (rlx_acc)0);
@@ -326,9 +340,10 @@ RLX_KERNEL void rlx_p0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v48 = (v47 + v15);
         rlx_acc a0 = (rlx_acc)0;
         rlx_acc a1 = (rlx_acc)0;
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             const rlx_acc v9 = ((rlx_acc)b2[r]);
             const rlx_acc v11 = ((rlx_acc)b3[r]);
@@ -365,7 +380,7 @@ RLX_HOST_LAUNCHER(rlx_p0_6)
 RLX_KERNEL void rlx_c0_7(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[39];
     double *v = (double *)table[19];
     for (long long f = 0; f < width; f++) {
@@ -384,7 +399,7 @@ RLX_HOST_LAUNCHER(rlx_c0_7)
 RLX_KERNEL void rlx_c0_8(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[40];
     double *v = (double *)table[20];
     for (long long f = 0; f < width; f++) {
@@ -438,9 +453,13 @@ RLX_KERNEL void rlx_p0_9(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         const rlx_acc v16 = ((rlx_acc)n);
         const rlx_acc v18 = ((v16 == v17) ? (rlx_acc)1 : (rlx_acc)0);
@@ -465,9 +484,10 @@ RLX_KERNEL void rlx_p0_9(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v47 = sqrt(v46);
         const rlx_acc v48 = (v47 + v15);
         rlx_acc a0 = (rlx_acc)0;
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             const rlx_acc v9 = ((rlx_acc)b2[r]);
             const rlx_acc v11 = ((rlx_acc)b3[r]);
@@ -503,7 +523,7 @@ RLX_HOST_LAUNCHER(rlx_p0_9)
 RLX_KERNEL void rlx_c0_10(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[41];
     double *v = (double *)table[21];
     for (long long f = 0; f < width; f++) {
@@ -580,9 +600,13 @@ RLX_KERNEL void rlx_p0_11(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         const rlx_acc v16 = ((rlx_acc)n);
         const rlx_acc v18 = ((v16 == v17) ? (rlx_acc)1 : (rlx_acc)0);
@@ -608,9 +632,10 @@ RLX_KERNEL void rlx_p0_11(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v48 = (v47 + v15);
         rlx_acc a0 = (rlx_acc)0;
         rlx_acc a1 = (rlx_acc)0;
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             const rlx_acc v9 = ((rlx_acc)b2[r]);
             const rlx_acc v11 = ((rlx_acc)b3[r]);
@@ -695,7 +720,7 @@ RLX_HOST_LAUNCHER(rlx_p0_11)
 RLX_KERNEL void rlx_c0_12(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[42];
     double *v = (double *)table[22];
     for (long long f = 0; f < width; f++) {
@@ -714,7 +739,7 @@ RLX_HOST_LAUNCHER(rlx_c0_12)
 RLX_KERNEL void rlx_c0_13(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[43];
     double *v = (double *)table[23];
     for (long long f = 0; f < width; f++) {

@@ -81,12 +81,16 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         rlx_acc a0 = (rlx_acc)0;
-        for (long long f = 0; f < cn; f++) {
+        for (long long f = 0LL; f < cn; f++) {
             const rlx_acc v1 = ((rlx_acc)b1[(cs + f)]);
             const rlx_acc v3 = (v1 > v2 ? v1 : v2);
             a0 = a0 + v3;
@@ -118,22 +122,27 @@ RLX_KERNEL void rlx_p0_1(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         rlx_acc a1 = (rlx_acc)0;
         rlx_acc a4 = (rlx_acc)0;
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             rlx_acc a0 = (rlx_acc)0;
             rlx_acc a2 = (rlx_acc)0;
             rlx_acc a3 = (rlx_acc)0;
             a1 = a1 + (rlx_acc)1;
             a4 = a4 + (rlx_acc)1;
-            for (long long f = 0; f < cn; f++) {
+            for (long long f = 0LL; f < cn; f++) {
                 const rlx_acc v0 = ((rlx_acc)b0[(rcb + li * cn + f)]);
                 const rlx_acc v1 = ((rlx_acc)b1[(cs + f)]);
                 const rlx_acc v6 = (v1 * v0);
@@ -155,7 +164,7 @@ RLX_HOST_LAUNCHER(rlx_p0_1)
 RLX_KERNEL void rlx_c0_2(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[24];
     double *v = (double *)table[15];
     for (long long f = 0; f < width; f++) {
@@ -174,7 +183,7 @@ RLX_HOST_LAUNCHER(rlx_c0_2)
 RLX_KERNEL void rlx_c0_3(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[25];
     double *v = (double *)table[19];
     for (long long f = 0; f < width; f++) {
@@ -217,9 +226,13 @@ RLX_KERNEL void rlx_p0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         const rlx_acc v4 = ((rlx_acc)b2[g]);
         const rlx_acc v5 = ((v4 > v2) ? (rlx_acc)1 : (rlx_acc)0);
@@ -230,9 +243,10 @@ RLX_KERNEL void rlx_p0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         rlx_acc a2 = (rlx_acc)0;
         rlx_acc a3 = (rlx_acc)0;
         b19[g] = (double)(((rlx_acc)b19[g]) + v15);
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             const rlx_acc v7 = ((rlx_acc)b3[r]);
             const rlx_acc v10 = (v7 / v9);
@@ -260,7 +274,7 @@ RLX_HOST_LAUNCHER(rlx_p0_4)
 RLX_KERNEL void rlx_c0_5(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[26];
     double *v = (double *)table[12];
     for (long long f = 0; f < width; f++) {
@@ -279,7 +293,7 @@ RLX_HOST_LAUNCHER(rlx_c0_5)
 RLX_KERNEL void rlx_c0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[27];
     double *v = (double *)table[13];
     for (long long f = 0; f < width; f++) {
@@ -298,7 +312,7 @@ RLX_HOST_LAUNCHER(rlx_c0_6)
 RLX_KERNEL void rlx_c0_7(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[28];
     double *v = (double *)table[14];
     for (long long f = 0; f < width; f++) {
@@ -317,7 +331,7 @@ RLX_HOST_LAUNCHER(rlx_c0_7)
 RLX_KERNEL void rlx_c0_8(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[29];
     double *v = (double *)table[18];
     for (long long f = 0; f < width; f++) {

@@ -82,14 +82,19 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         rlx_acc a0 = (rlx_acc)0;
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             for (long long t = ts + tid; t < te; t += nth) {
                 const rlx_acc v11 = ((rlx_acc)b3[t]);
@@ -109,7 +114,7 @@ RLX_HOST_LAUNCHER(rlx_p0_0)
 RLX_KERNEL void rlx_c0_1(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[18];
     double *v = (double *)table[13];
     for (long long f = 0; f < width; f++) {
@@ -157,15 +162,20 @@ RLX_KERNEL void rlx_p0_2(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         rlx_acc a0 = (rlx_acc)0;
         rlx_acc a1 = (rlx_acc)0;
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             for (long long t = ts + tid; t < te; t += nth) {
                 const rlx_acc v0 = ((rlx_acc)b0[t]);
@@ -207,7 +217,7 @@ RLX_HOST_LAUNCHER(rlx_p0_2)
 RLX_KERNEL void rlx_c0_3(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[19];
     double *v = (double *)table[12];
     for (long long f = 0; f < width; f++) {
@@ -226,7 +236,7 @@ RLX_HOST_LAUNCHER(rlx_c0_3)
 RLX_KERNEL void rlx_c0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[20];
     double *v = (double *)table[14];
     for (long long f = 0; f < width; f++) {

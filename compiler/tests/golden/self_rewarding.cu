@@ -81,12 +81,16 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         rlx_acc a0 = (rlx_acc)0;
-        for (long long f = 0; f < cn; f++) {
+        for (long long f = 0LL; f < cn; f++) {
             const rlx_acc v5 = ((rlx_acc)b3[(cs + f)]);
             const rlx_acc v7 = (v5 > v6 ? v5 : v6);
             a0 = a0 + v7;
@@ -116,20 +120,25 @@ RLX_KERNEL void rlx_p0_1(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         rlx_acc a1 = (rlx_acc)0;
         rlx_acc a2 = (rlx_acc)0;
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             rlx_acc a0 = (rlx_acc)0;
             a1 = a1 + (rlx_acc)1;
             a2 = a2 + (rlx_acc)1;
-            for (long long f = 0; f < cn; f++) {
+            for (long long f = 0LL; f < cn; f++) {
                 const rlx_acc v4 = ((rlx_acc)b2[(rcb + li * cn + f)]);
                 const rlx_acc v5 = ((rlx_acc)b3[(cs + f)]);
                 const rlx_acc v10 = (v5 * v4);
@@ -147,7 +156,7 @@ RLX_HOST_LAUNCHER(rlx_p0_1)
 RLX_KERNEL void rlx_c0_2(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[29];
     double *v = (double *)table[20];
     for (long long f = 0; f < width; f++) {
@@ -181,14 +190,19 @@ RLX_KERNEL void rlx_p0_3(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         rlx_acc a0 = (rlx_acc)0;
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             for (long long t = ts + tid; t < te; t += nth) {
                 const rlx_acc v49 = ((rlx_acc)(t - ts));
@@ -207,7 +221,7 @@ RLX_HOST_LAUNCHER(rlx_p0_3)
 RLX_KERNEL void rlx_c0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[30];
     double *v = (double *)table[18];
     for (long long f = 0; f < width; f++) {
@@ -245,18 +259,23 @@ RLX_KERNEL void rlx_p0_5(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         const rlx_acc v8 = ((rlx_acc)b4[g]);
         const rlx_acc v9 = ((v8 > v6) ? (rlx_acc)1 : (rlx_acc)0);
         const rlx_acc v13 = (v8 > v12 ? v8 : v12);
         rlx_acc a0 = (rlx_acc)0;
         rlx_acc a1 = (rlx_acc)0;
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             const rlx_acc v11 = ((rlx_acc)b5[r]);
             const rlx_acc v14 = (v11 / v13);
@@ -277,7 +296,7 @@ RLX_HOST_LAUNCHER(rlx_p0_5)
 RLX_KERNEL void rlx_c0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[31];
     double *v = (double *)table[19];
     for (long long f = 0; f < width; f++) {
@@ -316,9 +335,13 @@ RLX_KERNEL void rlx_p0_7(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         const rlx_acc v8 = ((rlx_acc)b4[g]);
         const rlx_acc v9 = ((v8 > v6) ? (rlx_acc)1 : (rlx_acc)0);
@@ -328,9 +351,10 @@ RLX_KERNEL void rlx_p0_7(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v23 = (v21 > v22 ? v21 : v22);
         const rlx_acc v24 = (v20 / v23);
         rlx_acc a0 = (rlx_acc)0;
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             const rlx_acc v11 = ((rlx_acc)b5[r]);
             const rlx_acc v14 = (v11 / v13);
@@ -392,9 +416,13 @@ RLX_KERNEL void rlx_p0_8(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     {
         const long long g = (long long)g_begin + (long long)blockIdx.x;
         if (g >= (long long)g_end) return;
-        const long long gs = (long long)go[g], n = (long long)go[g + 1] - gs;
-        const long long cs = (long long)co[g], cn = (long long)co[g + 1] - cs;
-        const long long rcb = (long long)rcb_t[g], pb = (long long)po[g], pcb = (long long)pcb_t[g];
+        const long long gs = (long long)go[g];
+        const long long n = ((long long)go[(g + 1LL)] - gs);
+        const long long cs = (long long)co[g];
+        const long long cn = ((long long)co[(g + 1LL)] - cs);
+        const long long rcb = (long long)rcb_t[g];
+        const long long pb = (long long)po[g];
+        const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         const rlx_acc v8 = ((rlx_acc)b4[g]);
         const rlx_acc v9 = ((v8 > v6) ? (rlx_acc)1 : (rlx_acc)0);
@@ -412,9 +440,10 @@ RLX_KERNEL void rlx_p0_8(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         rlx_acc a0 = (rlx_acc)0;
         rlx_acc a1 = (rlx_acc)0;
         rlx_acc a2 = (rlx_acc)0;
-        for (long long r = gs; r < gs + n; r++) {
-            const long long li = r - gs;
-            const long long ts = (long long)to[r], te = (long long)to[r + 1];
+        for (long long r = gs; r < (gs + n); r++) {
+            const long long li = (r - gs);
+            const long long ts = (long long)to[r];
+            const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             const rlx_acc v11 = ((rlx_acc)b5[r]);
             const rlx_acc v14 = (v11 / v13);
@@ -486,7 +515,7 @@ RLX_HOST_LAUNCHER(rlx_p0_8)
 RLX_KERNEL void rlx_c0_9(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[32];
     double *v = (double *)table[17];
     for (long long f = 0; f < width; f++) {
@@ -505,7 +534,7 @@ RLX_HOST_LAUNCHER(rlx_c0_9)
 RLX_KERNEL void rlx_c0_10(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[33];
     double *v = (double *)table[21];
     for (long long f = 0; f < width; f++) {
@@ -524,7 +553,7 @@ RLX_HOST_LAUNCHER(rlx_c0_10)
 RLX_KERNEL void rlx_c0_11(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     long long groups = (long long)g_end - (long long)g_begin;
-    long long width = 1;
+    long long width = 1LL;
     double *p = (double *)table[34];
     double *v = (double *)table[22];
     for (long long f = 0; f < width; f++) {

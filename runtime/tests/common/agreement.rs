@@ -7,8 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use rlx_compiler::ir::{Elem, Graph};
-use rlx_runtime::batch::Batch;
-use rlx_runtime::interp::Outcome;
+use rlx_runtime::{Batch, Outcome};
 
 /// f64 accumulation: |backend − interp| ≤ 1e-5 · max(|backend|, |interp|) + 1e-9.
 pub const F64_TOLERANCE: (f64, f64) = (1e-5, 1e-9);
