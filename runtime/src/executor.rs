@@ -170,10 +170,10 @@ impl<'b, B: Backend> Executor<'b, B> {
             Err(non_finite) if self.backend.host_inputs_hold_values() => {
                 let graph = self.backend.graph();
                 let explained =
-                    crate::nonfinite::explain(graph, layout, inputs, context, non_finite);
+                    crate::nonfinite::explain(graph, layout, inputs, context, *non_finite);
                 Err(EvalError::NonFinite(Box::new(explained)))
             }
-            Err(non_finite) => Err(EvalError::NonFinite(Box::new(non_finite))),
+            Err(non_finite) => Err(EvalError::NonFinite(non_finite)),
         }
     }
 
@@ -342,7 +342,7 @@ fn shown_names(graph: &Graph) -> impl Iterator<Item = String> + '_ {
 
 /// The finiteness check of a run's outputs: the first non-finite one (the loss, a metric, a reward,
 /// an advantage, a gradient: `nonfinite::first_non_finite`), without its culprit yet.
-fn check_finite(outcome: PackedOutcome) -> Result<PackedOutcome, NonFinite> {
+fn check_finite(outcome: PackedOutcome) -> Result<PackedOutcome, Box<NonFinite>> {
     let scalars_ok = outcome.loss.is_none_or(f64::is_finite)
         && outcome.metrics.iter().all(|(_, v)| v.is_finite());
     let vectors_ok = [&outcome.reward, &outcome.advantage]
@@ -353,7 +353,7 @@ fn check_finite(outcome: PackedOutcome) -> Result<PackedOutcome, NonFinite> {
         return Ok(outcome);
     }
     match first_non_finite(&outcome.clone().into_outcome()) {
-        Some(non_finite) => Err(non_finite),
+        Some(non_finite) => Err(Box::new(non_finite)),
         None => Ok(outcome),
     }
 }
