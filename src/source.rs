@@ -88,6 +88,30 @@ impl Source {
         }
     }
 
+    /// The sources the graph's node spans point into (`rlx_compiler::ir::Site`): the checked
+    /// recipe's, or those an artifact can still show (`Artifact::span_sources`).
+    pub fn span_sources(&self) -> std::borrow::Cow<'_, rlx_compiler::SourceMap> {
+        match self {
+            Source::Recipe(checked) => std::borrow::Cow::Borrowed(&checked.sources),
+            Source::Artifact(artifact, _) => std::borrow::Cow::Owned(artifact.span_sources()),
+        }
+    }
+
+    /// Print a non-finite output's diagnostic (a label on the recipe expression that made it,
+    /// `rlx_runtime::NonFinite`) on stderr; `false` when it has none to print (no culprit, or
+    /// sources that no longer hold its span), and the caller prints the plain message.
+    pub fn report_non_finite(&self, non_finite: &rlx_runtime::NonFinite) -> bool {
+        let sources = self.span_sources();
+        match non_finite.diagnostic(&sources) {
+            Some(diagnostic) => {
+                let name = sources.get(diagnostic.file).name.clone();
+                crate::diagnostics::report_diagnostics(&name, &[diagnostic], &sources);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The trainer's view of it.
     pub fn for_trainer(&self) -> Result<rlx_trainer::cli::Source<'_>, Failure> {
         match self {

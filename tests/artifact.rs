@@ -627,9 +627,9 @@ fn a_loaded_artifact_still_validates_every_batch() {
     batch.inputs[token_input].pop();
     let error = kernel.run(&batch, &context).expect_err("malformed batch");
     assert!(
-        error.0.contains("malformed batch") || error.0.contains("values"),
+        error.to_string().contains("malformed batch") || error.to_string().contains("values"),
         "{}",
-        error.0
+        error.to_string()
     );
     assert_eq!(
         kernel.launches(),

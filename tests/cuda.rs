@@ -507,11 +507,62 @@ fn malformed_batches_are_rejected_before_any_launch() {
         let error = device
             .run(&batch, &context())
             .expect_err("a malformed batch runs");
-        assert!(error.0.contains("malformed batch"), "{what}: {error}");
+        assert!(
+            error.to_string().contains("malformed batch"),
+            "{what}: {error}"
+        );
     }
     assert_eq!(device.device().launches.load(Ordering::Relaxed), 0);
     device.run(&good, &context()).unwrap();
     assert!(device.device().launches.load(Ordering::Relaxed) > 0);
+}
+
+/// A non-finite output of the CUDA kernels is explained like the interpreter's (the executor's
+/// finiteness check): the node that made it, its recipe expression and the batch element. A run that
+/// leaves its gradients on the device is not (its host columns may be placeholders); its caller
+/// explains the error with the values (`EvalError::explained`).
+#[test]
+fn a_non_finite_output_of_the_cuda_kernels_names_its_expression() {
+    let text = "input logp : f32[tok] policy\ninput score : f32[resp]\nreward = log(score)\nadvantage = reward - mean(reward over resp)\nloss = mean(-advantage * logp over tok, batch)\n";
+    let rollouts = "{\"group\": \"a\", \"score\": 1, \"logp\": [-1, -2]}\n{\"group\": \"a\", \"score\": 0, \"logp\": [-1]}\n";
+    let checked = rlx_compiler::check_source("log.rlx", text);
+    let recipe = checked.recipe.expect("checks");
+    let graph = rlx_compiler::compile_graph(&recipe, &[]).expect("lowers");
+    let batch = rlx_runtime::rollouts::read_rollouts(rollouts, &recipe)
+        .expect("rollouts")
+        .batch;
+    let kernel = Kernel::compile(&graph, &Options::default()).unwrap();
+    let device = DeviceKernel::new(kernel, HostDevice::new(4)).unwrap();
+    let expression = |error: &rlx_runtime::EvalError| {
+        let non_finite = error.non_finite().expect("a non-finite output");
+        let culprit = non_finite.culprit.as_ref()?;
+        let site = culprit.span.expect("a span");
+        Some((
+            text[site.start as usize..site.end as usize].to_string(),
+            culprit.element.to_string(),
+        ))
+    };
+    let interpreted = evaluate(&graph, &batch, &context()).unwrap_err();
+    let error = device.run(&batch, &context()).unwrap_err();
+    assert_eq!(
+        expression(&error),
+        Some(("log(score)".to_string(), "group 0, response 1".to_string()))
+    );
+    assert_eq!(error, interpreted);
+
+    let packed = device.kernel().pack(&batch).unwrap();
+    let columns: Vec<ColumnRef<'_>> = packed.inputs.iter().map(Column::as_column_ref).collect();
+    let none = vec![None; columns.len()];
+    // SAFETY: no device addresses are given.
+    let kept = match unsafe {
+        device.run_view_keeping_gradients(&packed.layout, &columns, &none, &context())
+    } {
+        Ok(_) => panic!("a NaN loss came back"),
+        Err(error) => error,
+    };
+    assert_eq!(expression(&kept), None, "{kept}");
+    let explained = kept.explained(&graph, &batch, &context());
+    assert_eq!(explained, interpreted);
 }
 
 #[test]

@@ -1649,12 +1649,16 @@ fn an_unsupported_feature_is_a_clear_error() {
                 args: Vec::new(),
                 shape: shape.clone(),
                 elem: Elem::F32,
+                span: None,
+                call: None,
             },
             Node {
                 op: Op::ReduceSum,
                 args: vec![NodeId(0)],
                 shape: Shape::BATCH,
                 elem: Elem::F32,
+                span: None,
+                call: None,
             },
         ],
         inputs: vec![InputInfo {

@@ -154,7 +154,7 @@ fn hand_worked_cases_match() {
                 Ok(scored) => scored.document,
                 Err(message) => {
                     match expected.get("error").and_then(Value::as_str) {
-                        Some(wanted) if message.contains(wanted) => {}
+                        Some(wanted) if message.to_string().contains(wanted) => {}
                         _ => failures.push(format!("{label} ({backend:?}): {message}")),
                     }
                     continue;

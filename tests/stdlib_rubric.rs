@@ -333,7 +333,7 @@ proptest! {
         let recipe = checked.recipe.expect("a clean recipe");
         let overrides = [("veto_value".to_string(), penalty)];
         let scored = rlx_runtime::score::score(&recipe, &jsonl(&lines), &overrides, false)
-            .map_err(TestCaseError::fail)?;
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let responses = scored.document["responses"].as_array().expect("responses").clone();
         for (response, vetoed) in responses.iter().zip(&flags) {
             let reward = response["reward"].as_f64().expect("a reward");

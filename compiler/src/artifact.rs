@@ -254,6 +254,24 @@ pub struct Artifact {
     pub shown: Graph,
     /// The kernel plan of `graph` with `options` (`rlxc compile --emit plan-json`).
     pub plan: serde_json::Value,
+    /// The files the graphs' node spans point into, indexed by `ir::Site::file`: where a run-time
+    /// diagnostic finds the recipe text again (`Artifact::span_sources`). Absent from an artifact
+    /// written without spans.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub span_files: Vec<SpanFile>,
+}
+
+/// A file of the compilation, as an artifact records it for its node spans.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpanFile {
+    /// A file on disk: shown only while it is one of the artifact's `sources` with the recorded
+    /// SHA-256.
+    Path(PathBuf),
+    /// A standard-library module, `std/NAME`, shown from this compiler's embedded copy.
+    Stdlib(String),
+    /// Anything else (text handed over in memory): never shown.
+    Other(String),
 }
 
 impl Artifact {
@@ -317,6 +335,15 @@ impl Artifact {
                 value: *value,
             })
             .collect();
+        let span_files = checked
+            .sources
+            .files()
+            .map(|(_, file)| match &file.origin {
+                crate::Origin::Path(path) => SpanFile::Path(path.clone()),
+                crate::Origin::Stdlib(name) => SpanFile::Stdlib(name.clone()),
+                crate::Origin::Memory => SpanFile::Other(file.name.clone()),
+            })
+            .collect();
         Ok(Artifact {
             format: EXTENSION.into(),
             format_version: FORMAT_VERSION,
@@ -332,7 +359,49 @@ impl Artifact {
             graph,
             shown,
             plan,
+            span_files,
         })
+    }
+
+    /// The sources the node spans of `graph` and `shown` point into, for a run-time diagnostic
+    /// (`rlx_runtime::origin`): one file per entry of `span_files` (so that `ir::Site::file` is its
+    /// `FileId`), with its text when it can be trusted — a standard-library module of this
+    /// compiler, or a recorded source read again whose SHA-256 is still the recorded one — and
+    /// empty otherwise (a diagnostic then leaves out the labels it cannot place).
+    pub fn span_sources(&self) -> crate::SourceMap {
+        let mut sources = crate::SourceMap::new();
+        for file in &self.span_files {
+            match file {
+                SpanFile::Stdlib(name) => {
+                    let text = crate::stdlib::module(name).unwrap_or_default();
+                    sources.add(
+                        format!("std/{name}"),
+                        text,
+                        crate::Origin::Stdlib(name.clone()),
+                    );
+                }
+                SpanFile::Path(path) => {
+                    let text = self
+                        .sources
+                        .iter()
+                        .find(|source| &source.path == path)
+                        .and_then(|source| {
+                            let text = files::read_text(path, MAX_SOURCE_BYTES as u64).ok()?;
+                            (hex_digest(text.as_bytes()) == source.sha256).then_some(text)
+                        })
+                        .unwrap_or_default();
+                    sources.add(
+                        path.display().to_string(),
+                        text,
+                        crate::Origin::Path(path.clone()),
+                    );
+                }
+                SpanFile::Other(name) => {
+                    sources.add(name.clone(), "", crate::Origin::Memory);
+                }
+            }
+        }
+        sources
     }
 
     /// The file's bytes: the header line and the JSON body.
@@ -475,6 +544,23 @@ impl Artifact {
             }
         }
         self.source_paths()?;
+        let files = self.span_files.len();
+        for (what, graph) in [
+            ("graph", &self.graph),
+            ("graph of shown values", &self.shown),
+        ] {
+            let misplaced = graph.nodes.iter().position(|node| {
+                [node.span, node.call]
+                    .iter()
+                    .flatten()
+                    .any(|site| site.file as usize >= files || site.start > site.end)
+            });
+            if let Some(index) = misplaced {
+                return Err(invalid(format!(
+                    "node %{index} of its {what} has a span outside its `span_files`"
+                )));
+            }
+        }
         Ok(())
     }
 

@@ -283,12 +283,18 @@ fn errors(checked: &Checked) -> Vec<String> {
         .collect()
 }
 
+/// The recipe's graph as JSON, without the nodes' spans (which point into the files it was read
+/// from, and are no part of what a node computes).
 fn graph_json(checked: &Checked) -> String {
     let recipe = checked
         .recipe
         .as_ref()
         .unwrap_or_else(|| panic!("{:?}", errors(checked)));
-    let graph = rlx_compiler::compile_graph(recipe, &[]).expect("graph");
+    let mut graph = rlx_compiler::compile_graph(recipe, &[]).expect("graph");
+    for node in &mut graph.nodes {
+        node.span = None;
+        node.call = None;
+    }
     serde_json::to_string(&graph).expect("json")
 }
 

@@ -400,7 +400,7 @@ impl Compiled {
                     rollout,
                 )
             })
-            .map_err(score_error)?;
+            .map_err(|e| score_error(e.to_string()))?;
         self.document(py, scored)
     }
 
@@ -762,7 +762,7 @@ impl Compiled {
             None => {
                 let kernel = self.kernel(precision, accumulate)?;
                 py.detach(|| kernel.run_view(layout, &columns, &context))
-                    .map_err(|e| score_error(e.0))?
+                    .map_err(|e| score_error(e.to_string()))?
             }
             Some(ordinal) => {
                 let kernel = self.gpu_kernel(precision, accumulate, ordinal)?;
@@ -786,7 +786,7 @@ impl Compiled {
                 py.detach(|| unsafe {
                     kernel.run_view_on_device(layout, &columns, &addresses, &context)
                 })
-                .map_err(|e| score_error(e.0))?
+                .map_err(|e| score_error(e.to_string()))?
             }
         };
         drop(columns);

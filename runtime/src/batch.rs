@@ -91,7 +91,7 @@ pub struct Batch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::interp::{evaluate, Context};
+    use crate::interp::{evaluate, Context, EvalError};
     use crate::kernel::{Kernel, Options};
     use crate::synthetic::{batch as synthetic_batch, Spec};
 
@@ -126,7 +126,9 @@ mod tests {
         let jit = kernel
             .run(&batch, &Context::default())
             .expect_err("too large");
-        for error in [interp.0, jit.0] {
+        for error in [interp, jit] {
+            assert!(matches!(error, EvalError::GroupSize(_)), "{error}");
+            let error = error.to_string();
             assert!(
                 error.starts_with(
                     "group 0 of the batch (counting from 0) has 1025 responses, more than the 1024"

@@ -276,7 +276,11 @@ pub fn time_device<D: Device>(
     runs: usize,
 ) -> Result<DeviceTimes, String> {
     let runs = runs.max(1);
-    std::hint::black_box(kernel.run_packed(batch, context).map_err(|e| e.0)?);
+    std::hint::black_box(
+        kernel
+            .run_packed(batch, context)
+            .map_err(|e| e.to_string())?,
+    );
     let (mut kernels, mut uploads, mut residents, mut whole) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut host_peak = None;
@@ -284,18 +288,18 @@ pub fn time_device<D: Device>(
         let start = Instant::now();
         let (outcome, bytes) = peak_during(|| kernel.run_packed(batch, context));
         whole.push(start.elapsed());
-        std::hint::black_box(outcome.map_err(|e| e.0)?);
+        std::hint::black_box(outcome.map_err(|e| e.to_string())?);
         kernels.push(kernel.kernel_time());
         host_peak = host_peak.max(bytes);
 
         let copy = batch.clone();
         let start = Instant::now();
-        let resident = kernel.upload(copy).map_err(|e| e.0)?;
+        let resident = kernel.upload(copy).map_err(|e| e.to_string())?;
         uploads.push(start.elapsed());
         let start = Instant::now();
         let outcome = kernel.run_resident(&resident, context);
         residents.push(start.elapsed());
-        std::hint::black_box(outcome.map_err(|e| e.0)?);
+        std::hint::black_box(outcome.map_err(|e| e.to_string())?);
         kernels.push(kernel.kernel_time());
     }
     Ok(DeviceTimes {
@@ -404,7 +408,7 @@ pub fn run(graph: &Graph, recipe: &str, settings: &Settings) -> Result<Vec<Value
         })
     };
     if let Some((gpu, compile)) = gpu {
-        let packed = gpu.kernel().pack(&batch).map_err(|e| e.0)?;
+        let packed = gpu.kernel().pack(&batch).map_err(|e| e.to_string())?;
         let (times, bandwidth) = measure_gpu(&gpu, &packed, &context, settings.runs)?;
         let storage = settings.options.storage.bytes();
         let ordinal = gpu.ordinal();
@@ -438,14 +442,14 @@ pub fn run(graph: &Graph, recipe: &str, settings: &Settings) -> Result<Vec<Value
     let bandwidth = memcpy_bandwidth(&pool);
     let mut lines = Vec::new();
     if matches!(settings.backend, Which::Interp | Which::All) {
-        evaluate(graph, &batch, &context).map_err(|e| format!("interpreter: {}", e.0))?;
+        evaluate(graph, &batch, &context).map_err(|e| format!("interpreter: {e}"))?;
         let mut times = Vec::with_capacity(settings.runs);
         let mut peak = None;
         for _ in 0..settings.runs {
             let start = Instant::now();
             let (outcome, bytes) = peak_during(|| evaluate(graph, &batch, &context));
             times.push(start.elapsed());
-            std::hint::black_box(outcome.map_err(|e| e.0)?);
+            std::hint::black_box(outcome.map_err(|e| e.to_string())?);
             peak = peak.max(bytes);
         }
         let time = median(times);
@@ -470,9 +474,9 @@ pub fn run(graph: &Graph, recipe: &str, settings: &Settings) -> Result<Vec<Value
         let kernel = Kernel::compile(graph, &settings.options)
             .map_err(|e| format!("the JIT cannot compile this recipe: {e}"))?;
         let compile = start.elapsed();
-        let packed = kernel.pack(&batch).map_err(|e| e.0)?;
+        let packed = kernel.pack(&batch).map_err(|e| e.to_string())?;
         pool.install(|| kernel.run_packed(&packed, &context))
-            .map_err(|e| e.0)?;
+            .map_err(|e| e.to_string())?;
         let mut times = Vec::with_capacity(settings.runs);
         let mut peak = None;
         for _ in 0..settings.runs {
@@ -480,7 +484,7 @@ pub fn run(graph: &Graph, recipe: &str, settings: &Settings) -> Result<Vec<Value
             let (outcome, bytes) =
                 peak_during(|| pool.install(|| kernel.run_packed(&packed, &context)));
             times.push(start.elapsed());
-            std::hint::black_box(outcome.map_err(|e| e.0)?);
+            std::hint::black_box(outcome.map_err(|e| e.to_string())?);
             peak = peak.max(bytes);
         }
         let time = median(times);

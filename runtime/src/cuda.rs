@@ -195,8 +195,8 @@ impl<D: Device> DeviceKernel<D> {
         context: &Context,
     ) -> Result<PackedOutcome, EvalError> {
         if device_inputs.len() != inputs.len() {
-            return Err(EvalError(format!(
-                "internal: {} device addresses for {} inputs",
+            return Err(EvalError::Internal(format!(
+                "{} device addresses for {} inputs",
                 device_inputs.len(),
                 inputs.len()
             )));
@@ -215,7 +215,10 @@ impl<D: Device> DeviceKernel<D> {
     /// metrics, rewards, advantages and kept flags come back as usual, its `gradients` are empty, and
     /// each ∂loss/∂input is returned as the device buffer the kernels wrote ([`DeviceGradient`]). Of
     /// the phases' other buffers only their outputs are downloaded. The gradients' finiteness is not
-    /// checked here (the values are not on the host): the caller checks them where they are.
+    /// checked here (the values are not on the host): the caller checks them where they are. A
+    /// non-finite output is an `EvalError::NonFinite` without its culprit (the host column of an
+    /// input read on the device may be a placeholder, as the trainer's `RecipeOp` passes): the caller
+    /// explains it with the values (`EvalError::explained`).
     ///
     /// # Safety
     ///
@@ -228,8 +231,8 @@ impl<D: Device> DeviceKernel<D> {
         context: &Context,
     ) -> Result<WithDeviceGradients<D::Buffer>, EvalError> {
         if device_inputs.len() != inputs.len() {
-            return Err(EvalError(format!(
-                "internal: {} device addresses for {} inputs",
+            return Err(EvalError::Internal(format!(
+                "{} device addresses for {} inputs",
                 device_inputs.len(),
                 inputs.len()
             )));
@@ -260,8 +263,8 @@ impl<D: Device> DeviceKernel<D> {
             let info = &graph.inputs[*input as usize];
             let Some((_, buffer, precision, len)) = buffers.iter_mut().find(|(o, ..)| o == b)
             else {
-                return Err(EvalError(format!(
-                    "internal: ∂loss/∂{} was not left on the device",
+                return Err(EvalError::Internal(format!(
+                    "∂loss/∂{} was not left on the device",
                     info.name
                 )));
             };
@@ -283,7 +286,7 @@ impl<D: Device> DeviceKernel<D> {
                         .collect::<Vec<u64>>(),
                 ),
                 (true, _) => {
-                    return Err(EvalError(format!(
+                    return Err(EvalError::Unsupported(format!(
                         "∂loss/∂{} (shape {}) after a `keep` filter that dropped responses: only \
                          token- and response-level gradients can stay on the device",
                         info.name, info.shape
@@ -292,8 +295,8 @@ impl<D: Device> DeviceKernel<D> {
             };
             if let Some(map) = &map {
                 if map.len() != *len {
-                    return Err(EvalError(format!(
-                        "internal: ∂loss/∂{} has {len} kept elements, the filter keeps {}",
+                    return Err(EvalError::Internal(format!(
+                        "∂loss/∂{} has {len} kept elements, the filter keeps {}",
                         info.name,
                         map.len()
                     )));
@@ -348,7 +351,7 @@ impl<D: Device> DeviceKernel<D> {
 }
 
 fn device_error(message: String) -> EvalError {
-    EvalError(format!("CUDA device: {message}"))
+    EvalError::Device(message)
 }
 
 /// A column's bytes in the device's (little-endian, IEEE) layout.
@@ -468,8 +471,8 @@ impl<D: Device> Runner<'_, D> {
             .get(run.phase)
             .and_then(|launches| launches.get(pass).cloned().flatten())
             .ok_or_else(|| {
-                EvalError(format!(
-                    "internal: pass {pass} of phase {} has no CUDA kernel",
+                EvalError::Internal(format!(
+                    "pass {pass} of phase {} has no CUDA kernel",
                     run.phase
                 ))
             })
@@ -560,6 +563,13 @@ impl<D: Device> sealed::Backend for Runner<'_, D> {
     fn run_phase(&self, phase: usize, run: PhaseRun<'_>) -> Result<PhaseResult, EvalError> {
         run_plan_phase(self, phase, run)
     }
+
+    /// A run that leaves its gradients on the device may be given placeholder host columns for the
+    /// values it reads there (the trainer's), which the interpreter cannot explain a non-finite
+    /// output from: its caller does, with the values (`EvalError::explained`).
+    fn host_inputs_hold_values(&self) -> bool {
+        self.device_gradients.is_none()
+    }
 }
 
 /// The CUDA kernels run a phase's loop passes and combines on the device; the buffers are uploaded
@@ -583,7 +593,7 @@ impl<D: Device> PlanBackend for Runner<'_, D> {
         let device = &self.kernel.device;
         let phase = &self.kernel.kernel.plan().phases[run.phase];
         if self.kernel.source.launches.get(run.phase).is_none() {
-            return Err(EvalError("internal: no CUDA kernels for a phase".into()));
+            return Err(EvalError::Internal("no CUDA kernels for a phase".into()));
         }
         let mut uploaded: Vec<Option<D::Buffer>> = Vec::with_capacity(phase.buffers.len());
         let mut addresses: Vec<u64> = Vec::with_capacity(phase.buffers.len());
@@ -594,7 +604,7 @@ impl<D: Device> PlanBackend for Runner<'_, D> {
                     let column = run
                         .inputs
                         .get(i)
-                        .ok_or_else(|| EvalError("internal: an input is missing".into()))?;
+                        .ok_or_else(|| EvalError::Internal("an input is missing".into()))?;
                     self.input_address(i, *column)?
                 }
                 (_, Some(column)) => {
@@ -604,14 +614,14 @@ impl<D: Device> PlanBackend for Runner<'_, D> {
                     let address = device.address(&b);
                     (Some(b), address)
                 }
-                (_, None) => return Err(EvalError("internal: a buffer was released".into())),
+                (_, None) => return Err(EvalError::Internal("a buffer was released".into())),
             };
             uploaded.push(own);
             addresses.push(address);
         }
         let (fixed, table) = device_table(device, run, addresses)?;
         let groups = u32::try_from(run.tables.groups).map_err(|_| {
-            EvalError(format!(
+            EvalError::Unsupported(format!(
                 "{} groups: too many for one launch",
                 run.tables.groups
             ))
@@ -648,7 +658,7 @@ impl<D: Device> PlanBackend for Runner<'_, D> {
     }
 
     fn read(&self, state: &Self::State, b: u32) -> Result<Vec<f64>, EvalError> {
-        let missing = || EvalError("internal: buffer missing".into());
+        let missing = || EvalError::Internal("buffer missing".into());
         let mut column = state.owned[b as usize].clone().ok_or_else(missing)?;
         let device_buffer = state.uploaded[b as usize].as_ref().ok_or_else(missing)?;
         let mut bytes = vec![0u8; byte_len(&column)];
@@ -664,12 +674,12 @@ impl<D: Device> PlanBackend for Runner<'_, D> {
         state.owned[b as usize]
             .as_ref()
             .map(Column::len)
-            .ok_or_else(|| EvalError("internal: buffer missing".into()))
+            .ok_or_else(|| EvalError::Internal("buffer missing".into()))
     }
 
     fn write(&self, state: &mut Self::State, b: u32, values: &[f64]) -> Result<(), EvalError> {
         // The host column (in its storage precision), then the same values written to the device.
-        let missing = || EvalError("internal: buffer missing".into());
+        let missing = || EvalError::Internal("buffer missing".into());
         let column = state.owned[b as usize].as_mut().ok_or_else(missing)?;
         for (i, value) in values.iter().enumerate() {
             column.set(i, *value);
@@ -1050,7 +1060,10 @@ mod tests {
         let (_, tables) = run(&vec![None; columns.len()]);
         assert!(!tables.is_empty() && tables.iter().all(|table| !table.contains(&address)));
         let (result, tables) = run(&addresses[1..]);
-        assert!(result.unwrap_err().0.contains("device addresses for"));
+        assert!(result
+            .unwrap_err()
+            .to_string()
+            .contains("device addresses for"));
         assert!(
             tables.is_empty(),
             "a run with a wrong address count launched"
@@ -1112,6 +1125,6 @@ mod tests {
             device.run_view_keeping_gradients(&packed.layout, &columns, &wrong, &Context::default())
         }
         .unwrap_err();
-        assert!(error.0.contains("device addresses for"));
+        assert!(error.to_string().contains("device addresses for"));
     }
 }

@@ -2,7 +2,7 @@
 //! signature, runs the recipe's phases on a [`Backend`] — the f64 interpreter
 //! (`crate::interp::Interpreter`), the JIT kernel (`crate::kernel::Kernel`) or the CUDA kernels
 //! (`crate::cuda::DeviceKernel`) — with the two-phase `keep` semantics between them, and checks the
-//! outputs; for the backends that run a kernel plan it also walks each phase's passes, running the
+//! outputs (a non-finite one is explained by the f64 interpreter, `crate::nonfinite::explain`); for the backends that run a kernel plan it also walks each phase's passes, running the
 //! host passes (`uniform`, `rank`, `components`, `distinct_ngrams`) and the host combines of
 //! per-group partials itself. A backend only runs a phase (the interpreter) or a loop pass (the
 //! kernels).
@@ -31,8 +31,9 @@ use rlx_core::Signature;
 
 use crate::batch::Layout;
 use crate::geometry::Geometry;
-use crate::interp::{finite, rubric_lens, Context, EvalError, Shown};
+use crate::interp::{rubric_lens, Context, EvalError, Shown};
 use crate::kernel::{Column, ColumnRef, PackedOutcome, Precision, Tables};
+use crate::nonfinite::{first_non_finite, NonFinite};
 
 /// A backend the [`Executor`] drives: the interpreter, the JIT kernel or a CUDA device kernel. The
 /// trait is sealed: its methods are crate-private.
@@ -58,6 +59,13 @@ pub(crate) mod sealed {
         fn input_storage(&self, index: usize) -> Precision;
         /// Run phase `phase` (0-based) on a validated batch.
         fn run_phase(&self, phase: usize, run: PhaseRun<'_>) -> Result<PhaseResult, EvalError>;
+        /// Whether the host columns a run is given hold the inputs' values, so that the f64
+        /// interpreter can evaluate them again to explain a non-finite output
+        /// (`crate::nonfinite::explain`). Not so for a CUDA run whose host columns may be
+        /// placeholders of values it reads on the device (`DeviceKernel::run_view_keeping_gradients`).
+        fn host_inputs_hold_values(&self) -> bool {
+            true
+        }
     }
 }
 
@@ -109,8 +117,8 @@ impl<'b, B: Backend> Executor<'b, B> {
         backend
             .signature()
             .validate(layout, lengths)
-            .map_err(|e| EvalError(e.to_string()))?;
-        crate::batch::check_group_sizes(backend.graph(), layout).map_err(EvalError)?;
+            .map_err(EvalError::Batch)?;
+        crate::batch::check_group_sizes(backend.graph(), layout).map_err(EvalError::GroupSize)?;
         backend.check_layout(layout)
     }
 
@@ -121,12 +129,11 @@ impl<'b, B: Backend> Executor<'b, B> {
         for (index, (info, column)) in self.backend.graph().inputs.iter().zip(inputs).enumerate() {
             let wanted = self.backend.input_storage(index);
             if column.precision() != wanted {
-                return Err(EvalError(format!(
-                    "malformed batch: input `{}` is stored as {}, the kernel reads {}",
-                    info.name,
-                    column.precision().name(),
-                    wanted.name()
-                )));
+                return Err(EvalError::Storage {
+                    input: info.name.clone(),
+                    stored: column.precision().name(),
+                    wanted: wanted.name(),
+                });
             }
         }
         Ok(())
@@ -146,7 +153,32 @@ impl<'b, B: Backend> Executor<'b, B> {
     /// `run`, also giving the value of every `graph.outputs.shown` node the backend computes (the
     /// interpreter's: `rlx score --show`), `None` at the elements a `keep` filter dropped before it
     /// was computed.
+    ///
+    /// A non-finite output is an [`EvalError::NonFinite`] naming it; when the backend's host
+    /// columns hold the inputs, the f64 interpreter evaluates the batch again — only on this
+    /// failure path — and the error names the node that made the first non-finite value, for
+    /// which batch element, with its recipe expression (`crate::nonfinite::explain`).
     pub fn run_showing(
+        &self,
+        layout: &Layout,
+        inputs: &[ColumnRef<'_>],
+        context: &Context,
+    ) -> Result<(PackedOutcome, Vec<Shown>), EvalError> {
+        let (outcome, shown) = self.run_unchecked(layout, inputs, context)?;
+        match check_finite(outcome) {
+            Ok(outcome) => Ok((outcome, shown)),
+            Err(non_finite) if self.backend.host_inputs_hold_values() => {
+                let graph = self.backend.graph();
+                let explained =
+                    crate::nonfinite::explain(graph, layout, inputs, context, *non_finite);
+                Err(EvalError::NonFinite(Box::new(explained)))
+            }
+            Err(non_finite) => Err(EvalError::NonFinite(non_finite)),
+        }
+    }
+
+    /// `run_showing` without the finiteness check of the outputs.
+    pub(crate) fn run_unchecked(
         &self,
         layout: &Layout,
         inputs: &[ColumnRef<'_>],
@@ -177,7 +209,7 @@ impl<'b, B: Backend> Executor<'b, B> {
                 })
                 .collect();
             let outcome = self.outcome(first, None, vec![true; responses]);
-            return Ok((check_finite(outcome)?, shown));
+            return Ok((outcome, shown));
         }
 
         // Phase 1 ran on the whole batch: which responses it keeps.
@@ -226,7 +258,7 @@ impl<'b, B: Backend> Executor<'b, B> {
                 })
                 .collect();
             let outcome = self.outcome(second, reward, kept);
-            return Ok((check_finite(outcome)?, shown));
+            return Ok((outcome, shown));
         }
 
         // Phase 2 on the kept responses.
@@ -278,7 +310,7 @@ impl<'b, B: Backend> Executor<'b, B> {
         if let Some(advantage) = &mut outcome.advantage {
             *advantage = selection.scatter_responses(advantage, responses);
         }
-        Ok((check_finite(outcome)?, shown))
+        Ok((outcome, shown))
     }
 
     /// A phase's outputs as the run's outcome (`reward`: phase 1's, when there were two).
@@ -308,8 +340,9 @@ fn shown_names(graph: &Graph) -> impl Iterator<Item = String> + '_ {
     graph.outputs.shown.iter().map(|(name, _)| name.clone())
 }
 
-/// Non-finite outputs are errors, with the interpreter's messages (`interp::finite`).
-fn check_finite(outcome: PackedOutcome) -> Result<PackedOutcome, EvalError> {
+/// The finiteness check of a run's outputs: the first non-finite one (the loss, a metric, a reward,
+/// an advantage, a gradient: `nonfinite::first_non_finite`), without its culprit yet.
+fn check_finite(outcome: PackedOutcome) -> Result<PackedOutcome, Box<NonFinite>> {
     let scalars_ok = outcome.loss.is_none_or(f64::is_finite)
         && outcome.metrics.iter().all(|(_, v)| v.is_finite());
     let vectors_ok = [&outcome.reward, &outcome.advantage]
@@ -319,9 +352,9 @@ fn check_finite(outcome: PackedOutcome) -> Result<PackedOutcome, EvalError> {
     if scalars_ok && vectors_ok && gradients_ok {
         return Ok(outcome);
     }
-    match finite(outcome.clone().into_outcome()) {
-        Err(error) => Err(error),
-        Ok(_) => Ok(outcome),
+    match first_non_finite(&outcome.clone().into_outcome()) {
+        Some(non_finite) => Err(Box::new(non_finite)),
+        None => Ok(outcome),
     }
 }
 
@@ -568,7 +601,7 @@ pub(crate) fn run_plan_phase<P: PlanBackend>(
     let plan_phase = plan
         .phases
         .get(phase)
-        .ok_or_else(|| EvalError(format!("internal: the plan has no phase {phase}")))?;
+        .ok_or_else(|| EvalError::Internal(format!("the plan has no phase {phase}")))?;
     let tables = Tables::new(run.layout)?;
     let buffers = phase_buffers(plan_phase, &tables, run.carried)?;
     let pass_run = PassRun {
@@ -585,7 +618,7 @@ pub(crate) fn run_plan_phase<P: PlanBackend>(
                 .inputs
                 .get(i as usize)
                 .map(ColumnRef::to_f64)
-                .ok_or_else(|| EvalError("internal: an input is missing".into())),
+                .ok_or_else(|| EvalError::Internal("an input is missing".into())),
             _ => backend.read(state, b),
         }
     };
@@ -681,11 +714,11 @@ fn phase_buffers(
             BufferKind::Input(_) => None,
             BufferKind::Carried(node) => {
                 let column = carried.remove(&node).ok_or_else(|| {
-                    EvalError(format!("internal: carried value %{} missing", node.0))
+                    EvalError::Internal(format!("carried value %{} missing", node.0))
                 })?;
                 if column.len() != tables.size(&buffer.shape)? {
-                    return Err(EvalError(format!(
-                        "internal: carried value %{} has the wrong size",
+                    return Err(EvalError::Internal(format!(
+                        "carried value %{} has the wrong size",
                         node.0
                     )));
                 }
@@ -696,7 +729,7 @@ fn phase_buffers(
                 if buffer.per_group {
                     len = len
                         .checked_mul(tables.groups)
-                        .ok_or_else(|| EvalError(rlx_core::CoreError::Overflow.to_string()))?;
+                        .ok_or(EvalError::Batch(rlx_core::CoreError::Overflow))?;
                 }
                 let init = if buffer.init == Init::Nan {
                     f64::NAN
@@ -749,7 +782,7 @@ fn collect(phase: &Phase, buffers: &mut [Option<Column>]) -> Result<PhaseResult,
             buffers
                 .get_mut(*b as usize)
                 .and_then(Option::take)
-                .ok_or_else(|| EvalError(format!("internal: output buffer b{b} missing")))?
+                .ok_or_else(|| EvalError::Internal(format!("output buffer b{b} missing")))?
         };
         result.gradients.push((*input, column));
     }
@@ -761,7 +794,7 @@ pub(crate) fn column(buffers: &[Option<Column>], b: u32) -> Result<&Column, Eval
     buffers
         .get(b as usize)
         .and_then(Option::as_ref)
-        .ok_or_else(|| EvalError(format!("internal: buffer b{b} missing")))
+        .ok_or_else(|| EvalError::Internal(format!("buffer b{b} missing")))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -113,7 +113,7 @@ impl Geometry {
     }
 
     /// Base element and feature index of every element of a shape.
-    fn elements(&self, shape: &Shape) -> Vec<(usize, usize)> {
+    pub fn elements(&self, shape: &Shape) -> Vec<(usize, usize)> {
         let bases = self.level_size(shape.level);
         match &shape.feature {
             None => (0..bases).map(|b| (b, 0)).collect(),

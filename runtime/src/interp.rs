@@ -26,6 +26,7 @@ use crate::batch::{Batch, Layout};
 use crate::executor::{sealed, Executor, PhaseResult, PhaseRun};
 use crate::geometry::Geometry;
 use crate::kernel::{Column, ColumnRef, Precision};
+use crate::nonfinite::NonFinite;
 
 /// Training-time values a recipe can read (`step`, `progress`); both 0 when scoring.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -46,31 +47,123 @@ pub struct Outcome {
     pub gradients: Vec<(String, Vec<f64>)>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EvalError(pub String);
+/// Why an evaluation (by the interpreter, a compiled kernel or a CUDA kernel) failed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EvalError {
+    /// The batch does not fit the recipe's signature (`rlx_core::Signature::validate`: its layout,
+    /// its sizes, an input's count of values).
+    Batch(rlx_core::CoreError),
+    /// A group has more responses than a recipe with pairwise terms accepts: the message of
+    /// `batch::check_group_sizes`.
+    GroupSize(String),
+    /// Input `input`'s value at `position` (in its element order) is beyond the range of the f32
+    /// storage of a kernel.
+    OutOfRange {
+        input: String,
+        position: usize,
+        value: f64,
+    },
+    /// Input `input` is stored in `stored` precision, but the kernel reads `wanted`.
+    Storage {
+        input: String,
+        stored: &'static str,
+        wanted: &'static str,
+    },
+    /// Every response was filtered out by `keep` ([`ALL_FILTERED`]): not a failure of the recipe,
+    /// but a batch with nothing to compute on (the trainer's dynamic sampling reads it as "no group
+    /// kept").
+    AllFiltered,
+    /// An output is not finite; the executor's finiteness check has the f64 interpreter name the
+    /// expression that made it (`crate::nonfinite`).
+    NonFinite(Box<NonFinite>),
+    /// The device (CUDA) failed: what it said.
+    Device(String),
+    /// A batch the backend cannot run as asked (too many groups for one launch, a gradient that
+    /// cannot stay on the device after a `keep` filter): why.
+    Unsupported(String),
+    /// A broken invariant of an evaluator (a bug): what broke.
+    Internal(String),
+}
 
 /// The error message when a recipe's `keep` filters drop every response (nothing to compute
-/// advantages and the loss over); [`EvalError::is_all_filtered`] tells that error apart (the trainer's
-/// dynamic sampling reads it as "no group kept").
+/// advantages and the loss over), [`EvalError::AllFiltered`].
 pub const ALL_FILTERED: &str =
     "every response was filtered out by `keep`: there is nothing to compute advantages and the loss over";
 
 impl EvalError {
     /// The error of a batch whose every response the recipe's `keep` filters dropped ([`ALL_FILTERED`]).
     pub fn all_filtered() -> EvalError {
-        EvalError(ALL_FILTERED.into())
+        EvalError::AllFiltered
     }
 
-    /// Whether this is [`EvalError::all_filtered`]: not a failure of the recipe, but a batch with
+    /// Whether this is [`EvalError::AllFiltered`]: not a failure of the recipe, but a batch with
     /// nothing to compute on.
     pub fn is_all_filtered(&self) -> bool {
-        self.0 == ALL_FILTERED
+        matches!(self, EvalError::AllFiltered)
+    }
+
+    /// The non-finite output, when this is one.
+    pub fn non_finite(&self) -> Option<&NonFinite> {
+        match self {
+            EvalError::NonFinite(non_finite) => Some(non_finite),
+            _ => None,
+        }
+    }
+
+    /// This error, with the culprit of a non-finite output found when it has none yet: the f64
+    /// interpreter evaluates `graph` on `batch` again (`nonfinite::explain`, what the executor's
+    /// finiteness check does) and names the first node whose value is not finite for the offending
+    /// element. For a caller whose run could not be explained where it failed: a run that left its
+    /// gradients on the device, whose host columns may be placeholders
+    /// (`DeviceKernel::run_view_keeping_gradients`), or a non-finite value found outside the
+    /// executor (a gradient checked on the device).
+    pub fn explained(self, graph: &Graph, batch: &Batch, context: &Context) -> EvalError {
+        match self {
+            EvalError::NonFinite(non_finite)
+                if non_finite.culprit.is_none() && !non_finite.interpreter_finite =>
+            {
+                let inputs: Vec<ColumnRef<'_>> =
+                    batch.inputs.iter().map(|v| ColumnRef::F64(v)).collect();
+                EvalError::NonFinite(Box::new(crate::nonfinite::explain(
+                    graph,
+                    &batch.layout,
+                    &inputs,
+                    context,
+                    *non_finite,
+                )))
+            }
+            other => other,
+        }
     }
 }
 
 impl std::fmt::Display for EvalError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        match self {
+            EvalError::Batch(error) => write!(f, "{error}"),
+            EvalError::GroupSize(message) => f.write_str(message),
+            EvalError::OutOfRange {
+                input,
+                position,
+                value,
+            } => write!(
+                f,
+                "malformed batch: input `{input}` element {position} is {value}, beyond the range of f32"
+            ),
+            EvalError::Storage {
+                input,
+                stored,
+                wanted,
+            } => write!(
+                f,
+                "malformed batch: input `{input}` is stored as {stored}, the kernel reads {wanted}"
+            ),
+            EvalError::AllFiltered => f.write_str(ALL_FILTERED),
+            EvalError::NonFinite(non_finite) => write!(f, "{non_finite}"),
+            EvalError::Device(message) => write!(f, "CUDA device: {message}"),
+            EvalError::Unsupported(message) => f.write_str(message),
+            EvalError::Internal(what) => write!(f, "internal: {what}"),
+        }
     }
 }
 
@@ -107,6 +200,17 @@ pub fn evaluate_showing(
 pub struct Interpreter<'g> {
     graph: &'g Graph,
     signature: Signature,
+    /// When set, each phase's run leaves the value of every node it computed here, with its layout
+    /// (`Interpreter::recording`).
+    record: Option<std::sync::Mutex<Vec<PhaseValues>>>,
+}
+
+/// The value of every node one phase computed (`None` where not computed), over the phase's layout
+/// (phase 2 of a filtered run: the kept responses').
+pub(crate) struct PhaseValues {
+    pub(crate) phase: usize,
+    pub(crate) layout: Layout,
+    pub(crate) values: Vec<Option<Vec<f64>>>,
 }
 
 impl<'g> Interpreter<'g> {
@@ -114,6 +218,37 @@ impl<'g> Interpreter<'g> {
         Interpreter {
             graph,
             signature: graph.signature(),
+            record: None,
+        }
+    }
+
+    /// An interpreter that keeps every phase's node values (`Interpreter::recorded`): the culprit
+    /// search of a non-finite output (`crate::nonfinite::explain`) reads them.
+    pub(crate) fn recording(graph: &'g Graph) -> Interpreter<'g> {
+        Interpreter {
+            record: Some(std::sync::Mutex::new(Vec::new())),
+            ..Interpreter::new(graph)
+        }
+    }
+
+    /// The node values of the phases run so far (a `recording` interpreter's), in run order.
+    pub(crate) fn recorded(self) -> Vec<PhaseValues> {
+        match self.record {
+            Some(record) => record.into_inner().unwrap_or_else(|e| e.into_inner()),
+            None => Vec::new(),
+        }
+    }
+
+    fn keep_values(&self, phase: usize, layout: &Layout, values: Vec<Option<Vec<f64>>>) {
+        if let Some(record) = &self.record {
+            record
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(PhaseValues {
+                    phase,
+                    layout: layout.clone(),
+                    values,
+                });
         }
     }
 
@@ -182,6 +317,9 @@ impl sealed::Backend for Interpreter<'_> {
                         .flatten()
                 })
                 .collect();
+            if self.record.is_some() {
+                self.keep_values(phase, run.layout, evaluator.values.clone());
+            }
             for (index, live) in phase_one.iter().enumerate() {
                 if let (true, Some(values)) = (*live, evaluator.values[index].take()) {
                     result
@@ -221,45 +359,9 @@ impl sealed::Backend for Interpreter<'_> {
             .iter()
             .map(|(_, id)| shown_at(&evaluator, *id))
             .collect();
+        self.keep_values(phase, run.layout, evaluator.values);
         Ok(result)
     }
-}
-
-/// Reject non-finite outputs with a message naming the first one.
-pub(crate) fn finite(outcome: Outcome) -> Result<Outcome, EvalError> {
-    let hint = "(a division by zero, the log of a non-positive value, or an overflowing exp in the recipe or the data?)";
-    if let Some(loss) = outcome.loss {
-        if !loss.is_finite() {
-            return Err(EvalError(format!("the loss is {loss} {hint}")));
-        }
-    }
-    for (name, value) in &outcome.metrics {
-        if !value.is_finite() {
-            return Err(EvalError(format!("metric `{name}` is {value} {hint}")));
-        }
-    }
-    for (what, values) in [
-        ("reward", &outcome.reward),
-        ("advantage", &outcome.advantage),
-    ] {
-        if let Some(values) = values {
-            if let Some(position) = values.iter().position(|v| !v.is_finite()) {
-                return Err(EvalError(format!(
-                    "the {what} of response {position} (packed order) is {} {hint}",
-                    values[position]
-                )));
-            }
-        }
-    }
-    for (name, values) in &outcome.gradients {
-        if let Some(position) = values.iter().position(|v| !v.is_finite()) {
-            return Err(EvalError(format!(
-                "the gradient with respect to `{name}` is {} at element {position} {hint}",
-                values[position]
-            )));
-        }
-    }
-    Ok(outcome)
 }
 
 struct Evaluator<'g> {
@@ -576,8 +678,8 @@ impl<'g> Evaluator<'g> {
                     .collect()
             }
             op => {
-                return Err(EvalError(format!(
-                    "internal: the interpreter cannot evaluate {}",
+                return Err(EvalError::Internal(format!(
+                    "the interpreter cannot evaluate {}",
                     op.name()
                 )))
             }

@@ -258,7 +258,7 @@ impl Tables {
     /// For a validated layout.
     pub(crate) fn new(layout: &Layout) -> Result<Tables, EvalError> {
         // The totals are checked here, so no prefix sum below them overflows.
-        let sizes = Sizes::new(layout).map_err(|e| EvalError(e.to_string()))?;
+        let sizes = Sizes::new(layout).map_err(EvalError::Batch)?;
         let groups = layout.groups();
         let mut resp_crit_base = Vec::with_capacity(groups + 1);
         let mut pair_offsets = Vec::with_capacity(groups + 1);
@@ -289,7 +289,7 @@ impl Tables {
 
     /// Elements of a shape (as `Geometry::size`).
     pub(crate) fn size(&self, shape: &Shape) -> Result<usize, EvalError> {
-        self.sizes.size(shape).map_err(|e| EvalError(e.to_string()))
+        self.sizes.size(shape).map_err(EvalError::Batch)
     }
 }
 
@@ -427,10 +427,11 @@ impl Kernel {
                     for (position, value) in values.iter().enumerate() {
                         let narrow = *value as f32;
                         if value.is_finite() && !narrow.is_finite() {
-                            return Err(EvalError(format!(
-                                "malformed batch: input `{}` element {position} is {value}, beyond the range of f32",
-                                info.name
-                            )));
+                            return Err(EvalError::OutOfRange {
+                                input: info.name.clone(),
+                                position,
+                                value: *value,
+                            });
                         }
                         out.push(narrow);
                     }
@@ -544,7 +545,7 @@ fn pointer_table(
         pointers.push(match (buffer.kind, column) {
             (BufferKind::Input(i), _) => run.inputs[i as usize].const_pointer(),
             (_, Some(column)) => column.pointer(),
-            (_, None) => return Err(EvalError("internal: a buffer was released".into())),
+            (_, None) => return Err(EvalError::Internal("a buffer was released".into())),
         });
     }
     let usizes = |v: &[usize]| -> *mut u8 { v.as_ptr().cast_mut().cast() };
@@ -621,7 +622,7 @@ impl PlanBackend for Kernel {
             .functions
             .get(run.phase)
             .and_then(|functions| functions.get(pass).copied().flatten())
-            .ok_or_else(|| EvalError("internal: a loop pass was not compiled".into()))?;
+            .ok_or_else(|| EvalError::Internal("a loop pass was not compiled".into()))?;
         let scalars = abi::scalars(run.context.step, run.context.progress);
         let sizes = abi::sizes(run.tables.dim as u64);
         let phase = &self.plan.phases[run.phase];
@@ -657,7 +658,7 @@ impl PlanBackend for Kernel {
         let column = buffers
             .get_mut(b as usize)
             .and_then(Option::as_mut)
-            .ok_or_else(|| EvalError(format!("internal: buffer b{b} missing")))?;
+            .ok_or_else(|| EvalError::Internal(format!("buffer b{b} missing")))?;
         for (i, value) in values.iter().enumerate() {
             column.set(i, *value);
         }

@@ -14,7 +14,10 @@
 //!   accumulation; inputs as [`Column`]s of a [`PackedBatch`] or borrowed [`ColumnRef`]s, outputs a
 //!   [`PackedOutcome`]) and the CUDA kernels ([`DeviceKernel`] on a [`Device`]; [`GpuKernel`] on an
 //!   NVIDIA GPU with the `cuda` feature, [`probe_gpu`] to check one). Every run takes a [`Context`]
-//!   (`step`, `progress`) and gives an [`Outcome`] or an [`EvalError`].
+//!   (`step`, `progress`) and gives an [`Outcome`] or an [`EvalError`]. A non-finite output is
+//!   [`EvalError::NonFinite`]: the executor's finiteness check has the f64 interpreter name the node
+//!   that made it, for which batch element ([`NonFinite`], its [`Culprit`] and
+//!   [`NonFinite::diagnostic`] on the recipe expression).
 //! - **Tools**, as modules: [`rollouts`] (the JSONL rollout reader), [`arrays`] (batches from packed or
 //!   padded arrays, the Python binding's), [`score`] (`rlx score`), [`bench`] (`rlx bench`, the
 //!   counting allocator), [`synthetic`] (random batches for tests and benchmarks).
@@ -27,6 +30,7 @@ mod executor;
 mod geometry;
 mod interp;
 mod kernel;
+mod nonfinite;
 pub mod rollouts;
 pub mod score;
 pub mod synthetic;
@@ -44,3 +48,4 @@ pub use executor::{Backend, Executor};
 pub use geometry::Geometry;
 pub use interp::{evaluate, evaluate_showing, Context, EvalError, Interpreter, Outcome, Shown};
 pub use kernel::{Column, ColumnRef, Kernel, Options, PackedBatch, PackedOutcome, Precision};
+pub use nonfinite::{Culprit, Element, NonFinite, Operand, Output as NonFiniteOutput};

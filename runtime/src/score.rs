@@ -12,7 +12,7 @@ use rlx_core::{HasSignature, Signature};
 
 use crate::batch::Layout;
 use crate::geometry::Geometry;
-use crate::interp::{evaluate, evaluate_showing, rubric_lens, Context, Outcome};
+use crate::interp::{evaluate, evaluate_showing, rubric_lens, Context, EvalError, Outcome};
 use crate::kernel::{Kernel, Options, Precision};
 use crate::rollouts::{read_rollouts, LENGTH_KEY};
 
@@ -30,6 +30,48 @@ pub enum Backend {
     /// accumulation; an error, not a fallback, when the recipe has no CUDA form.
     Cuda(usize),
 }
+
+/// Why scoring failed: the rollouts or the command's options (a message), or the recipe's
+/// evaluation, typed (a non-finite output carries the expression that made it,
+/// [`crate::nonfinite`]).
+#[derive(Debug)]
+pub enum ScoreError {
+    Input(String),
+    Eval(EvalError),
+}
+
+impl ScoreError {
+    /// The non-finite output, when scoring failed on one.
+    pub fn non_finite(&self) -> Option<&crate::nonfinite::NonFinite> {
+        match self {
+            ScoreError::Eval(error) => error.non_finite(),
+            ScoreError::Input(_) => None,
+        }
+    }
+}
+
+impl From<String> for ScoreError {
+    fn from(message: String) -> ScoreError {
+        ScoreError::Input(message)
+    }
+}
+
+impl From<EvalError> for ScoreError {
+    fn from(error: EvalError) -> ScoreError {
+        ScoreError::Eval(error)
+    }
+}
+
+impl std::fmt::Display for ScoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScoreError::Input(message) => f.write_str(message),
+            ScoreError::Eval(error) => write!(f, "{error}"),
+        }
+    }
+}
+
+impl std::error::Error for ScoreError {}
 
 /// The result document and the warnings met on the way.
 pub struct Scored {
@@ -51,7 +93,7 @@ pub fn score(
     rollouts: &str,
     overrides: &[(String, f64)],
     with_gradients: bool,
-) -> Result<Scored, String> {
+) -> Result<Scored, ScoreError> {
     score_at(
         recipe,
         rollouts,
@@ -78,7 +120,7 @@ pub fn score_at(
     backend: Backend,
     show: &[String],
     context: &Context,
-) -> Result<Scored, String> {
+) -> Result<Scored, ScoreError> {
     score_at_with_state(
         recipe,
         rollouts,
@@ -104,7 +146,7 @@ pub fn score_at_with_state(
     show: &[String],
     context: &Context,
     state: &[(String, f64)],
-) -> Result<Scored, String> {
+) -> Result<Scored, ScoreError> {
     let graph = rlx_compiler::compile_graph(recipe, overrides)?;
     let rollout = rlx_compiler::ir::rollout_settings(recipe, &graph);
     let shown_graph = shown_graph(recipe, &graph, overrides, show)?;
@@ -165,7 +207,7 @@ pub fn score_artifact(
     backend: Backend,
     show: &[String],
     context: &Context,
-) -> Result<Scored, String> {
+) -> Result<Scored, ScoreError> {
     score_artifact_with_state(
         artifact,
         overrides,
@@ -189,7 +231,7 @@ pub fn score_artifact_with_state(
     show: &[String],
     context: &Context,
     state: &[(String, f64)],
-) -> Result<Scored, String> {
+) -> Result<Scored, ScoreError> {
     let graph = artifact.graph_with(overrides).map_err(|e| e.to_string())?;
     let signature = artifact.signature();
     let shown = &artifact.shown;
@@ -414,7 +456,7 @@ fn score_graphs(
     context: &Context,
     rollout: &[RolloutInfo],
     state: &[(String, f64)],
-) -> Result<Scored, String> {
+) -> Result<Scored, ScoreError> {
     let mut read = read_rollouts(rollouts, signature).map_err(|e| e.to_string())?;
     set_state(graph, &mut read.batch, state)?;
     score_read(
@@ -446,7 +488,7 @@ pub fn score_read(
     show: &[String],
     context: &Context,
     rollout: &[RolloutInfo],
-) -> Result<Scored, String> {
+) -> Result<Scored, ScoreError> {
     let lets: Vec<&str> = shown.map(shown_lets).unwrap_or_default();
     let names = resolve_show(signature, &lets, show)?;
     crate::batch::check_group_sizes_named(graph, &read.batch.layout, |g| {
@@ -456,7 +498,7 @@ pub fn score_read(
         if reads_token_counts(graph) || shown.is_some_and(reads_token_counts) {
             return Err(format!(
                 "line {line}: the recipe reads each response's token count (`length`, `token_index` or a token-level value), but the line gives no token array and no `\"{LENGTH_KEY}\"`"
-            ));
+            ).into());
         }
     }
     let mut fallback = None;
@@ -464,16 +506,14 @@ pub fn score_read(
     let outcome = match (backend, shown) {
         (Backend::Interp, Some(shown)) => {
             // One evaluation gives both: the shown graph computes the same outputs.
-            let (outcome, values) =
-                evaluate_showing(shown, &read.batch, context).map_err(|e| e.to_string())?;
+            let (outcome, values) = evaluate_showing(shown, &read.batch, context)?;
             shown_values = Some(values);
             outcome
         }
         _ => run(graph, &read.batch, context, backend, &mut fallback)?,
     };
     if let (None, Some(shown)) = (&shown_values, shown) {
-        let (_, values) =
-            evaluate_showing(shown, &read.batch, context).map_err(|e| e.to_string())?;
+        let (_, values) = evaluate_showing(shown, &read.batch, context)?;
         shown_values = Some(values);
     }
     let layout = &read.batch.layout;
@@ -585,30 +625,32 @@ pub fn score_read(
     })
 }
 
-/// Evaluate `graph` on the chosen engine (the JIT falls back to the interpreter, saying why).
+/// Evaluate `graph` on the chosen engine (the JIT falls back to the interpreter, saying why); a
+/// non-finite output is explained by the interpreter on every engine (the executor's finiteness
+/// check).
 fn run(
     graph: &Graph,
     batch: &crate::batch::Batch,
     context: &Context,
     backend: Backend,
     fallback: &mut Option<String>,
-) -> Result<Outcome, String> {
+) -> Result<Outcome, ScoreError> {
     let options = Options {
         accumulate: Precision::F64,
         storage: Precision::F64,
     };
     match backend {
-        Backend::Interp => evaluate(graph, batch, context).map_err(|e| e.to_string()),
-        Backend::Cuda(ordinal) => {
-            crate::cuda::evaluate_on_gpu(graph, batch, context, ordinal, &options)
-        }
+        Backend::Interp => Ok(evaluate(graph, batch, context)?),
+        Backend::Cuda(ordinal) => Ok(crate::cuda::evaluate_on_gpu(
+            graph, batch, context, ordinal, &options,
+        )?),
         Backend::Jit => match Kernel::compile(graph, &options) {
-            Ok(kernel) => kernel.run(batch, context).map_err(|e| e.to_string()),
+            Ok(kernel) => Ok(kernel.run(batch, context)?),
             Err(error) => {
                 *fallback = Some(format!(
                     "the JIT cannot compile this recipe ({error}); using the interpreter"
                 ));
-                evaluate(graph, batch, context).map_err(|e| e.to_string())
+                Ok(evaluate(graph, batch, context)?)
             }
         },
     }

@@ -130,6 +130,8 @@ fn agree(
             if std::env::var_os("RLX_DEBUG_AGREE").is_some() {
                 eprintln!("{label}: both fail: {e}");
             }
+            // A kernel's non-finite output is explained by the interpreter in the executor's
+            // finiteness check: then it is the interpreter's error, culprit included.
             if e != a {
                 failures.push(format!(
                     "{label}: different errors: interp `{e}`, jit `{a}`"
@@ -571,14 +573,17 @@ fn malformed_batches_are_rejected_before_any_kernel_runs() {
         let error = kernel
             .run(&batch, &Context::default())
             .expect_err("malformed batch accepted");
-        assert!(error.0.contains(wanted), "expected `{wanted}`: {error}");
-        assert!(error.0.starts_with("malformed batch"), "{error}");
+        assert!(
+            error.to_string().contains(wanted),
+            "expected `{wanted}`: {error}"
+        );
+        assert!(error.to_string().starts_with("malformed batch"), "{error}");
     }
     // A packed batch in the wrong precision.
     let mut packed = kernel.pack(&good).unwrap();
     packed.inputs[0] = Column::F64(good.inputs[0].clone());
     let error = kernel.run_packed(&packed, &Context::default()).unwrap_err();
-    assert!(error.0.contains("stored as f64"), "{error}");
+    assert!(error.to_string().contains("stored as f64"), "{error}");
     let packed = PackedBatch {
         layout: Layout {
             group_offsets: vec![0, 5],
@@ -609,6 +614,12 @@ fn non_finite_outputs_are_errors_like_the_interpreter() {
     let batch = rounded(&graph, &batch);
     let e = evaluate(&graph, &batch, &Context::default()).unwrap_err();
     let a = kernel.run(&batch, &Context::default()).unwrap_err();
+    // The same output is not finite, and both errors name the node that made it: the executor's
+    // finiteness check has the interpreter explain the kernel's.
+    let (Some(interpreted), Some(compiled)) = (e.non_finite(), a.non_finite()) else {
+        panic!("not both non-finite outputs: {e} / {a}");
+    };
+    assert!(interpreted.culprit.is_some() && compiled.culprit.is_some());
     assert_eq!(e, a);
 }
 
@@ -673,7 +684,7 @@ fn inline_exp_matches_libm() {
             inputs: vec![vec![*x]],
         };
         let error = kernel.run(&single, &Context::default()).unwrap_err();
-        assert!(error.0.contains("reward"), "exp({x}): {error}");
+        assert!(error.to_string().contains("reward"), "exp({x}): {error}");
     }
     let finite: Vec<f64> = xs.iter().copied().filter(|x| x.exp().is_finite()).collect();
     let layout = Layout::from_counts(&[finite.len()], &vec![0; finite.len()], &[], 0).unwrap();

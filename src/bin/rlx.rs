@@ -579,7 +579,7 @@ fn prepare_run(
     out: Option<PathBuf>,
     resume: Option<PathBuf>,
     device: Option<rlx_trainer::config::TrainDevice>,
-) -> Result<rlx_trainer::cli::Prepared, ExitCode> {
+) -> Result<(rlx_trainer::cli::Prepared, rlx::source::Source), ExitCode> {
     let loaded = rlx::source::load(recipe).map_err(Failure::report)?;
     // The files the run directory records (with their sha256): the one given, then its imports.
     let recipe_files = loaded.recorded_files().map_err(Failure::report)?;
@@ -613,8 +613,9 @@ fn prepare_run(
         device,
         recipe_files,
     };
-    rlx_trainer::cli::prepare(source, &args)
-        .map_err(|message| Failure::Failed(message.to_string()).report())
+    let prepared = rlx_trainer::cli::prepare(source, &args)
+        .map_err(|message| Failure::Failed(message.to_string()).report())?;
+    Ok((prepared, loaded))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -640,7 +641,7 @@ fn bench_model(
         None,
         device,
     ) {
-        Ok(prepared) => prepared,
+        Ok((prepared, _)) => prepared,
         Err(code) => return code,
     };
     let mut wanted = Vec::new();
@@ -693,10 +694,11 @@ fn run(
     export_hf: Option<&Path>,
     print_config: bool,
 ) -> ExitCode {
-    let prepared = match prepare_run(recipe, config, sets, steps, seed, out, resume, device) {
-        Ok(prepared) => prepared,
-        Err(code) => return code,
-    };
+    let (prepared, loaded) =
+        match prepare_run(recipe, config, sets, steps, seed, out, resume, device) {
+            Ok(prepared) => prepared,
+            Err(code) => return code,
+        };
     // `--print-config`: the config as the run would use it, printed as TOML; nothing is written.
     if print_config {
         return match prepared.resolved_config().to_toml() {
@@ -712,7 +714,7 @@ fn run(
     }
     eprintln!("rlx run: writing {}", prepared.out.display());
     let mut progress = rlx_trainer::progress::Progress::stderr();
-    let result = rlx_trainer::train::run_with(
+    let result = rlx_trainer::train::run_trainer(
         prepared.plan,
         &prepared.config,
         &prepared.out,
@@ -752,7 +754,14 @@ fn run(
             }
             ExitCode::SUCCESS
         }
-        Err(message) => Failure::Failed(message.to_string()).report(),
+        Err(error) => {
+            // A non-finite output: its expression first, then the run's message (the step, the
+            // checkpoint to resume from).
+            if let Some(non_finite) = error.non_finite() {
+                loaded.report_non_finite(non_finite);
+            }
+            Failure::Failed(error.to_string()).report()
+        }
     }
 }
 
@@ -798,7 +807,7 @@ fn score(
         (None, Some(artifact)) => rlx_runtime::score::score_artifact_with_state(
             artifact, &overrides, &text, grad, backend, show, context, &state,
         ),
-        (None, None) => Err("internal error: no recipe".to_string()),
+        (None, None) => Err("internal error: no recipe".to_string().into()),
     };
     match scored {
         Ok(scored) => {
@@ -816,7 +825,10 @@ fn score(
             }
             write_scored(recipe, rollouts, &scored, out)
         }
-        Err(message) => Failure::Failed(format!("{}: {message}", rollouts.display())).report(),
+        Err(error) => match error.non_finite() {
+            Some(non_finite) if loaded.report_non_finite(non_finite) => Failure::Reported.report(),
+            _ => Failure::Failed(format!("{}: {error}", rollouts.display())).report(),
+        },
     }
 }
 

@@ -55,6 +55,9 @@ pub enum UpdateFailure {
     /// The recipe's evaluation, or the backward pass through it, failed (a non-finite loss or
     /// ∂loss/∂logp; its message says which).
     Recipe(String),
+    /// An output of the recipe (its loss, ∂loss/∂logp, …) is not finite: which, and the recipe
+    /// expression that made it (`rlx_runtime::NonFinite`), which `rlx run` shows.
+    NonFinite(Box<rlx_runtime::NonFinite>),
     /// The gradient of a parameter is not finite.
     NonFiniteGradient { parameter: String, value: f32 },
     /// A parameter is not finite after AdamW's step.
@@ -168,6 +171,7 @@ impl fmt::Display for UpdateFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             UpdateFailure::Recipe(message) => f.write_str(message),
+            UpdateFailure::NonFinite(non_finite) => write!(f, "recipe: {non_finite}"),
             UpdateFailure::NonFiniteGradient { parameter, value } => {
                 write!(f, "the gradient of parameter `{parameter}` has {value}")
             }
@@ -190,6 +194,19 @@ impl fmt::Display for LastCheckpoint {
                 self.dir.display()
             ),
             None => f.write_str("no checkpoint was written yet"),
+        }
+    }
+}
+
+impl TrainError {
+    /// The recipe's non-finite output that stopped the run, when that is why it stopped.
+    pub fn non_finite(&self) -> Option<&rlx_runtime::NonFinite> {
+        match self {
+            TrainError::Update {
+                cause: UpdateFailure::NonFinite(non_finite),
+                ..
+            } => Some(non_finite),
+            _ => None,
         }
     }
 }

@@ -78,6 +78,8 @@ impl Objective {
         }
     }
 
+    /// Evaluate the recipe on `batch`; a non-finite output names the expression that made it, for
+    /// which element (the executor's finiteness check, `rlx_runtime::NonFinite`).
     pub fn run(&self, batch: &Batch, context: &Context) -> Result<Outcome, EvalError> {
         match self {
             Objective::Interpreter(graph) => evaluate(graph, batch, context),
@@ -102,6 +104,9 @@ pub struct RecipeOp {
     columns: Vec<Option<(usize, bool)>>,
     context: Context,
     outcome: Arc<Mutex<Option<Outcome>>>,
+    /// The evaluation's error when the forward pass failed, typed (candle's error keeps only its
+    /// message): `failure_handle`.
+    failure: Arc<Mutex<Option<EvalError>>>,
     /// On a GPU: ∂loss/∂argument as the recipe's kernels left it, interleaved in the argument's
     /// `[elements, columns]` layout on candle's stream (`cuda_fwd`), which `bwd` hands to candle.
     #[cfg(feature = "cuda")]
@@ -164,6 +169,7 @@ impl RecipeOp {
             columns: resolved,
             context,
             outcome: Arc::new(Mutex::new(None)),
+            failure: Arc::new(Mutex::new(None)),
             #[cfg(feature = "cuda")]
             device_gradient: Arc::new(Mutex::new(None)),
         })
@@ -172,6 +178,11 @@ impl RecipeOp {
     /// A handle on the outcome of the forward pass (filled once the op has run).
     pub fn outcome_handle(&self) -> Arc<Mutex<Option<Outcome>>> {
         self.outcome.clone()
+    }
+
+    /// A handle on the evaluation's error, when the forward pass failed on one.
+    pub fn failure_handle(&self) -> Arc<Mutex<Option<EvalError>>> {
+        self.failure.clone()
     }
 
     /// Apply to `values` (`[elements]` for one column, else `[elements, columns]`, f32, packed element
@@ -220,7 +231,11 @@ impl RecipeOp {
     fn evaluate(&self, values: &[f32]) -> candle_core::Result<Outcome> {
         self.objective
             .run(&self.filled(values), &self.context)
-            .map_err(|e| candle_core::Error::Msg(format!("recipe: {e}")))
+            .map_err(|e| {
+                let message = format!("recipe: {e}");
+                *self.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                candle_core::Error::Msg(message)
+            })
     }
 
     /// Whether the GPU path needs the argument's values on the host: for a recipe with `keep`
@@ -284,11 +299,10 @@ impl RecipeOp {
 
         use crate::device_kernels;
 
-        let recipe = |e: String| candle_core::Error::Msg(format!("recipe: {e}"));
         let packed = gpu
             .kernel()
             .pack(&self.filled(values))
-            .map_err(|e| recipe(e.to_string()))?;
+            .map_err(|e| self.device_failure(e, storage, layout))?;
         let width = self.columns.len();
         let elements = values.len() / width.max(1);
         let device = storage.device();
@@ -330,7 +344,7 @@ impl RecipeOp {
         let (outcome, gradients) = unsafe {
             gpu.run_view_keeping_gradients(&packed.layout, &columns, &addresses, &self.context)
         }
-        .map_err(|e| recipe(e.to_string()))?;
+        .map_err(|e| self.device_failure(e, storage, layout))?;
         drop(copies);
 
         // ∂loss/∂argument, interleaved on the device; per column the first non-finite element.
@@ -403,11 +417,16 @@ impl RecipeOp {
             let name = &self.objective.graph().inputs[*index].name;
             let at = element as usize * width + c;
             let value = device.clone_dtoh(&interleaved.slice(at..at + 1))?[0];
-            candle_core::bail!(
-                "recipe: the gradient with respect to `{name}` is {value} at element {element} \
-                 (computed on the GPU: a division by zero, the log of a non-positive value, or an \
-                 overflowing exp in the recipe or the data?)"
-            )
+            let output = rlx_runtime::NonFiniteOutput::Gradient {
+                input: name.clone(),
+                element: element as usize,
+            };
+            let non_finite = rlx_runtime::NonFinite::new(output, f64::from(value));
+            return Err(self.device_failure(
+                EvalError::NonFinite(Box::new(non_finite)),
+                storage,
+                layout,
+            ));
         }
         Ok((
             outcome.into_outcome(),
@@ -416,6 +435,38 @@ impl RecipeOp {
                 device: device.clone(),
             },
         ))
+    }
+}
+
+impl RecipeOp {
+    /// A failure of the GPU path, kept for `failure_handle`; a non-finite output is explained first
+    /// (`EvalError::explained`: the interpreter on the argument's values, copied to the host only on
+    /// this failure path, since the run may have had placeholders for them). The candle error carries
+    /// its message.
+    #[cfg(feature = "cuda")]
+    fn device_failure(
+        &self,
+        error: EvalError,
+        storage: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> candle_core::Error {
+        use candle_core::backend::BackendStorage;
+        let values = match (&error, layout.contiguous_offsets()) {
+            (EvalError::NonFinite(_), Some((start, end))) => storage
+                .to_cpu_storage()
+                .ok()
+                .and_then(|host| Some(host.as_slice::<f32>().ok()?[start..end].to_vec())),
+            _ => None,
+        };
+        let error = match values {
+            Some(values) => {
+                error.explained(self.objective.graph(), &self.filled(&values), &self.context)
+            }
+            None => error,
+        };
+        let message = format!("recipe: {error}");
+        *self.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
+        candle_core::Error::Msg(message)
     }
 }
 

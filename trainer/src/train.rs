@@ -38,6 +38,29 @@ pub(crate) fn err(e: candle_core::Error) -> Error {
     e.to_string()
 }
 
+/// Why [`loss_and_gradients`] failed: the recipe's evaluation (typed, so that a non-finite output
+/// keeps the expression that made it), or anything else (a message).
+#[derive(Debug)]
+pub enum LossError {
+    Recipe(rlx_runtime::EvalError),
+    Message(String),
+}
+
+impl From<String> for LossError {
+    fn from(message: String) -> LossError {
+        LossError::Message(message)
+    }
+}
+
+impl std::fmt::Display for LossError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LossError::Recipe(error) => write!(f, "recipe: {error}"),
+            LossError::Message(message) => f.write_str(message),
+        }
+    }
+}
+
 /// Which recipe input the trainer fills with what.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Fill {
@@ -724,7 +747,7 @@ pub fn loss_and_gradients(
     micro_batch: usize,
     batch_is_current: bool,
     device: &Device,
-) -> Result<(Outcome, Grads), Error> {
+) -> Result<(Outcome, Grads), LossError> {
     // Column 0 of the model's values is log π, column 1 the entropy (filled when the recipe reads it).
     let graph = objective.graph();
     let entropy = graph
@@ -742,7 +765,13 @@ pub fn loss_and_gradients(
     if size == responses {
         let values = completion_policy(policy, rows, tokens, device).map_err(err)?;
         let op = RecipeOp::with_columns(objective.clone(), batch.clone(), &columns, context)?;
-        let (loss, outcome) = op.apply(&values).map_err(err)?;
+        let failure = op.failure_handle();
+        let (loss, outcome) = op.apply(&values).map_err(|e| {
+            match failure.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                Some(error) => LossError::Recipe(error),
+                None => LossError::Message(err(e)),
+            }
+        })?;
         check_outcome(&outcome, &columns)?;
         let store = loss.backward().map_err(err)?;
         let grads = Grads::from_store(policy.vars(), &store).map_err(err)?;
@@ -776,9 +805,7 @@ pub fn loss_and_gradients(
             whole.inputs[e] = entropy_values;
         }
     }
-    let outcome = objective
-        .run(&whole, &context)
-        .map_err(|e| format!("recipe: {e}"))?;
+    let outcome = objective.run(&whole, &context).map_err(LossError::Recipe)?;
     check_outcome(&outcome, &columns)?;
     let gradient_of = |name: &str| -> Result<Vec<f32>, Error> {
         outcome
@@ -895,18 +922,30 @@ pub fn run(
 }
 
 /// [`run`] with a resume point and an early stop: a [`Trainer`] stepped until it is done. Errors are
-/// the [`crate::error::TrainError`]s' messages.
+/// the [`crate::error::TrainError`]s' messages ([`run_trainer`] gives them typed).
 pub fn run_with(
     plan: Plan,
     config: &Config,
     out: &Path,
     options: &RunOptions,
-    mut progress: impl FnMut(&Event),
+    progress: impl FnMut(&Event),
 ) -> Result<Summary, Error> {
+    run_trainer(plan, config, out, options, progress).map_err(String::from)
+}
+
+/// [`run_with`], its errors typed (`rlx run` shows a non-finite output's expression,
+/// [`crate::error::TrainError::non_finite`]).
+pub fn run_trainer(
+    plan: Plan,
+    config: &Config,
+    out: &Path,
+    options: &RunOptions,
+    mut progress: impl FnMut(&Event),
+) -> Result<Summary, crate::error::TrainError> {
     let mut trainer = Trainer::new(plan, config, out, options, &mut progress)?;
     while !trainer.done() {
         let report = trainer.step()?;
         progress(&Event::Step(report));
     }
-    Ok(trainer.finish()?)
+    trainer.finish()
 }

@@ -14,7 +14,7 @@ use candle_core::Device;
 use serde_json::{json, Map, Value};
 
 use rlx_compiler::ir::Graph;
-use rlx_runtime::{Batch, Context, Geometry, Layout, Outcome};
+use rlx_runtime::{Batch, Context, EvalError, Geometry, Layout, Outcome};
 
 use crate::checkpoint::{self, BaseModel, State};
 use crate::config::Config;
@@ -30,7 +30,7 @@ use crate::sample::{generate, Completion, Settings};
 use crate::task::{Prompt, SignalBatch, Task, TaskModels};
 use crate::train::{
     candle_device, completion_logp, err, evaluate, loss_and_gradients, mean, supervised, Error,
-    EvalSettings, Fill, Plan, RunOptions, Summary, SAMPLES_FILE, TEACHER_SEED,
+    EvalSettings, Fill, LossError, Plan, RunOptions, Summary, SAMPLES_FILE, TEACHER_SEED,
 };
 
 /// A run in progress: its recipe, models, optimizer, random streams and run directory.
@@ -726,7 +726,15 @@ impl Trainer {
             epoch == 0,
             &self.device,
         )
-        .map_err(|cause| failed(self, UpdateFailure::Recipe(cause)))?;
+        .map_err(|cause| {
+            let cause = match cause {
+                LossError::Recipe(EvalError::NonFinite(non_finite)) => {
+                    UpdateFailure::NonFinite(non_finite)
+                }
+                other => UpdateFailure::Recipe(other.to_string()),
+            };
+            failed(self, cause)
+        })?;
         if let Some((parameter, value)) = grads.first_non_finite(self.policy.vars()) {
             return Err(failed(
                 self,

@@ -173,6 +173,7 @@ fn a_non_finite_update_is_a_typed_error_naming_the_step_and_the_checkpoint() {
                         "{message}"
                     )
                 }
+                UpdateFailure::NonFinite(non_finite) => assert!(!non_finite.value.is_finite()),
                 UpdateFailure::NonFiniteGradient { value, .. } => assert!(!value.is_finite()),
                 UpdateFailure::NonFiniteParameter { .. } => {}
             }

@@ -56,11 +56,34 @@ use crate::ir::{Feature, Graph, KeepLevel, Level, NodeId, Op, Shape, Value};
 
 /// Why a graph has no kernel plan (the caller falls back to the interpreter).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PlanError(pub String);
+pub enum PlanError {
+    /// Node `node` (op `op`) breaks an invariant the code generators rely on (`why`): a malformed
+    /// graph (from an artifact, say), never a wrong kernel.
+    NoKernelForm {
+        node: NodeId,
+        op: String,
+        why: &'static str,
+    },
+    /// Node `node` is a `rank` of a constant (or under a constant mask), which only the interpreter
+    /// computes.
+    RankOfConstant { node: NodeId },
+    /// A broken invariant of the planner itself (a bug): what broke.
+    Internal(String),
+}
 
 impl std::fmt::Display for PlanError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        match self {
+            PlanError::NoKernelForm { node, op, why } => {
+                write!(f, "%{} ({op}) has no kernel form: {why}", node.0)
+            }
+            PlanError::RankOfConstant { node } => write!(
+                f,
+                "%{}: the rank of a constant (or under a constant mask) is computed by the interpreter",
+                node.0
+            ),
+            PlanError::Internal(what) => write!(f, "internal: {what}"),
+        }
     }
 }
 
@@ -511,7 +534,7 @@ pub fn plan(graph: &Graph, options: &Options) -> Result<KernelPlan, PlanError> {
         let info = graph
             .inputs
             .get(*input as usize)
-            .ok_or_else(|| PlanError(format!("internal: gradient of unknown input #{input}")))?;
+            .ok_or_else(|| PlanError::Internal(format!("gradient of unknown input #{input}")))?;
         later.push(Sink {
             slot: Slot::Gradient(*input),
             node: *node,
@@ -605,11 +628,12 @@ pub fn check_graph(graph: &Graph) -> Result<(), PlanError> {
 /// Check the graph's invariants the codegen relies on; anything else is a plan error (the caller falls
 /// back to the interpreter), never a wrong kernel.
 fn validate(graph: &Graph) -> Result<(), PlanError> {
-    let fail = |index: usize, why: &str| {
-        Err(PlanError(format!(
-            "%{index} ({}) has no kernel form: {why}",
-            graph.nodes[index].op.name()
-        )))
+    let fail = |index: usize, why: &'static str| {
+        Err(PlanError::NoKernelForm {
+            node: NodeId(index as u32),
+            op: graph.nodes[index].op.name(),
+            why,
+        })
     };
     for (index, node) in graph.nodes.iter().enumerate() {
         if node.args.iter().any(|a| a.0 as usize >= index) {
@@ -743,9 +767,9 @@ fn validate(graph: &Graph) -> Result<(), PlanError> {
                     return fail(index, "expected a mask that broadcasts to the ranks");
                 }
                 if node.args.iter().any(|a| graph.node(*a).shape != node.shape) {
-                    return Err(PlanError(format!(
-                        "%{index}: the rank of a constant (or under a constant mask) is computed by the interpreter"
-                    )));
+                    return Err(PlanError::RankOfConstant {
+                        node: NodeId(index as u32),
+                    });
                 }
             }
             Op::SpreadRows | Op::SpreadCols | Op::ContractRows | Op::ContractCols => {
@@ -820,8 +844,8 @@ fn validate(graph: &Graph) -> Result<(), PlanError> {
         let axes: [Option<&Feature>; 2] = match &shape.feature {
             Some(Feature::Matrix { rows, cols }) => {
                 if rows.matrix().is_some() || cols.matrix().is_some() {
-                    return Err(PlanError(format!(
-                        "internal: a matrix of matrices ({shape})"
+                    return Err(PlanError::Internal(format!(
+                        "a matrix of matrices ({shape})"
                     )));
                 }
                 [Some(rows), Some(cols)]
@@ -832,8 +856,7 @@ fn validate(graph: &Graph) -> Result<(), PlanError> {
             if let Feature::Rubric { index, len } = axis {
                 let declared = graph.rubrics.get(*index as usize).map(|r| r.criteria.len());
                 if declared != Some(*len as usize) {
-                    return Err(PlanError(format!(
-                        "internal: rubric axis #{index} has {len} criteria but the recipe declares {declared:?}"
+                    return Err(PlanError::Internal(format!("rubric axis #{index} has {len} criteria but the recipe declares {declared:?}"
                     )));
                 }
             }
@@ -841,7 +864,7 @@ fn validate(graph: &Graph) -> Result<(), PlanError> {
     }
     for id in graph.output_nodes() {
         if id.0 as usize >= graph.nodes.len() {
-            return Err(PlanError("internal: an output names no node".into()));
+            return Err(PlanError::Internal("an output names no node".into()));
         }
     }
     Ok(())
@@ -1132,8 +1155,8 @@ fn plan_phase(
         };
         let node_shape = &graph.nodes[index].shape;
         if !node_shape.broadcasts_to(&sink.shape) {
-            return Err(PlanError(format!(
-                "internal: output %{index} at {node_shape} cannot be read at {}",
+            return Err(PlanError::Internal(format!(
+                "output %{index} at {node_shape} cannot be read at {}",
                 sink.shape
             )));
         }
@@ -1247,7 +1270,7 @@ fn plan_phase(
                                 depth: shape_path(&node.shape).len(),
                                 carry_depth: read_depth(&Shape::new(Level::Resp), &path)
                                     .ok_or_else(|| {
-                                        PlanError("internal: scan outside responses".into())
+                                        PlanError::Internal("scan outside responses".into())
                                     })?,
                             },
                             Kind::Reduce(op) => {
@@ -1304,8 +1327,7 @@ fn plan_phase(
                                     (value, count, read_depth(&to, &path))
                                 };
                                 let target_depth = target_depth.ok_or_else(|| {
-                                    PlanError(format!(
-                                        "internal: the target of %{index} at {to} is not bound in a pass over {}",
+                                    PlanError::Internal(format!("the target of %{index} at {to} is not bound in a pass over {}",
                                         path_text(&path)
                                     ))
                                 })?;
@@ -1360,7 +1382,7 @@ fn plan_phase(
             let buffer_of = |of: NodeId, what: &str| {
                 roles[of.0 as usize]
                     .buffer()
-                    .ok_or_else(|| PlanError(format!("internal: {what} without a buffer")))
+                    .ok_or_else(|| PlanError::Internal(format!("{what} without a buffer")))
             };
             let target = buffer_of(id, "a host op")?;
             passes.push(match node.op {
@@ -1616,8 +1638,8 @@ fn entries_of(
         }
         let node = &graph.nodes[index];
         let unbound = || {
-            PlanError(format!(
-                "internal: %{index} ({}) at {} cannot be computed in a pass over {}",
+            PlanError::Internal(format!(
+                "%{index} ({}) at {} cannot be computed in a pass over {}",
                 node.op.name(),
                 node.shape,
                 path_text(path)
@@ -1635,8 +1657,8 @@ fn entries_of(
         let load = !computed[index] && roles[index] != Role::Inline;
         let d = match roles[index] {
             Role::Unused => {
-                return Err(PlanError(format!(
-                    "internal: %{index} is needed but has no role"
+                return Err(PlanError::Internal(format!(
+                    "%{index} is needed but has no role"
                 )))
             }
             _ if load => at(&node.shape)?,
@@ -1659,8 +1681,8 @@ fn entries_of(
                 }
                 op if op.is_elementwise() => operands(None),
                 op => {
-                    return Err(PlanError(format!(
-                        "internal: {} cannot be computed in registers",
+                    return Err(PlanError::Internal(format!(
+                        "{} cannot be computed in registers",
                         op.name()
                     )))
                 }
@@ -1691,15 +1713,15 @@ fn entries_of(
                 ..
             } => {
                 if depth[decay.0 as usize] > *at {
-                    return Err(PlanError("internal: scan decay deeper than tokens".into()));
+                    return Err(PlanError::Internal("scan decay deeper than tokens".into()));
                 }
                 (Some(*x), *at)
             }
         };
         if let Some(root) = root {
             if depth[root.0 as usize] > limit {
-                return Err(PlanError(format!(
-                    "internal: %{} is computed below the loop that uses it",
+                return Err(PlanError::Internal(format!(
+                    "%{} is computed below the loop that uses it",
                     root.0
                 )));
             }

@@ -54,6 +54,8 @@ pub fn differentiate(graph: Graph) -> Graph {
             continue;
         }
         let node = builder.graph.nodes[index].clone();
+        // Every node of this node's gradient points where it does.
+        builder.at(node.origin());
         for (position, &arg) in node.args.iter().enumerate() {
             if !active[arg.0 as usize] {
                 continue;
@@ -80,6 +82,7 @@ pub fn differentiate(graph: Graph) -> Graph {
             adjoint.insert(arg, total);
         }
     }
+    builder.at(Default::default());
     let mut gradients = Vec::new();
     for (index, input) in builder.graph.inputs.clone().iter().enumerate() {
         if !input.differentiable {
@@ -398,6 +401,7 @@ impl Builder {
             graph.rubrics.clone(),
         );
         for node in &graph.nodes {
+            builder.at(node.origin());
             builder.add_raw(
                 node.op.clone(),
                 node.args.clone(),
@@ -405,6 +409,7 @@ impl Builder {
                 node.elem,
             );
         }
+        builder.at(Default::default());
         builder.graph.outputs = graph.outputs;
         builder.graph.states = graph.states;
         builder

@@ -79,11 +79,14 @@ pub fn cut(graph: &Graph, given: Given, available: &[&str]) -> Result<Cut, Strin
         differentiable: false,
         default: None,
     });
+    let (span, call) = (graph.node(node).span, graph.node(node).call);
     graph.nodes[node.0 as usize] = Node {
         op: Op::Input(index),
         args: Vec::new(),
         shape,
         elem: Elem::F32,
+        span,
+        call,
     };
     match given {
         Given::Advantage => {

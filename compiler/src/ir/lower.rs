@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use rlx_core::{HasSignature, OutputInfo, ParamInfo, Signature};
 
 use super::{
-    Builder, Elem, Feature, Graph, InputInfo, Level, NodeId, Op, RubricInfo, Shape, StateInfo,
-    STATE_METRIC_PREFIX,
+    Builder, Elem, Feature, Graph, InputInfo, Level, NodeId, Op, Origin, RubricInfo, Shape, Site,
+    StateInfo, STATE_METRIC_PREFIX,
 };
 use crate::check::builtins::{Func, ReduceOp};
 use crate::check::hir::{self, Axes, ExprKind, LocalId};
@@ -57,7 +57,10 @@ pub fn lower_showing_rollout(
         .collect();
     for global in &recipe.globals {
         let node = lowerer.expr(&global.expr);
+        let span = Some(Site::new(global.expr.file, global.expr.span));
+        let saved = lowerer.builder.at(Origin { span, call: None });
         let node = lowerer.conform(node, &global.expr.ty);
+        lowerer.builder.at(saved);
         lowerer.globals.push(node);
     }
     let outputs = &mut lowerer.builder.graph.outputs;
@@ -591,7 +594,27 @@ impl Lowerer<'_> {
         }
     }
 
+    /// Lower `expr`: the nodes it adds get its span, and, inside an inlined function's body, the
+    /// outermost call (`Node::call`).
     fn expr(&mut self, expr: &hir::Expr) -> NodeId {
+        let span = Some(Site::new(expr.file, expr.span));
+        let outer = self.builder.origin();
+        let call = match (&expr.kind, outer.call) {
+            (
+                ExprKind::Let {
+                    function: Some(_), ..
+                },
+                None,
+            ) => span,
+            (_, call) => call,
+        };
+        let saved = self.builder.at(Origin { span, call });
+        let node = self.expr_here(expr);
+        self.builder.at(saved);
+        node
+    }
+
+    fn expr_here(&mut self, expr: &hir::Expr) -> NodeId {
         match &expr.kind {
             ExprKind::Const(value) => self.builder.constant(*value, expr.ty.elem),
             ExprKind::Input(id) => {

@@ -212,12 +212,66 @@ impl Op {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One operation of the graph.
+///
+/// Equality compares what the node computes (`op`, `args`, `shape`, `elem`), never its `span`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Node {
     pub op: Op,
     pub args: Vec<NodeId>,
     pub shape: Shape,
     pub elem: Elem,
+    /// The recipe expression the node was lowered from (see [`Site`]); `None` for a node made by
+    /// hand (tests, `ir::cut`'s new inputs) or read from an artifact written without spans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub span: Option<Site>,
+    /// When `span` lies in the body of an inlined function: the outermost call it was inlined
+    /// through (an expression of the recipe's own file, where the user can act on it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<Site>,
+}
+
+impl PartialEq for Node {
+    fn eq(&self, other: &Node) -> bool {
+        self.op == other.op
+            && self.args == other.args
+            && self.shape == other.shape
+            && self.elem == other.elem
+    }
+}
+
+/// Where in the sources a node comes from: the byte range `start..end` of the checked expression it
+/// was lowered from, in file `file` (a [`crate::FileId`] of the compilation's
+/// [`crate::SourceMap`]; an artifact lists its files, `Artifact::files`). A node made by `autodiff`
+/// has the site of the node it differentiates; a node shared by hash-consing keeps the site of the
+/// expression that made it first. Sites are not part of a node's identity: equality, CSE and the
+/// printed IR ignore them. Runtime diagnostics point at them (`rlx_runtime::origin`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Site {
+    pub file: u32,
+    pub start: u32,
+    pub end: u32,
+}
+
+impl Site {
+    pub fn new(file: crate::FileId, span: crate::syntax::ast::Span) -> Site {
+        Site {
+            file: file.0,
+            start: span.start,
+            end: span.end,
+        }
+    }
+
+    pub fn file_id(&self) -> crate::FileId {
+        crate::FileId(self.file)
+    }
+
+    pub fn span(&self) -> crate::syntax::ast::Span {
+        crate::syntax::ast::Span {
+            start: self.start,
+            end: self.end,
+        }
+    }
 }
 
 /// What the graph computes.
@@ -420,6 +474,25 @@ impl Graph {
 pub struct Builder {
     pub graph: Graph,
     memo: HashMap<String, NodeId>,
+    /// The span and call site new nodes get (`Builder::at`): the expression being lowered, or the
+    /// node being differentiated.
+    origin: Origin,
+}
+
+/// A node's `span` and `call` (see [`Node`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Origin {
+    pub span: Option<Site>,
+    pub call: Option<Site>,
+}
+
+impl Node {
+    pub fn origin(&self) -> Origin {
+        Origin {
+            span: self.span,
+            call: self.call,
+        }
+    }
 }
 
 impl Builder {
@@ -438,7 +511,18 @@ impl Builder {
                 states: Vec::new(),
             },
             memo: HashMap::new(),
+            origin: Origin::default(),
         }
+    }
+
+    /// Give the nodes added from now on `origin`; returns the origin it replaces (to restore it).
+    pub fn at(&mut self, origin: Origin) -> Origin {
+        std::mem::replace(&mut self.origin, origin)
+    }
+
+    /// The origin new nodes get.
+    pub fn origin(&self) -> Origin {
+        self.origin
     }
 
     pub fn shape(&self, id: NodeId) -> &Shape {
@@ -511,6 +595,8 @@ impl Builder {
             args,
             shape,
             elem,
+            span: self.origin.span,
+            call: self.origin.call,
         });
         self.memo.insert(key, id);
         id
@@ -586,5 +672,84 @@ mod tests {
         assert!((mean - 0.5).abs() < 0.05, "mean {mean}");
         assert_ne!(uniform(7.0, 3), uniform(8.0, 3));
         assert_eq!(uniform(-1.9, 5), uniform(-1.0, 5));
+    }
+
+    /// The text of a node's span in `text`.
+    fn spanned<'t>(text: &'t str, node: &Node) -> &'t str {
+        let site = node.span.expect("every node has a span");
+        &text[site.start as usize..site.end as usize]
+    }
+
+    #[test]
+    fn nodes_carry_the_span_of_their_expression_and_gradients_that_of_their_node() {
+        let text = "input logp : f32[tok] policy\ninput score : f32[resp]\nreward = score\nadvantage = reward - mean(reward over resp)\nloss = mean(-advantage * exp(logp) over tok, batch)\n";
+        let checked = crate::check_source("t.rlx", text);
+        let recipe = checked.recipe.as_ref().expect("checks");
+        let forward = lower::lower(recipe, &[]);
+        let graph = crate::compile_graph(recipe, &[]).expect("compiles");
+        assert!(graph.nodes.iter().all(|node| node.span.is_some()));
+        let exp = graph
+            .nodes
+            .iter()
+            .position(|node| node.op == Op::Exp)
+            .expect("an exp node");
+        assert_eq!(spanned(text, &graph.nodes[exp]), "exp(logp)");
+        // ∂exp(x)/∂x = exp(x): the gradient multiplies by the exp node, with its span.
+        let backward = graph
+            .nodes
+            .iter()
+            .skip(forward.nodes.len())
+            .find(|node| node.args.contains(&NodeId(exp as u32)))
+            .expect("a gradient node reads the exp node");
+        assert_eq!(spanned(text, backward), "exp(logp)");
+        assert!(graph.nodes.iter().all(|node| node.call.is_none()));
+    }
+
+    #[test]
+    fn spans_are_not_part_of_a_node() {
+        let text =
+            "input score : f32[resp]\nreward = score * 2\nmetric a = mean(score * 2 over batch)\n";
+        let checked = crate::check_source("t.rlx", text);
+        let recipe = checked.recipe.as_ref().expect("checks");
+        let graph = crate::compile_graph(recipe, &[]).expect("compiles");
+        // `score * 2` is shared (CSE): it keeps the span of the expression that made it first.
+        let products: Vec<&Node> = graph.nodes.iter().filter(|n| n.op == Op::Mul).collect();
+        assert_eq!(products.len(), 1);
+        assert_eq!(
+            products[0].span.map(|s| s.start as usize),
+            text.find("score * 2")
+        );
+        let mut unspanned = graph.clone();
+        for node in &mut unspanned.nodes {
+            node.span = None;
+            node.call = None;
+        }
+        assert_eq!(unspanned, graph);
+        assert_eq!(print::to_text(&unspanned), print::to_text(&graph));
+        let json = serde_json::to_string(&graph).expect("serialises");
+        let back: Graph = serde_json::from_str(&json).expect("reads back");
+        assert_eq!(
+            back.nodes.iter().map(|n| n.span).collect::<Vec<_>>(),
+            graph.nodes.iter().map(|n| n.span).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn an_inlined_body_knows_its_call() {
+        let text = "import std/advantage.{group_zscore}\ninput score : f32[resp]\nreward = score\nadvantage = group_zscore(reward, 0.5)\n";
+        let checked = crate::check_source("t.rlx", text);
+        let recipe = checked.recipe.as_ref().expect("checks");
+        let graph = crate::compile_graph(recipe, &[]).expect("compiles");
+        let division = graph
+            .nodes
+            .iter()
+            .find(|node| node.op == Op::Div && node.span.is_some_and(|s| s.file != checked.root.0))
+            .expect("the z-score's division, in std/advantage");
+        let call = division.call.expect("inlined through a call");
+        assert_eq!(call.file, checked.root.0);
+        assert_eq!(
+            &text[call.start as usize..call.end as usize],
+            "group_zscore(reward, 0.5)"
+        );
     }
 }
