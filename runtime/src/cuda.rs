@@ -113,7 +113,7 @@ impl<D: Device> std::fmt::Debug for DeviceKernel<D> {
 }
 
 /// The CUDA C of a compiled kernel's plan.
-pub fn source(kernel: &Kernel) -> Result<CudaSource, String> {
+pub fn source(kernel: &Kernel) -> Result<CudaSource, rlx_compiler::backend::CodegenError> {
     cuda::generate(kernel.graph(), kernel.plan())
 }
 
@@ -127,7 +127,7 @@ impl<D: Device> DeviceKernel<D> {
                 "a block of {block} threads: the CUDA kernels need a power of two up to {MAX_BLOCK}"
             ));
         }
-        let source = source(&kernel)?;
+        let source = source(&kernel).map_err(|e| e.to_string())?;
         device.load(&source)?;
         Ok(DeviceKernel {
             kernel,

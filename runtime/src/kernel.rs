@@ -26,6 +26,7 @@ use rayon::prelude::*;
 use rlx_compiler::backend::abi::{self, Fixed, Scalar, Size};
 use rlx_compiler::backend::jit::{self, JitKernel, PassFn};
 use rlx_compiler::backend::plan::{self, BufferKind, KernelPlan, LoopPass};
+use rlx_compiler::backend::CodegenError;
 pub use rlx_compiler::backend::{Options, Precision};
 use rlx_compiler::ir::{Elem, Graph, Shape};
 
@@ -331,15 +332,19 @@ fn group_ranges(layout: &Layout, threads: usize) -> Vec<(usize, usize)> {
 impl Kernel {
     /// Plan and compile `graph` (from `rlx_compiler::compile_graph`). An error names what the plan or
     /// the code generator does not support; callers fall back to the interpreter.
-    pub fn compile(graph: &Graph, options: &Options) -> Result<Kernel, String> {
+    pub fn compile(graph: &Graph, options: &Options) -> Result<Kernel, CodegenError> {
         Kernel::compile_with(graph, options, true)
     }
 
     /// `compile`, choosing whether token loops are vectorised (`jit::Codegen::simd`; the scalar
     /// code is kept for comparison: benchmarks and tests).
-    pub fn compile_with(graph: &Graph, options: &Options, simd: bool) -> Result<Kernel, String> {
+    pub fn compile_with(
+        graph: &Graph,
+        options: &Options,
+        simd: bool,
+    ) -> Result<Kernel, CodegenError> {
         let start = Instant::now();
-        let plan = plan::plan(graph, options).map_err(|e| e.to_string())?;
+        let plan = plan::plan(graph, options)?;
         let codegen = jit::Codegen {
             keep_clif: false,
             simd,
@@ -356,8 +361,8 @@ impl Kernel {
     }
 
     /// The CLIF text of every loop pass of `graph`'s kernel (for inspection).
-    pub fn clif(graph: &Graph, options: &Options) -> Result<Vec<String>, String> {
-        let plan = plan::plan(graph, options).map_err(|e| e.to_string())?;
+    pub fn clif(graph: &Graph, options: &Options) -> Result<Vec<String>, CodegenError> {
+        let plan = plan::plan(graph, options)?;
         Ok(jit::compile(graph, &plan, true)?.clif.clone())
     }
 

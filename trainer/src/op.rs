@@ -24,7 +24,7 @@ impl Objective {
     }
 
     /// The JIT kernel; an error names what it does not support (callers may fall back).
-    pub fn kernel(graph: &Graph) -> Result<Objective, String> {
+    pub fn kernel(graph: &Graph) -> Result<Objective, rlx_compiler::backend::CodegenError> {
         Ok(Objective::Kernel(Box::new(Kernel::compile(
             graph,
             &Options::default(),

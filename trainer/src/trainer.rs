@@ -1037,7 +1037,7 @@ struct Columns<'a> {
 fn objective(plan: &Plan, config: &Config, device: &Device) -> Result<Objective, String> {
     Ok(match (plan.gpu, config.backend.as_str()) {
         (Some(ordinal), _) => Objective::gpu_for(&plan.graph, ordinal, device)?,
-        (None, "jit") => Objective::kernel(&plan.graph)?,
+        (None, "jit") => Objective::kernel(&plan.graph).map_err(|e| e.to_string())?,
         (None, _) => Objective::interpreter(plan.graph.clone()),
     })
 }

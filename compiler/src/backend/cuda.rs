@@ -45,6 +45,7 @@
 //! barrier, so the tests compile every recipe's kernels with the system C compiler and check them against
 //! the interpreter on machines without a GPU (tests/cuda.rs).
 
+use super::CodegenError;
 use std::fmt::Write as _;
 
 use super::abi::{self, Fixed};
@@ -153,7 +154,7 @@ RLX_DEVICE {t} rlx_block_reduce({t} v, int op, {t}* red) {{
 
 /// Generate the CUDA C of every pass of `plan` (for `graph`), from its loop IR (`super::loops`). An
 /// error names what cannot be expressed.
-pub fn generate(graph: &Graph, plan: &KernelPlan) -> Result<CudaSource, String> {
+pub fn generate(graph: &Graph, plan: &KernelPlan) -> Result<CudaSource, CodegenError> {
     let kernel = loops::lower(graph, plan)?;
     let ft = plan.options.accumulate;
     let acc = c_type(ft);
@@ -289,12 +290,12 @@ fn c_cond(cond: &Cond) -> String {
     }
 }
 
-fn buffer_type(phase: &Phase, b: BufferId) -> Result<&'static str, String> {
+fn buffer_type(phase: &Phase, b: BufferId) -> Result<&'static str, CodegenError> {
     phase
         .buffers
         .get(b as usize)
         .map(|buffer| c_type(buffer.storage))
-        .ok_or_else(|| format!("internal: unknown buffer b{b}"))
+        .ok_or_else(|| format!("internal: unknown buffer b{b}").into())
 }
 
 fn combine_kernel(
@@ -302,7 +303,7 @@ fn combine_kernel(
     name: &str,
     phase: &Phase,
     combine: &Combine,
-) -> Result<(), String> {
+) -> Result<(), CodegenError> {
     let ty = |b: BufferId| buffer_type(phase, b);
     let (combine_op, identity) = match combine.op {
         Reduction::Max => ("rlx_max(a, b)", "rlx_nan()"),
@@ -420,7 +421,7 @@ impl Gen<'_> {
         }
     }
 
-    fn ty(&self, buffer: BufferId) -> Result<&'static str, String> {
+    fn ty(&self, buffer: BufferId) -> Result<&'static str, CodegenError> {
         buffer_type(self.phase, buffer)
     }
 
@@ -430,7 +431,7 @@ impl Gen<'_> {
         name: &str,
         phase_index: usize,
         pass_index: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), CodegenError> {
         let path: Vec<&str> = function.path.iter().map(LoopKind::name).collect();
         let _ = writeln!(
             self.out,
@@ -520,7 +521,7 @@ impl Gen<'_> {
         literal(v, self.ft)
     }
 
-    fn operand(&self, operand: &Operand) -> Result<String, String> {
+    fn operand(&self, operand: &Operand) -> Result<String, CodegenError> {
         Ok(match operand {
             Operand::Node(node) => format!("v{}", node.0),
             Operand::Load(load) => {
@@ -541,7 +542,7 @@ impl Gen<'_> {
     }
 
     /// The C expression of a `Let`.
-    fn expr(&self, node_id: NodeId, expr: &Expr) -> Result<String, String> {
+    fn expr(&self, node_id: NodeId, expr: &Expr) -> Result<String, CodegenError> {
         Ok(match expr {
             Expr::Op => self.op(node_id)?,
             Expr::Const(v) => self.lit(*v),
@@ -558,16 +559,16 @@ impl Gen<'_> {
     }
 
     /// A node's element-wise op over its operands (the op table's C forms).
-    fn op(&self, node_id: NodeId) -> Result<String, String> {
+    fn op(&self, node_id: NodeId) -> Result<String, CodegenError> {
         let graph = self.graph;
         let node = graph.node(node_id);
-        let arg = |k: usize| -> Result<String, String> {
+        let arg = |k: usize| -> Result<String, CodegenError> {
             node.args
                 .get(k)
                 .map(|a| format!("v{}", a.0))
-                .ok_or_else(|| format!("internal: operand {k} of %{} missing", node_id.0))
+                .ok_or_else(|| format!("internal: operand {k} of %{} missing", node_id.0).into())
         };
-        let cond = |k: usize| -> Result<String, String> { Ok(format!("({} != 0)", arg(k)?)) };
+        let cond = |k: usize| -> Result<String, CodegenError> { Ok(format!("({} != 0)", arg(k)?)) };
         let truth = |c: String| format!("(({c}) ? (rlx_acc)1 : (rlx_acc)0)");
         Ok(match &node.op {
             Op::Copy | Op::StopGrad => arg(0)?,
@@ -614,10 +615,10 @@ impl Gen<'_> {
             // A primitive: its op table expression.
             op => {
                 let Some(primitive) = op.primitive() else {
-                    return Err(format!(
+                    return Err(CodegenError::Unsupported(format!(
                         "the CUDA backend cannot express `{}` in registers",
                         op.name()
-                    ));
+                    )));
                 };
                 let operands = (0..primitive.arity)
                     .map(&arg)
@@ -629,7 +630,8 @@ impl Gen<'_> {
                         return Err(format!(
                             "internal: `{}` has no arm of its own in the CUDA backend",
                             op.name()
-                        ))
+                        )
+                        .into())
                     }
                 }
             }
@@ -644,7 +646,7 @@ impl Gen<'_> {
         index: &str,
         value: &str,
         once: bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), CodegenError> {
         let ty = self.ty(buffer)?;
         let text = format!("b{buffer}[{index}] = ({ty})({value});");
         if once && self.threads {
@@ -655,14 +657,14 @@ impl Gen<'_> {
         Ok(())
     }
 
-    fn block(&mut self, body: &[Stmt]) -> Result<(), String> {
+    fn block(&mut self, body: &[Stmt]) -> Result<(), CodegenError> {
         for stmt in body {
             self.stmt(stmt)?;
         }
         Ok(())
     }
 
-    fn stmt(&mut self, stmt: &Stmt) -> Result<(), String> {
+    fn stmt(&mut self, stmt: &Stmt) -> Result<(), CodegenError> {
         match stmt {
             Stmt::Let { node, expr } => {
                 let value = self.expr(*node, expr)?;
@@ -795,7 +797,7 @@ impl Gen<'_> {
         self.line("}");
     }
 
-    fn child_loop(&mut self, l: &Loop) -> Result<(), String> {
+    fn child_loop(&mut self, l: &Loop) -> Result<(), CodegenError> {
         let head = &l.head;
         let c = head.counter.name();
         let (start, end) = (c_index(&head.start), c_index(&head.end));

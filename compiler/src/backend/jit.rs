@@ -29,6 +29,7 @@
 //! `min`/`max` follow `f64::min`/`f64::max` (a NaN operand is ignored), comparisons, `and`/`or`/`not`
 //! and `where` follow Rust's operators (NaN is true as a condition).
 
+use super::CodegenError;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -144,7 +145,11 @@ pub struct Codegen {
 
 /// Compile every loop pass of `plan` (for `graph`), token loops vectorised. With `keep_clif`, the
 /// CLIF text of each function is kept in `JitKernel::clif`.
-pub fn compile(graph: &Graph, plan: &KernelPlan, keep_clif: bool) -> Result<JitKernel, String> {
+pub fn compile(
+    graph: &Graph,
+    plan: &KernelPlan,
+    keep_clif: bool,
+) -> Result<JitKernel, CodegenError> {
     compile_with(
         graph,
         plan,
@@ -160,7 +165,7 @@ pub fn compile_with(
     graph: &Graph,
     plan: &KernelPlan,
     codegen: Codegen,
-) -> Result<JitKernel, String> {
+) -> Result<JitKernel, CodegenError> {
     let keep_clif = codegen.keep_clif;
     if std::mem::size_of::<usize>() != 8 {
         return Err("the JIT needs a 64-bit target".into());
@@ -169,15 +174,17 @@ pub fn compile_with(
     let set = |flags: &mut settings::Builder, name: &str, value: &str| {
         flags
             .set(name, value)
-            .map_err(|e| format!("cranelift setting {name}: {e}"))
+            .map_err(|e| CodegenError::Cranelift(format!("cranelift setting {name}: {e}")))
     };
     set(&mut flags, "use_colocated_libcalls", "false")?;
     set(&mut flags, "is_pic", "false")?;
     set(&mut flags, "opt_level", "speed")?;
     let isa = cranelift_native::builder()
-        .map_err(|e| format!("this machine is not supported by cranelift: {e}"))?
+        .map_err(|e| {
+            CodegenError::Cranelift(format!("this machine is not supported by cranelift: {e}"))
+        })?
         .finish(settings::Flags::new(flags))
-        .map_err(|e| format!("cranelift: {e}"))?;
+        .map_err(|e| CodegenError::Cranelift(format!("cranelift: {e}")))?;
     let mut builder = JITBuilder::with_isa(isa, default_libcall_names());
     for (name, pointer) in symbols() {
         builder.symbol(name, pointer);
@@ -206,7 +213,7 @@ pub fn compile_with(
                 Linkage::Import,
                 signature,
             )
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| CodegenError::Cranelift(e.to_string()))?;
         shims.push((primitive.name, id));
     }
 
@@ -232,18 +239,18 @@ pub fn compile_with(
             };
             let variables = pass_variables(pass);
             if variables > MAX_PASS_VARIABLES {
-                return Err(format!(
+                return Err(CodegenError::Unsupported(format!(
                     "loop pass {pass_index} of phase {phase_index} keeps up to {variables} values in registers \
                      (accumulators, counts, scan carries), more than the JIT's {MAX_PASS_VARIABLES} \
                      (cranelift numbers a block's parameters with 16 bits, and its compile time grows \
                      faster than linearly with them)"
-                ));
+                )));
             }
             let name = format!("rlx_pass_{phase_index}_{pass_index}_{counter}");
             counter += 1;
             let id = module
                 .declare_function(&name, Linkage::Local, &signature)
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| CodegenError::Cranelift(e.to_string()))?;
             context.func.signature = signature.clone();
             context.func.name = UserFuncName::user(0, id.as_u32());
             let mut refs: HashMap<&'static str, FuncRef> = HashMap::new();
@@ -281,9 +288,11 @@ pub fn compile_with(
                 clif.push(format!("; {name}\n{}", context.func.display()));
                 context.set_disasm(true);
             }
-            module
-                .define_function(id, &mut context)
-                .map_err(|e| format!("cranelift could not compile pass {pass_index}: {e:?}"))?;
+            module.define_function(id, &mut context).map_err(|e| {
+                CodegenError::Cranelift(format!(
+                    "cranelift could not compile pass {pass_index}: {e:?}"
+                ))
+            })?;
             if keep_clif {
                 if let Some(code) = context.compiled_code().and_then(|c| c.vcode.clone()) {
                     clif.push(format!("; {name} (machine code)\n{code}"));
@@ -294,9 +303,9 @@ pub fn compile_with(
         }
         ids.push(phase_ids);
     }
-    module
-        .finalize_definitions()
-        .map_err(|e| format!("cranelift could not link the kernel: {e}"))?;
+    module.finalize_definitions().map_err(|e| {
+        CodegenError::Cranelift(format!("cranelift could not link the kernel: {e}"))
+    })?;
     let functions = ids
         .iter()
         .map(|phase| {
@@ -353,7 +362,7 @@ struct Gen<'a, 'b> {
     vector: Option<Type>,
 }
 
-type GenResult<T> = Result<T, String>;
+type GenResult<T> = Result<T, CodegenError>;
 
 const I64: Type = types::I64;
 
@@ -401,7 +410,7 @@ impl Gen<'_, '_> {
         self.bases
             .get(&slot)
             .copied()
-            .ok_or_else(|| format!("internal: table slot {slot} not loaded"))
+            .ok_or_else(|| format!("internal: table slot {slot} not loaded").into())
     }
 
     fn buffer_base(&self, buffer: BufferId) -> GenResult<ClifValue> {
@@ -643,7 +652,7 @@ impl Gen<'_, '_> {
         self.coords
             .get(&coord)
             .copied()
-            .ok_or_else(|| format!("internal: coordinate {} is not bound", coord.name()))
+            .ok_or_else(|| format!("internal: coordinate {} is not bound", coord.name()).into())
     }
 
     /// An index expression of the loop IR (`usize` arithmetic).
@@ -759,7 +768,7 @@ impl Gen<'_, '_> {
         self.values
             .get(&node)
             .copied()
-            .ok_or_else(|| format!("internal: %{} used before it is computed", node.0))
+            .ok_or_else(|| format!("internal: %{} used before it is computed", node.0).into())
     }
 
     fn truth(&mut self, condition: ClifValue) -> ClifValue {
@@ -1086,7 +1095,7 @@ impl Gen<'_, '_> {
             Expr::Count(index) if self.vector.is_some() && uses_token(index) => {
                 // t − ts + lane for each lane (`token_index`, the only count of a token).
                 if !is_token_position(index) {
-                    return Err(format!("internal: a vector of the count {index}"));
+                    return Err(format!("internal: a vector of the count {index}").into());
                 }
                 let position = self.scalar_then_widen(|gen| {
                     let i = gen.index(index)?;
@@ -1135,6 +1144,7 @@ impl Gen<'_, '_> {
                     "internal: operand {k} of %{} used before it is computed",
                     node_id.0
                 )
+                .into()
             })
         };
         Ok(match &node.op {
@@ -1262,10 +1272,9 @@ impl Gen<'_, '_> {
                     self.call(primitive.name, &operands)?
                 }
                 None => {
-                    return Err(format!(
-                        "internal: {} cannot be computed in registers",
-                        op.name()
-                    ))
+                    return Err(
+                        format!("internal: {} cannot be computed in registers", op.name()).into(),
+                    )
                 }
             },
         })

@@ -14,6 +14,7 @@
 
 use super::abi::{Fixed, Size};
 use super::plan::{LoopKind, Reduction};
+use super::CodegenError;
 use crate::ir::{Feature, Level, Shape};
 
 /// A coordinate (a signed 64-bit integer) bound by the function's parameters or by a loop.
@@ -193,17 +194,17 @@ impl Scope {
     }
 
     /// A bound coordinate.
-    pub fn coord(&self, coord: Coord) -> Result<Index, String> {
+    pub fn coord(&self, coord: Coord) -> Result<Index, CodegenError> {
         if self.is_bound(coord) {
             Ok(Index::Coord(coord))
         } else {
-            Err(unbound(coord))
+            Err(unbound(coord).into())
         }
     }
 
     /// The length of a feature axis at the current element (a criterion axis outside a group is
     /// empty).
-    pub fn width(&self, feature: &Feature) -> Result<Index, String> {
+    pub fn width(&self, feature: &Feature) -> Result<Index, CodegenError> {
         Ok(match feature {
             Feature::Crit => {
                 if self.is_bound(Coord::Cn) {
@@ -219,7 +220,11 @@ impl Scope {
     }
 
     /// At matrix element f = a·cols + b of the current feature loop: its row a (`rows`) or column b.
-    pub fn matrix_coordinate(&self, matrix: Option<&Feature>, rows: bool) -> Result<Index, String> {
+    pub fn matrix_coordinate(
+        &self,
+        matrix: Option<&Feature>,
+        rows: bool,
+    ) -> Result<Index, CodegenError> {
         let Some(Feature::Matrix { cols, .. }) = matrix else {
             return Err("internal: a matrix operation on a value without a matrix axis".into());
         };
@@ -239,7 +244,7 @@ impl Scope {
         shape: &Shape,
         other: bool,
         feature: Option<Index>,
-    ) -> Result<Index, String> {
+    ) -> Result<Index, CodegenError> {
         let f = || match &feature {
             Some(f) => Ok(f.clone()),
             None => self.coord(Coord::F),
@@ -250,7 +255,7 @@ impl Scope {
             (Coord::R, Coord::Li)
         };
         // Row `row` of a feature axis of `width`, at the feature element.
-        let row = |row: Index, width: Index| -> Result<Index, String> {
+        let row = |row: Index, width: Index| -> Result<Index, CodegenError> {
             Ok(Index::Sum(vec![Index::product(row, width), f()?]))
         };
         Ok(match (shape.level, &shape.feature) {
@@ -289,7 +294,7 @@ impl Scope {
         (from, to): (&Shape, &Shape),
         partial: bool,
         op: Reduction,
-    ) -> Result<Index, String> {
+    ) -> Result<Index, CodegenError> {
         if matches!(op, Reduction::ContractRows | Reduction::ContractCols) {
             // Matrix element (a, b) adds into element b (over the rows) or a (over the columns).
             let k = self.matrix_coordinate(from.feature.as_ref(), op == Reduction::ContractCols)?;
@@ -309,7 +314,7 @@ impl Scope {
     }
 
     /// `shift`'s source token `t + offset` and whether it lies inside the response.
-    pub fn shift(&self, offset: i32) -> Result<(Index, Cond), String> {
+    pub fn shift(&self, offset: i32) -> Result<(Index, Cond), CodegenError> {
         let source = Index::Offset(Box::new(self.coord(Coord::T)?), i64::from(offset));
         let inside = Cond::Within {
             x: source.clone(),
@@ -321,7 +326,7 @@ impl Scope {
 
     /// The token a `shift` reads: its source clamped into the response (to `t` itself), so the load
     /// is in bounds whether or not the source is.
-    pub fn shift_clamped(&self, offset: i32) -> Result<Index, String> {
+    pub fn shift_clamped(&self, offset: i32) -> Result<Index, CodegenError> {
         let (source, inside) = self.shift(offset)?;
         Ok(Index::Select(
             Box::new(inside),
@@ -332,7 +337,7 @@ impl Scope {
 
     /// The loop `kind` opens here: its counter, range, the counter value it skips, and the
     /// coordinates its body binds from the counter (in order; each may use the earlier ones).
-    pub fn head(&self, kind: &LoopKind) -> Result<Head, String> {
+    pub fn head(&self, kind: &LoopKind) -> Result<Head, CodegenError> {
         let c = |coord| self.coord(coord);
         let table = |fixed, at: Index| Index::Table(fixed, Box::new(at));
         let g = Index::Coord(Coord::G);
@@ -416,7 +421,7 @@ impl Scope {
 
     /// The pair (i, j) of the group's responses i = li and j = lj ≠ i:
     /// `pb + li·(n − 1) + (lj − [lj > li])`.
-    pub fn pair_index(&self) -> Result<Index, String> {
+    pub fn pair_index(&self) -> Result<Index, CodegenError> {
         let (li, lj) = (self.coord(Coord::Li)?, self.coord(Coord::Lj)?);
         Ok(Index::Sum(vec![
             self.coord(Coord::Pb)?,
@@ -553,7 +558,10 @@ mod tests {
         let error = scope
             .index(&Shape::new(Level::Tok), false, None)
             .unwrap_err();
-        assert!(error.contains("coordinate t is not bound"), "{error}");
+        assert!(
+            matches!(&error, CodegenError::Internal(what) if what.contains("coordinate t is not bound")),
+            "{error}"
+        );
         // A criterion axis outside a group is empty.
         assert_eq!(scope.width(&Feature::Crit).unwrap(), Index::Const(0));
     }

@@ -15,6 +15,7 @@
 //! element-wise arithmetic of a `Let` is the graph node's op, which each backend takes from the op
 //! table (`crate::ops`); the JIT's SIMD token loops and inlined `exp` are its own optimisations.
 
+use super::CodegenError;
 use std::fmt::{self, Write as _};
 
 use super::abi::{Fixed, Scalar};
@@ -198,7 +199,7 @@ pub enum Stmt {
 }
 
 /// Lower every pass of `plan` (for `graph`). An error names what cannot be expressed.
-pub fn lower(graph: &Graph, plan: &KernelPlan) -> Result<LoopKernel, String> {
+pub fn lower(graph: &Graph, plan: &KernelPlan) -> Result<LoopKernel, CodegenError> {
     let mut phases = Vec::new();
     for phase in &plan.phases {
         let mut functions = Vec::new();
@@ -257,7 +258,7 @@ fn splittable(pass: &LoopPass) -> bool {
     })
 }
 
-fn lower_pass(graph: &Graph, phase: &Phase, pass: &LoopPass) -> Result<LoopFunction, String> {
+fn lower_pass(graph: &Graph, phase: &Phase, pass: &LoopPass) -> Result<LoopFunction, CodegenError> {
     let split = splittable(pass);
     let mut lower = Lower {
         graph,
@@ -296,7 +297,7 @@ struct Lower<'a> {
 
 impl Lower<'_> {
     /// A node's value from its buffer at `index`.
-    fn load(&self, node: NodeId, index: Index) -> Result<Operand, String> {
+    fn load(&self, node: NodeId, index: Index) -> Result<Operand, CodegenError> {
         let role = self
             .phase
             .roles
@@ -310,11 +311,12 @@ impl Lower<'_> {
                 return Err(format!(
                     "internal: %{} is read at another element but has no buffer",
                     node.0
-                ))
+                )
+                .into())
             }
         };
         if self.phase.buffers.get(buffer as usize).is_none() {
-            return Err(format!("internal: unknown buffer b{buffer}"));
+            return Err(format!("internal: unknown buffer b{buffer}").into());
         }
         Ok(Operand::Load(Load {
             buffer,
@@ -323,20 +325,21 @@ impl Lower<'_> {
         }))
     }
 
-    fn entry(&self, node_id: NodeId, load: bool) -> Result<Expr, String> {
+    fn entry(&self, node_id: NodeId, load: bool) -> Result<Expr, CodegenError> {
         let node = self.graph.node(node_id);
         let scope = &self.scope;
         if load {
             let index = scope.index(&node.shape, false, None)?;
             return Ok(Expr::Operand(self.load(node_id, index)?));
         }
-        let arg = |k: usize| -> Result<NodeId, String> {
+        let arg = |k: usize| -> Result<NodeId, CodegenError> {
             node.args
                 .get(k)
                 .copied()
-                .ok_or_else(|| format!("internal: operand {k} of %{} missing", node_id.0))
+                .ok_or_else(|| format!("internal: operand {k} of %{} missing", node_id.0).into())
         };
-        let operand_shape = || -> Result<_, String> { Ok(self.graph.node(arg(0)?).shape.clone()) };
+        let operand_shape =
+            || -> Result<_, CodegenError> { Ok(self.graph.node(arg(0)?).shape.clone()) };
         Ok(match &node.op {
             Op::Const(v) => Expr::Const(*v),
             Op::Value(value) => match value {
@@ -411,7 +414,7 @@ impl Lower<'_> {
 
     /// Everything at loop depth `depth`, then the loop below it, then the accumulators completed
     /// at this depth.
-    fn level(&mut self, depth: usize) -> Result<Vec<Stmt>, String> {
+    fn level(&mut self, depth: usize) -> Result<Vec<Stmt>, CodegenError> {
         let pass = self.pass;
         let mut out = Vec::new();
         for entry in pass.entries.iter().filter(|e| e.depth == depth) {
@@ -530,7 +533,7 @@ impl Lower<'_> {
         Ok(out)
     }
 
-    fn child_loop(&mut self, depth: usize) -> Result<Loop, String> {
+    fn child_loop(&mut self, depth: usize) -> Result<Loop, CodegenError> {
         let kind = self.pass.path[depth].clone();
         let head = self.scope.head(&kind)?;
         self.scope.bind(head.counter);

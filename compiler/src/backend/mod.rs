@@ -14,6 +14,53 @@ pub mod plan;
 
 use serde::Serialize;
 
+/// Why no kernel came out of a graph: no plan for it ([`plan::PlanError`]: the caller falls back to
+/// the interpreter), a broken invariant of the loop IR or of a code generator (a bug, or a malformed
+/// artifact), or cranelift refusing the machine, a setting, a pass or the link.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CodegenError {
+    Plan(plan::PlanError),
+    /// What broke (the message starts with `internal:` where the code said so).
+    Internal(String),
+    /// cranelift's own error, with what was being done.
+    Cranelift(String),
+    /// A plan beyond what this code generator expresses (too many values kept in registers, say):
+    /// the kernel runs on another backend.
+    Unsupported(String),
+}
+
+impl std::fmt::Display for CodegenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CodegenError::Plan(e) => write!(f, "{e}"),
+            CodegenError::Internal(what)
+            | CodegenError::Cranelift(what)
+            | CodegenError::Unsupported(what) => f.write_str(what),
+        }
+    }
+}
+
+impl std::error::Error for CodegenError {}
+
+impl From<plan::PlanError> for CodegenError {
+    fn from(e: plan::PlanError) -> Self {
+        CodegenError::Plan(e)
+    }
+}
+
+/// The code generators' messages of broken invariants.
+impl From<String> for CodegenError {
+    fn from(what: String) -> Self {
+        CodegenError::Internal(what)
+    }
+}
+
+impl From<&str> for CodegenError {
+    fn from(what: &str) -> Self {
+        CodegenError::Internal(what.to_string())
+    }
+}
+
 /// A floating-point width.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
