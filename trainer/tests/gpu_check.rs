@@ -86,6 +86,20 @@ fn the_head_benchmark_agrees_with_torchs_materialised_head() {
 }
 
 /// One tiny GRPO step with `steps` in the config (the script's device run has more, its CPU run one).
+/// recipes/grpo.rlx run to its end with `args`.
+fn run_grpo(args: &RunArgs) {
+    let checked = rlx_compiler::check_path(&root().join("recipes/grpo.rlx")).unwrap();
+    let prepared = prepare(&checked.recipe.unwrap(), args).unwrap();
+    rlx_trainer::train::run_with(
+        prepared.plan,
+        &prepared.config,
+        &prepared.out,
+        &prepared.options,
+        |_| {},
+    )
+    .unwrap();
+}
+
 fn run(out: &Path, steps: usize) {
     let sets = [
         format!("steps={steps}"),
@@ -100,16 +114,7 @@ fn run(out: &Path, steps: usize) {
         out: Some(out.to_path_buf()),
         ..Default::default()
     };
-    let checked = rlx_compiler::check_path(&root().join("recipes/grpo.rlx")).unwrap();
-    let prepared = prepare(&checked.recipe.unwrap(), &args).unwrap();
-    rlx_trainer::train::run_with(
-        prepared.plan,
-        &prepared.config,
-        &prepared.out,
-        &prepared.options,
-        |_| {},
-    )
-    .unwrap();
+    run_grpo(&args);
 }
 
 #[test]
@@ -274,16 +279,7 @@ fn the_prebuilt_checks_random_checkpoint_loads_and_trains() {
         out: Some(out.clone()),
         ..Default::default()
     };
-    let checked = rlx_compiler::check_path(&root().join("recipes/grpo.rlx")).unwrap();
-    let prepared = prepare(&checked.recipe.unwrap(), &args).unwrap();
-    rlx_trainer::train::run_with(
-        prepared.plan,
-        &prepared.config,
-        &prepared.out,
-        &prepared.options,
-        |_| {},
-    )
-    .unwrap();
+    run_grpo(&args);
     let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
     let first: serde_json::Value = serde_json::from_str(metrics.lines().next().unwrap()).unwrap();
     assert!(
