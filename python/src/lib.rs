@@ -721,8 +721,8 @@ impl Compiled {
     }
 
     /// Run the kernel on arrays (the torch path): `f32` inputs stored in `storage` ("f32"/"f64"),
-    /// arithmetic and reductions in `accumulate` ("f64", the default, or "f32": faster, less exact,
-    /// docs/kernels.md); an array already in the kernel's layout and storage is read in place. Returns a dict: `loss`,
+    /// element-wise arithmetic in `accumulate` ("f64", the default, or "f32": faster, less exact; sums
+    /// are f64 either way, docs/kernels.md); an array already in the kernel's layout and storage is read in place. Returns a dict: `loss`,
     /// `metrics` (name → value), `reward`, `advantage` (per response, or None), `kept` (bool per
     /// response), `grad` (input name → gradient laid out like the input's array, in `storage`).
     ///

@@ -204,7 +204,7 @@ enum Command {
         /// `interp`, `jit` or `all`.
         #[arg(long, value_enum, default_value_t = BenchBackend::All)]
         backend: BenchBackend,
-        /// Accumulate in f32 instead of f64 (JIT).
+        /// Element-wise arithmetic in f32 instead of f64 (JIT; sums are f64 either way).
         #[arg(long)]
         f32_accumulate: bool,
         /// Override a param: `--set beta=0.01` (repeatable).

@@ -26,7 +26,8 @@
 //!
 //! # Numerics
 //! Storage and accumulation follow `Options` exactly as the JIT: buffers are `float` or `double` as the
-//! plan says, registers and reductions are `rlx_acc` (`double` or `float`). Transcendental functions
+//! plan says, registers are `rlx_acc` (`double` or `float`), reductions' accumulators `rlx_sum`
+//! (`double`, `plan::SUMS`). Transcendental functions
 //! are CUDA's (or, in the host-C check, libm's) in the accumulation precision; `sigmoid`,
 //! `log_sigmoid`, `softplus` and `lgamma` are the interpreter's stable forms written out in C (each
 //! beside its Rust form in the op table, `rlx_compiler::ops`); `min`/`max` follow
@@ -124,6 +125,9 @@ fn functions(ft: Precision) -> String {
         r#"/* f64::max / f64::min: a NaN operand is ignored; ties keep the first operand. */
 RLX_DEVICE {t} rlx_max({t} a, {t} b) {{ return a != a ? b : (b > a ? b : a); }}
 RLX_DEVICE {t} rlx_min({t} a, {t} b) {{ return a != a ? b : (b < a ? b : a); }}
+/* The same on the accumulators of reductions, rlx_sum (double in either precision). */
+RLX_DEVICE rlx_sum rlx_sum_max(rlx_sum a, rlx_sum b) {{ return a != a ? b : (b > a ? b : a); }}
+RLX_DEVICE rlx_sum rlx_sum_min(rlx_sum a, rlx_sum b) {{ return a != a ? b : (b < a ? b : a); }}
 /* The interpreter's stable forms (rlx_compiler::ir). */
 "#
     );
@@ -132,18 +136,18 @@ RLX_DEVICE {t} rlx_min({t} a, {t} b) {{ return a != a ? b : (b < a ? b : a); }}
         out,
         r#"/* A block-wide reduction in a fixed order: a pairwise tree over the thread index (any block size).
    op: 0 sum, 1 max, 2 min. Every thread of the block must call it; every thread gets the result. */
-RLX_DEVICE {t} rlx_block_reduce({t} v, int op, {t}* red) {{
+RLX_DEVICE rlx_sum rlx_block_reduce(rlx_sum v, int op, rlx_sum* red) {{
     unsigned tid = threadIdx.x, nth = blockDim.x;
     red[tid] = v;
     __syncthreads();
     for (unsigned s = 1; s < nth; s <<= 1) {{
         if (tid % (2 * s) == 0 && tid + s < nth) {{
-            {t} a = red[tid], b = red[tid + s];
-            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_max(a, b) : rlx_min(a, b));
+            rlx_sum a = red[tid], b = red[tid + s];
+            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_sum_max(a, b) : rlx_sum_min(a, b));
         }}
         __syncthreads();
     }}
-    {t} out = red[0];
+    rlx_sum out = red[0];
     __syncthreads();
     return out;
 }}
@@ -169,6 +173,8 @@ pub fn generate(graph: &Graph, plan: &KernelPlan) -> Result<CudaSource, CodegenE
     );
     source.push_str(PRELUDE);
     let _ = writeln!(source, "typedef {acc} rlx_acc;");
+    // Reductions accumulate in f64 whatever the arithmetic (`plan::SUMS`).
+    let _ = writeln!(source, "typedef {} rlx_sum;", c_type(super::plan::SUMS));
     let _ = writeln!(source, "#define RLX_MAX_BLOCK {MAX_BLOCK}");
     source.push_str(&functions(ft));
     let mut launches = Vec::new();
@@ -306,8 +312,8 @@ fn combine_kernel(
 ) -> Result<(), CodegenError> {
     let ty = |b: BufferId| buffer_type(phase, b);
     let (combine_op, identity) = match combine.op {
-        Reduction::Max => ("rlx_max(a, b)", "rlx_nan()"),
-        Reduction::Min => ("rlx_min(a, b)", "rlx_nan()"),
+        Reduction::Max => ("rlx_sum_max(a, b)", "rlx_nan()"),
+        Reduction::Min => ("rlx_sum_min(a, b)", "rlx_nan()"),
         Reduction::Sum
         | Reduction::Count
         | Reduction::SumByOther
@@ -371,23 +377,23 @@ fn combine_kernel(
     let _ = writeln!(out, "    for (long long f = 0; f < width; f++) {{");
     let _ = writeln!(
         out,
-        "        for (long long s = 1; s < groups; s <<= 1) {{\n            for (long long i = 0; i + s < groups; i += 2 * s) {{\n                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];\n                p[i * width + f] = {combine_op};"
+        "        for (long long s = 1; s < groups; s <<= 1) {{\n            for (long long i = 0; i + s < groups; i += 2 * s) {{\n                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];\n                p[i * width + f] = {combine_op};"
     );
     if counts.is_some() {
         let _ = writeln!(
             out,
-            "                pc[i * width + f] = (rlx_acc)pc[i * width + f] + (rlx_acc)pc[(i + s) * width + f];"
+            "                pc[i * width + f] = (rlx_sum)pc[i * width + f] + (rlx_sum)pc[(i + s) * width + f];"
         );
     }
     let _ = writeln!(out, "            }}\n        }}");
     let _ = writeln!(
         out,
-        "        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc){identity};"
+        "        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum){identity};"
     );
     if counts.is_some() {
         let _ = writeln!(
             out,
-            "        vc[f] = groups > 0 ? (rlx_acc)pc[f] : (rlx_acc)0;"
+            "        vc[f] = groups > 0 ? (rlx_sum)pc[f] : (rlx_sum)0;"
         );
     }
     let _ = writeln!(out, "    }}\n}}\nRLX_HOST_LAUNCHER({name})");
@@ -460,7 +466,7 @@ impl Gen<'_> {
         );
         if self.threads {
             self.line("const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;");
-            self.line("__shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];");
+            self.line("__shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];");
         } else {
             self.line("if (threadIdx.x != 0) return;");
         }
@@ -690,8 +696,8 @@ impl Gen<'_> {
             } => {
                 let index = c_index(index);
                 let x = self.operand(x)?;
-                let old = format!("((rlx_acc)b{buffer}[{index}])");
-                let new = accumulate(*op, &old, &x);
+                let old = format!("((rlx_sum)b{buffer}[{index}])");
+                let new = accumulate(*op, &old, &format!("(rlx_sum)({x})"));
                 let mut body = Vec::new();
                 body.push(format!(
                     "b{buffer}[{index}] = ({})({new});",
@@ -699,7 +705,7 @@ impl Gen<'_> {
                 ));
                 if let Some(count) = count {
                     body.push(format!(
-                        "b{count}[{index}] = ({})(((rlx_acc)b{count}[{index}]) + (rlx_acc)1);",
+                        "b{count}[{index}] = ({})(((rlx_sum)b{count}[{index}]) + (rlx_sum)1);",
                         self.ty(*count)?
                     ));
                 }
@@ -715,19 +721,19 @@ impl Gen<'_> {
                 let init = if matches!(op, Reduction::Max | Reduction::Min) {
                     self.lit(f64::NAN)
                 } else {
-                    "(rlx_acc)0".into()
+                    "(rlx_sum)0".into()
                 };
-                self.line(&format!("rlx_acc a{acc} = {init};"));
+                self.line(&format!("rlx_sum a{acc} = {init};"));
                 if *count {
-                    self.line(&format!("rlx_acc n{acc} = (rlx_acc)0;"));
+                    self.line(&format!("rlx_sum n{acc} = (rlx_sum)0;"));
                 }
             }
             Stmt::Accumulate { acc, op, x, count } => {
                 let x = self.operand(x)?;
-                let new = accumulate(*op, &format!("a{acc}"), &x);
+                let new = accumulate(*op, &format!("a{acc}"), &format!("(rlx_sum)({x})"));
                 self.line(&format!("a{acc} = {new};"));
                 if *count {
-                    self.line(&format!("n{acc} += (rlx_acc)1;"));
+                    self.line(&format!("n{acc} += (rlx_sum)1;"));
                 }
             }
             Stmt::ScanReset { carry } => self.line(&format!("rlx_acc s{carry} = (rlx_acc)0;")),
@@ -764,12 +770,12 @@ impl Gen<'_> {
                         _ => 0,
                     };
                     self.line(&format!(
-                        "const rlx_acc r{acc} = rlx_block_reduce(a{acc}, {code}, rlx_red);"
+                        "const rlx_sum r{acc} = rlx_block_reduce(a{acc}, {code}, rlx_red);"
                     ));
                     value = format!("r{acc}");
                     if count.is_some() {
                         self.line(&format!(
-                            "const rlx_acc rn{acc} = rlx_block_reduce(n{acc}, 0, rlx_red);"
+                            "const rlx_sum rn{acc} = rlx_block_reduce(n{acc}, 0, rlx_red);"
                         ));
                         n = format!("rn{acc}");
                     }
@@ -838,7 +844,7 @@ fn accumulate(op: Reduction, old: &str, x: &str) -> String {
         | Reduction::SumByOther
         | Reduction::ContractRows
         | Reduction::ContractCols => format!("{old} + {x}"),
-        Reduction::Max => format!("rlx_max({old}, {x})"),
-        Reduction::Min => format!("rlx_min({old}, {x})"),
+        Reduction::Max => format!("rlx_sum_max({old}, {x})"),
+        Reduction::Min => format!("rlx_sum_min({old}, {x})"),
     }
 }

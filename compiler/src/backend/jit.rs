@@ -366,6 +366,10 @@ type GenResult<T> = Result<T, CodegenError>;
 
 const I64: Type = types::I64;
 
+/// Register accumulators of reductions: f64 whatever the register precision (`plan::SUMS`). In an
+/// f32×4 vector loop a sum's lanes are widened into an f64×2 accumulator (`Gen::vector_actions`).
+const SUM: Type = types::F64;
+
 fn flags() -> MemFlagsData {
     MemFlagsData::trusted()
 }
@@ -612,7 +616,8 @@ impl Gen<'_, '_> {
         let value = self.widen(value);
         match self.vector {
             None => {
-                let value = self.convert(value, self.ft, ty);
+                let from = self.type_of(value);
+                let value = self.convert(value, from, ty);
                 self.b.ins().store(flags(), value, address, 0);
             }
             Some(_) if ty == self.ft => {
@@ -1318,16 +1323,20 @@ impl Gen<'_, '_> {
                 x,
                 ..
             } => {
+                // In the buffer's precision (`plan::SUMS` for a reduction's buffers).
                 let x = self.operand(x)?;
                 let index = self.index(index)?;
-                let old = self.load(*buffer, index)?;
+                let (address, ty) = self.address(*buffer, index)?;
+                let old = self.b.ins().load(ty, flags(), address, 0);
+                let x = self.convert(x, self.ft, ty);
                 let new = self.accumulate(*op, old, x);
-                self.store(*buffer, index, new)?;
+                self.b.ins().store(flags(), new, address, 0);
                 if let Some(count) = count {
-                    let old = self.load(*count, index)?;
-                    let one = self.fconst(1.0);
+                    let (address, ty) = self.address(*count, index)?;
+                    let old = self.b.ins().load(ty, flags(), address, 0);
+                    let one = self.const_of(ty, 1.0);
                     let new = self.b.ins().fadd(old, one);
-                    self.store(*count, index, new)?;
+                    self.b.ins().store(flags(), new, address, 0);
                 }
             }
             Stmt::Reset { acc, op, count } => {
@@ -1336,12 +1345,12 @@ impl Gen<'_, '_> {
                 } else {
                     0.0
                 };
-                let value = self.b.declare_var(self.ft);
-                let start = self.fconst(init);
+                let value = self.b.declare_var(SUM);
+                let start = self.const_of(SUM, init);
                 self.b.def_var(value, start);
                 let count = count.then(|| {
-                    let count = self.b.declare_var(self.ft);
-                    let zero = self.fconst(0.0);
+                    let count = self.b.declare_var(SUM);
+                    let zero = self.const_of(SUM, 0.0);
                     self.b.def_var(count, zero);
                     count
                 });
@@ -1349,6 +1358,7 @@ impl Gen<'_, '_> {
             }
             Stmt::Accumulate { acc, op, x, .. } => {
                 let x = self.operand(x)?;
+                let x = self.convert(x, self.ft, SUM);
                 let accumulator = self
                     .accumulators
                     .get(acc)
@@ -1359,7 +1369,7 @@ impl Gen<'_, '_> {
                 self.b.def_var(value, new);
                 if let Some(count) = count {
                     let old = self.b.use_var(count);
-                    let one = self.fconst(1.0);
+                    let one = self.const_of(SUM, 1.0);
                     let new = self.b.ins().fadd(old, one);
                     self.b.def_var(count, new);
                 }
@@ -1570,13 +1580,18 @@ impl Gen<'_, '_> {
         let mut lane_accumulators: Vec<(usize, Reduction, Accumulator)> = Vec::new();
         for stmt in &l.body {
             if let Stmt::Accumulate { acc, op, count, .. } = stmt {
-                let init = if matches!(op, Reduction::Max | Reduction::Min) {
-                    f64::NAN
+                let extreme = matches!(op, Reduction::Max | Reduction::Min);
+                let init = if extreme { f64::NAN } else { 0.0 };
+                // A sum of f32 lanes accumulates in f64 lanes; an extreme (exact in any
+                // precision) and a count (whole numbers, exact in f32 lanes up to 2^24 tokens of
+                // one response per lane) stay in the register type.
+                let lanes_type = if vt == types::F32X4 && !extreme {
+                    types::F64X2
                 } else {
-                    0.0
+                    vt
                 };
-                let value = self.b.declare_var(vt);
-                let start = self.fconst(init);
+                let value = self.b.declare_var(lanes_type);
+                let start = self.const_of(lanes_type, init);
                 self.b.def_var(value, start);
                 let count = count.then(|| {
                     let count = self.b.declare_var(vt);
@@ -1635,9 +1650,11 @@ impl Gen<'_, '_> {
                 .ok_or("internal: accumulator not reset")?;
             let (value, count) = (accumulator.value, accumulator.count);
             let lanes_value = self.b.use_var(lane_accumulator.value);
+            let lanes_type = self.type_of(lanes_value);
             let mut total = self.b.use_var(value);
-            for lane in 0..vt.lane_count() {
+            for lane in 0..lanes_type.lane_count() {
                 let x = self.b.ins().extractlane(lanes_value, lane as u8);
+                let x = self.convert(x, lanes_type.lane_type(), SUM);
                 total = self.accumulate(*op, total, x);
             }
             self.b.def_var(value, total);
@@ -1646,6 +1663,7 @@ impl Gen<'_, '_> {
                 let mut total = self.b.use_var(count);
                 for lane in 0..vt.lane_count() {
                     let x = self.b.ins().extractlane(lanes_count, lane as u8);
+                    let x = self.convert(x, vt.lane_type(), SUM);
                     total = self.b.ins().fadd(total, x);
                 }
                 self.b.def_var(count, total);
@@ -1719,6 +1737,17 @@ impl Gen<'_, '_> {
                         .find(|(p, _, _)| p == acc)
                         .ok_or("internal: no lane accumulator")?;
                     let old = self.b.use_var(accumulator.value);
+                    let x = if self.type_of(old) == types::F64X2 && self.type_of(x) == types::F32X4
+                    {
+                        // The four f32 lanes as two f64×2 halves, added lane-wise (exact but
+                        // for one f64 rounding), then into the f64×2 accumulator.
+                        let low = self.b.ins().fvpromote_low(x);
+                        let high = self.shuffle_halves(x, x, true);
+                        let high = self.b.ins().fvpromote_low(high);
+                        self.b.ins().fadd(low, high)
+                    } else {
+                        x
+                    };
                     let new = self.accumulate(*op, old, x);
                     self.b.def_var(accumulator.value, new);
                     if let Some(count) = accumulator.count {

@@ -89,8 +89,10 @@ impl Precision {
 /// Compile options of a kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 pub struct Options {
-    /// Arithmetic in registers, reductions and the kernel's own buffers (f64 by default; f32 is faster
-    /// and agrees with the interpreter less closely, see docs/kernels.md).
+    /// Element-wise arithmetic in registers and the kernel's own buffers of values (f64 by default;
+    /// f32 is faster, as a trainer's float32 tensors compute, and agrees with the interpreter less
+    /// closely, see docs/kernels.md). Reductions accumulate in f64 either way (`plan::SUMS`); the
+    /// name is kept from when they did not.
     pub accumulate: Precision,
     /// Storage of `f32` inputs and of token-level outputs (gradients): f32 by default, as a trainer
     /// holds them; f64 keeps the batch's values exactly (`rlx score`). `i32`/`bool` inputs are always

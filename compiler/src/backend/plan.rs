@@ -280,6 +280,12 @@ impl Reduction {
 /// 21.6 s (the register allocator, superlinear in the values live across the loop).
 pub const MAX_PASS_ACTIONS: usize = 64;
 
+/// The precision of every reduction's accumulator and of the buffers that hold a reduction's
+/// result, its count and its per-group partials, whatever `Options::accumulate` is: f32 element-wise
+/// arithmetic (as a trainer's float32 tensors compute) still sums in f64, so that a sum over a
+/// batch of millions of tokens is not the f32 rounding of each addition (docs/kernels.md).
+pub const SUMS: Precision = Precision::F64;
+
 /// Where a reduction accumulates.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Target {
@@ -1055,6 +1061,8 @@ fn plan_phase(
                         // Ranks are integers up to the batch's token count: exact in f64.
                         storage: if matches!(other, Kind::Rank | Kind::Uniform | Kind::Components) {
                             Precision::F64
+                        } else if matches!(other, Kind::Reduce(_)) {
+                            SUMS
                         } else {
                             ft
                         },
@@ -1068,7 +1076,7 @@ fn plan_phase(
                         Buffer {
                             kind: BufferKind::Count(id),
                             shape: node.shape.clone(),
-                            storage: ft,
+                            storage: SUMS,
                             per_group: false,
                             init: Init::Zero,
                         },
@@ -1286,7 +1294,7 @@ fn plan_phase(
                                         Buffer {
                                             kind: BufferKind::Partial(*id),
                                             shape: to.clone(),
-                                            storage: ft,
+                                            storage: SUMS,
                                             per_group: true,
                                             init: if count.is_some() {
                                                 Init::Nan
@@ -1301,7 +1309,7 @@ fn plan_phase(
                                             Buffer {
                                                 kind: BufferKind::PartialCount(*id),
                                                 shape: to.clone(),
-                                                storage: ft,
+                                                storage: SUMS,
                                                 per_group: true,
                                                 init: Init::Zero,
                                             },

@@ -10,10 +10,14 @@ RLX_DEVICE double rlx_inf(void) { return __longlong_as_double(0x7ff0000000000000
 RLX_DEVICE double rlx_nan(void) { return __longlong_as_double(0x7ff8000000000000LL); }
 #endif
 typedef double rlx_acc;
+typedef double rlx_sum;
 #define RLX_MAX_BLOCK 1024
 /* f64::max / f64::min: a NaN operand is ignored; ties keep the first operand. */
 RLX_DEVICE double rlx_max(double a, double b) { return a != a ? b : (b > a ? b : a); }
 RLX_DEVICE double rlx_min(double a, double b) { return a != a ? b : (b < a ? b : a); }
+/* The same on the accumulators of reductions, rlx_sum (double in either precision). */
+RLX_DEVICE rlx_sum rlx_sum_max(rlx_sum a, rlx_sum b) { return a != a ? b : (b > a ? b : a); }
+RLX_DEVICE rlx_sum rlx_sum_min(rlx_sum a, rlx_sum b) { return a != a ? b : (b < a ? b : a); }
 /* The interpreter's stable forms (rlx_compiler::ir). */
 RLX_DEVICE double rlx_sigmoid(double x) {
     if (x >= 0) return 1 / (1 + exp(-x));
@@ -47,18 +51,18 @@ RLX_DEVICE double rlx_lgamma64(double x) {
 RLX_DEVICE double rlx_lgamma(double x) { return (double)rlx_lgamma64((double)x); }
 /* A block-wide reduction in a fixed order: a pairwise tree over the thread index (any block size).
    op: 0 sum, 1 max, 2 min. Every thread of the block must call it; every thread gets the result. */
-RLX_DEVICE double rlx_block_reduce(double v, int op, double* red) {
+RLX_DEVICE rlx_sum rlx_block_reduce(rlx_sum v, int op, rlx_sum* red) {
     unsigned tid = threadIdx.x, nth = blockDim.x;
     red[tid] = v;
     __syncthreads();
     for (unsigned s = 1; s < nth; s <<= 1) {
         if (tid % (2 * s) == 0 && tid + s < nth) {
-            double a = red[tid], b = red[tid + s];
-            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_max(a, b) : rlx_min(a, b));
+            rlx_sum a = red[tid], b = red[tid + s];
+            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_sum_max(a, b) : rlx_sum_min(a, b));
         }
         __syncthreads();
     }
-    double out = red[0];
+    rlx_sum out = red[0];
     __syncthreads();
     return out;
 }
@@ -90,13 +94,13 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a0 = rlx_nan();
-        rlx_acc n0 = (rlx_acc)0;
+        rlx_sum a0 = rlx_nan();
+        rlx_sum n0 = (rlx_sum)0;
         for (long long f = 0LL; f < cn; f++) {
             const rlx_acc v9 = ((rlx_acc)b5[(cs + f)]);
             const rlx_acc v12 = (v9 / v10);
-            a0 = rlx_max(a0, v12);
-            n0 += (rlx_acc)1;
+            a0 = rlx_sum_max(a0, (rlx_sum)(v12));
+            n0 += (rlx_sum)1;
         }
         b6[g] = (double)(a0);
         b7[g] = (double)(n0);
@@ -107,7 +111,7 @@ RLX_HOST_LAUNCHER(rlx_p0_0)
 /* phase 0 (batch), pass 1 (stage 0): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_1(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -133,25 +137,25 @@ RLX_KERNEL void rlx_p0_1(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a0 = (rlx_acc)0;
-        rlx_acc a1 = (rlx_acc)0;
-        rlx_acc a2 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
+        rlx_sum a1 = (rlx_sum)0;
+        rlx_sum a2 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
             const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
-            a0 = a0 + (rlx_acc)1;
-            a2 = a2 + (rlx_acc)1;
+            a0 = a0 + (rlx_sum)((rlx_acc)1);
+            a2 = a2 + (rlx_sum)((rlx_acc)1);
             for (long long t = ts + tid; t < te; t += nth) {
                 const rlx_acc v53 = ((rlx_acc)(t - ts));
                 const rlx_acc v54 = (v46 * v53);
                 const rlx_acc v55 = (v39 + v54);
-                a1 = a1 + v55;
+                a1 = a1 + (rlx_sum)(v55);
             }
         }
         if (tid == 0) b11[g] = (double)(a0);
-        const rlx_acc r1 = rlx_block_reduce(a1, 0, rlx_red);
+        const rlx_sum r1 = rlx_block_reduce(a1, 0, rlx_red);
         if (tid == 0) b23[g] = (double)(r1);
         if (tid == 0) b24[g] = (double)(a2);
     }
@@ -168,11 +172,11 @@ RLX_KERNEL void rlx_c0_2(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_2)
@@ -187,11 +191,11 @@ RLX_KERNEL void rlx_c0_3(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_3)
@@ -226,13 +230,13 @@ RLX_KERNEL void rlx_p0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
         const rlx_acc v13 = (((rlx_acc)b7[g]) == 0 ? (rlx_acc)0 : ((rlx_acc)b6[g]));
         const rlx_acc v14 = v13;
-        rlx_acc a0 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
         for (long long f = 0LL; f < cn; f++) {
             const rlx_acc v9 = ((rlx_acc)b5[(cs + f)]);
             const rlx_acc v12 = (v9 / v10);
             const rlx_acc v15 = (v12 - v14);
             const rlx_acc v16 = exp(v15);
-            a0 = a0 + v16;
+            a0 = a0 + (rlx_sum)(v16);
         }
         b8[g] = (double)(a0);
     }
@@ -281,7 +285,7 @@ RLX_KERNEL void rlx_p0_5(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             const rlx_acc v5 = ((rlx_acc)b3[r]);
-            rlx_acc a0 = (rlx_acc)0;
+            rlx_sum a0 = (rlx_sum)0;
             for (long long f = 0LL; f < cn; f++) {
                 const rlx_acc v4 = ((rlx_acc)b2[(rcb + li * cn + f)]);
                 const rlx_acc v6 = ((rlx_acc)b4[(cs + f)]);
@@ -294,7 +298,7 @@ RLX_KERNEL void rlx_p0_5(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 const rlx_acc v18 = (v16 / v17);
                 const rlx_acc v19 = (v11 * v18);
                 const rlx_acc v20 = (v19 * v8);
-                a0 = a0 + v20;
+                a0 = a0 + (rlx_sum)(v20);
             }
             b9[r] = (double)(a0);
         }
@@ -328,16 +332,16 @@ RLX_KERNEL void rlx_p0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a0 = (rlx_acc)0;
-        rlx_acc a1 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
+        rlx_sum a1 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
             const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             const rlx_acc v21 = ((rlx_acc)b9[r]);
-            a0 = a0 + v21;
-            a1 = a1 + v21;
+            a0 = a0 + (rlx_sum)(v21);
+            a1 = a1 + (rlx_sum)(v21);
         }
         b10[g] = (double)(a0);
         b25[g] = (double)(a1);
@@ -355,11 +359,11 @@ RLX_KERNEL void rlx_c0_7(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_7)
@@ -396,7 +400,7 @@ RLX_KERNEL void rlx_p0_8(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v24 = ((rlx_acc)b11[g]);
         const rlx_acc v25 = (v24 > v11 ? v24 : v11);
         const rlx_acc v26 = (v23 / v25);
-        rlx_acc a0 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -405,7 +409,7 @@ RLX_KERNEL void rlx_p0_8(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const rlx_acc v21 = ((rlx_acc)b9[r]);
             const rlx_acc v27 = (v21 - v26);
             const rlx_acc v28 = (v27 * v27);
-            a0 = a0 + v28;
+            a0 = a0 + (rlx_sum)(v28);
         }
         b12[g] = (double)(a0);
     }
@@ -415,7 +419,7 @@ RLX_HOST_LAUNCHER(rlx_p0_8)
 /* phase 0 (batch), pass 9 (stage 5): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_9(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -484,8 +488,8 @@ RLX_KERNEL void rlx_p0_9(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v32 = (v29 / v31);
         const rlx_acc v33 = sqrt(v32);
         const rlx_acc v34 = (v33 + v22);
-        rlx_acc a0 = (rlx_acc)0;
-        rlx_acc a1 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
+        rlx_sum a1 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -559,14 +563,14 @@ RLX_KERNEL void rlx_p0_9(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 const rlx_acc v129 = ((v127 != v83) ? (rlx_acc)1 : (rlx_acc)0);
                 const rlx_acc v130 = ((v129 != 0) ? v128 : v83);
                 const rlx_acc v131 = (v102 + v130);
-                a0 = a0 + v51;
-                a1 = a1 + v74;
+                a0 = a0 + (rlx_sum)(v51);
+                a1 = a1 + (rlx_sum)(v74);
                 b22[t] = (float)(v131);
             }
         }
-        const rlx_acc r0 = rlx_block_reduce(a0, 0, rlx_red);
+        const rlx_sum r0 = rlx_block_reduce(a0, 0, rlx_red);
         if (tid == 0) b26[g] = (double)(r0);
-        const rlx_acc r1 = rlx_block_reduce(a1, 0, rlx_red);
+        const rlx_sum r1 = rlx_block_reduce(a1, 0, rlx_red);
         if (tid == 0) b27[g] = (double)(r1);
     }
 }
@@ -582,11 +586,11 @@ RLX_KERNEL void rlx_c0_10(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_10)
@@ -601,11 +605,11 @@ RLX_KERNEL void rlx_c0_11(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_11)

@@ -10,10 +10,14 @@ RLX_DEVICE double rlx_inf(void) { return __longlong_as_double(0x7ff0000000000000
 RLX_DEVICE double rlx_nan(void) { return __longlong_as_double(0x7ff8000000000000LL); }
 #endif
 typedef double rlx_acc;
+typedef double rlx_sum;
 #define RLX_MAX_BLOCK 1024
 /* f64::max / f64::min: a NaN operand is ignored; ties keep the first operand. */
 RLX_DEVICE double rlx_max(double a, double b) { return a != a ? b : (b > a ? b : a); }
 RLX_DEVICE double rlx_min(double a, double b) { return a != a ? b : (b < a ? b : a); }
+/* The same on the accumulators of reductions, rlx_sum (double in either precision). */
+RLX_DEVICE rlx_sum rlx_sum_max(rlx_sum a, rlx_sum b) { return a != a ? b : (b > a ? b : a); }
+RLX_DEVICE rlx_sum rlx_sum_min(rlx_sum a, rlx_sum b) { return a != a ? b : (b < a ? b : a); }
 /* The interpreter's stable forms (rlx_compiler::ir). */
 RLX_DEVICE double rlx_sigmoid(double x) {
     if (x >= 0) return 1 / (1 + exp(-x));
@@ -47,18 +51,18 @@ RLX_DEVICE double rlx_lgamma64(double x) {
 RLX_DEVICE double rlx_lgamma(double x) { return (double)rlx_lgamma64((double)x); }
 /* A block-wide reduction in a fixed order: a pairwise tree over the thread index (any block size).
    op: 0 sum, 1 max, 2 min. Every thread of the block must call it; every thread gets the result. */
-RLX_DEVICE double rlx_block_reduce(double v, int op, double* red) {
+RLX_DEVICE rlx_sum rlx_block_reduce(rlx_sum v, int op, rlx_sum* red) {
     unsigned tid = threadIdx.x, nth = blockDim.x;
     red[tid] = v;
     __syncthreads();
     for (unsigned s = 1; s < nth; s <<= 1) {
         if (tid % (2 * s) == 0 && tid + s < nth) {
-            double a = red[tid], b = red[tid + s];
-            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_max(a, b) : rlx_min(a, b));
+            rlx_sum a = red[tid], b = red[tid + s];
+            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_sum_max(a, b) : rlx_sum_min(a, b));
         }
         __syncthreads();
     }
-    double out = red[0];
+    rlx_sum out = red[0];
     __syncthreads();
     return out;
 }
@@ -92,20 +96,20 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a0 = (rlx_acc)0;
-        rlx_acc a1 = (rlx_acc)0;
-        rlx_acc a2 = (rlx_acc)0;
-        rlx_acc a3 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
+        rlx_sum a1 = (rlx_sum)0;
+        rlx_sum a2 = (rlx_sum)0;
+        rlx_sum a3 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
             const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             const rlx_acc v0 = ((rlx_acc)b0[r]);
-            a0 = a0 + v0;
-            a1 = a1 + (rlx_acc)1;
-            a2 = a2 + v0;
-            a3 = a3 + (rlx_acc)1;
+            a0 = a0 + (rlx_sum)(v0);
+            a1 = a1 + (rlx_sum)((rlx_acc)1);
+            a2 = a2 + (rlx_sum)(v0);
+            a3 = a3 + (rlx_sum)((rlx_acc)1);
             b20[r] = (double)(v0);
         }
         b1[g] = (double)(a0);
@@ -126,11 +130,11 @@ RLX_KERNEL void rlx_c0_1(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_1)
@@ -145,11 +149,11 @@ RLX_KERNEL void rlx_c0_2(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_2)
@@ -207,7 +211,7 @@ RLX_KERNEL void rlx_p0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v8 = ((rlx_acc)b2[g]);
         const rlx_acc v10 = (v8 > v9 ? v8 : v9);
         const rlx_acc v11 = (v7 / v10);
-        rlx_acc a0 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -216,7 +220,7 @@ RLX_KERNEL void rlx_p0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const rlx_acc v0 = ((rlx_acc)b0[r]);
             const rlx_acc v12 = (v0 - v11);
             const rlx_acc v13 = (v12 * v12);
-            a0 = a0 + v13;
+            a0 = a0 + (rlx_sum)(v13);
         }
         b3[g] = (double)(a0);
     }
@@ -226,7 +230,7 @@ RLX_HOST_LAUNCHER(rlx_p0_4)
 /* phase 0 (batch), pass 6 (stage 2): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -275,10 +279,10 @@ RLX_KERNEL void rlx_p0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v17 = (v14 / v16);
         const rlx_acc v18 = sqrt(v17);
         const rlx_acc v19 = (v18 + v1);
-        rlx_acc a0 = (rlx_acc)0;
-        rlx_acc a1 = (rlx_acc)0;
-        rlx_acc a2 = (rlx_acc)0;
-        rlx_acc a3 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
+        rlx_sum a1 = (rlx_sum)0;
+        rlx_sum a2 = (rlx_sum)0;
+        rlx_sum a3 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -299,19 +303,19 @@ RLX_KERNEL void rlx_p0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 const rlx_acc v34 = (v21 * v32);
                 const rlx_acc v36 = (v32 + v31);
                 const rlx_acc v42 = (v22 * v29);
-                a0 = a0 + v34;
-                a1 = a1 + v36;
-                a2 = a2 + v42;
-                a3 = a3 + v32;
+                a0 = a0 + (rlx_sum)(v34);
+                a1 = a1 + (rlx_sum)(v36);
+                a2 = a2 + (rlx_sum)(v42);
+                a3 = a3 + (rlx_sum)(v32);
             }
         }
-        const rlx_acc r0 = rlx_block_reduce(a0, 0, rlx_red);
+        const rlx_sum r0 = rlx_block_reduce(a0, 0, rlx_red);
         if (tid == 0) b29[g] = (double)(r0);
-        const rlx_acc r1 = rlx_block_reduce(a1, 0, rlx_red);
+        const rlx_sum r1 = rlx_block_reduce(a1, 0, rlx_red);
         if (tid == 0) b30[g] = (double)(r1);
-        const rlx_acc r2 = rlx_block_reduce(a2, 0, rlx_red);
+        const rlx_sum r2 = rlx_block_reduce(a2, 0, rlx_red);
         if (tid == 0) b31[g] = (double)(r2);
-        const rlx_acc r3 = rlx_block_reduce(a3, 0, rlx_red);
+        const rlx_sum r3 = rlx_block_reduce(a3, 0, rlx_red);
         if (tid == 0) b32[g] = (double)(r3);
     }
 }
@@ -327,11 +331,11 @@ RLX_KERNEL void rlx_c0_7(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_7)
@@ -346,11 +350,11 @@ RLX_KERNEL void rlx_c0_8(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_8)
@@ -365,11 +369,11 @@ RLX_KERNEL void rlx_c0_9(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_9)
@@ -384,11 +388,11 @@ RLX_KERNEL void rlx_c0_10(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_10)
@@ -396,7 +400,7 @@ RLX_HOST_LAUNCHER(rlx_c0_10)
 /* phase 0 (batch), pass 11 (stage 3): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_11(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -504,7 +508,7 @@ RLX_HOST_LAUNCHER(rlx_p0_11)
 /* phase 0 (batch), pass 13 (stage 5): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_13(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -569,9 +573,9 @@ RLX_KERNEL void rlx_p0_13(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v17 = (v14 / v16);
         const rlx_acc v18 = sqrt(v17);
         const rlx_acc v19 = (v18 + v1);
-        rlx_acc a0 = (rlx_acc)0;
-        rlx_acc a1 = (rlx_acc)0;
-        rlx_acc a2 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
+        rlx_sum a1 = (rlx_sum)0;
+        rlx_sum a2 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -624,17 +628,17 @@ RLX_KERNEL void rlx_p0_13(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 const rlx_acc v111 = (v110 * v51);
                 const rlx_acc v112 = ((v110 != v89) ? (rlx_acc)1 : (rlx_acc)0);
                 const rlx_acc v113 = ((v112 != 0) ? v111 : v89);
-                a0 = a0 + v75;
-                a1 = a1 + v78;
-                a2 = a2 + v82;
+                a0 = a0 + (rlx_sum)(v75);
+                a1 = a1 + (rlx_sum)(v78);
+                a2 = a2 + (rlx_sum)(v82);
                 b26[t] = (float)(v113);
             }
         }
-        const rlx_acc r0 = rlx_block_reduce(a0, 0, rlx_red);
+        const rlx_sum r0 = rlx_block_reduce(a0, 0, rlx_red);
         if (tid == 0) b33[g] = (double)(r0);
-        const rlx_acc r1 = rlx_block_reduce(a1, 0, rlx_red);
+        const rlx_sum r1 = rlx_block_reduce(a1, 0, rlx_red);
         if (tid == 0) b34[g] = (double)(r1);
-        const rlx_acc r2 = rlx_block_reduce(a2, 0, rlx_red);
+        const rlx_sum r2 = rlx_block_reduce(a2, 0, rlx_red);
         if (tid == 0) b35[g] = (double)(r2);
     }
 }
@@ -650,11 +654,11 @@ RLX_KERNEL void rlx_c0_14(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_14)
@@ -669,11 +673,11 @@ RLX_KERNEL void rlx_c0_15(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_15)
@@ -688,11 +692,11 @@ RLX_KERNEL void rlx_c0_16(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_16)

@@ -10,10 +10,14 @@ RLX_DEVICE double rlx_inf(void) { return __longlong_as_double(0x7ff0000000000000
 RLX_DEVICE double rlx_nan(void) { return __longlong_as_double(0x7ff8000000000000LL); }
 #endif
 typedef double rlx_acc;
+typedef double rlx_sum;
 #define RLX_MAX_BLOCK 1024
 /* f64::max / f64::min: a NaN operand is ignored; ties keep the first operand. */
 RLX_DEVICE double rlx_max(double a, double b) { return a != a ? b : (b > a ? b : a); }
 RLX_DEVICE double rlx_min(double a, double b) { return a != a ? b : (b < a ? b : a); }
+/* The same on the accumulators of reductions, rlx_sum (double in either precision). */
+RLX_DEVICE rlx_sum rlx_sum_max(rlx_sum a, rlx_sum b) { return a != a ? b : (b > a ? b : a); }
+RLX_DEVICE rlx_sum rlx_sum_min(rlx_sum a, rlx_sum b) { return a != a ? b : (b < a ? b : a); }
 /* The interpreter's stable forms (rlx_compiler::ir). */
 RLX_DEVICE double rlx_sigmoid(double x) {
     if (x >= 0) return 1 / (1 + exp(-x));
@@ -47,18 +51,18 @@ RLX_DEVICE double rlx_lgamma64(double x) {
 RLX_DEVICE double rlx_lgamma(double x) { return (double)rlx_lgamma64((double)x); }
 /* A block-wide reduction in a fixed order: a pairwise tree over the thread index (any block size).
    op: 0 sum, 1 max, 2 min. Every thread of the block must call it; every thread gets the result. */
-RLX_DEVICE double rlx_block_reduce(double v, int op, double* red) {
+RLX_DEVICE rlx_sum rlx_block_reduce(rlx_sum v, int op, rlx_sum* red) {
     unsigned tid = threadIdx.x, nth = blockDim.x;
     red[tid] = v;
     __syncthreads();
     for (unsigned s = 1; s < nth; s <<= 1) {
         if (tid % (2 * s) == 0 && tid + s < nth) {
-            double a = red[tid], b = red[tid + s];
-            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_max(a, b) : rlx_min(a, b));
+            rlx_sum a = red[tid], b = red[tid + s];
+            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_sum_max(a, b) : rlx_sum_min(a, b));
         }
         __syncthreads();
     }
-    double out = red[0];
+    rlx_sum out = red[0];
     __syncthreads();
     return out;
 }
@@ -97,13 +101,13 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a2 = (rlx_acc)0;
-        rlx_acc a3 = (rlx_acc)0;
-        rlx_acc a4 = (rlx_acc)0;
-        rlx_acc a5 = (rlx_acc)0;
-        rlx_acc a6 = (rlx_acc)0;
-        rlx_acc a7 = (rlx_acc)0;
-        rlx_acc a8 = (rlx_acc)0;
+        rlx_sum a2 = (rlx_sum)0;
+        rlx_sum a3 = (rlx_sum)0;
+        rlx_sum a4 = (rlx_sum)0;
+        rlx_sum a5 = (rlx_sum)0;
+        rlx_sum a6 = (rlx_sum)0;
+        rlx_sum a7 = (rlx_sum)0;
+        rlx_sum a8 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -111,15 +115,15 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             (void)li; (void)ts; (void)te;
             const rlx_acc v4 = ((rlx_acc)b2[r]);
             const rlx_acc v14 = ((rlx_acc)b5[r]);
-            rlx_acc a0 = (rlx_acc)0;
-            rlx_acc a1 = (rlx_acc)0;
-            a2 = a2 + v14;
-            a3 = a3 + (rlx_acc)1;
-            a4 = a4 + (rlx_acc)1;
-            a5 = a5 + (rlx_acc)1;
-            a6 = a6 + (rlx_acc)1;
-            a7 = a7 + v14;
-            a8 = a8 + (rlx_acc)1;
+            rlx_sum a0 = (rlx_sum)0;
+            rlx_sum a1 = (rlx_sum)0;
+            a2 = a2 + (rlx_sum)(v14);
+            a3 = a3 + (rlx_sum)((rlx_acc)1);
+            a4 = a4 + (rlx_sum)((rlx_acc)1);
+            a5 = a5 + (rlx_sum)((rlx_acc)1);
+            a6 = a6 + (rlx_sum)((rlx_acc)1);
+            a7 = a7 + (rlx_sum)(v14);
+            a8 = a8 + (rlx_sum)((rlx_acc)1);
             for (long long j = gs; j < (gs + n); j++) {
                 if (j == r) continue;
                 const long long lj = (j - gs);
@@ -127,8 +131,8 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 (void)lj; (void)p;
                 const rlx_acc v6 = ((rlx_acc)b2[j]);
                 const rlx_acc v7 = ((v4 != v6) ? (rlx_acc)1 : (rlx_acc)0);
-                a0 = a0 + v7;
-                a1 = a1 + (rlx_acc)1;
+                a0 = a0 + (rlx_sum)(v7);
+                a1 = a1 + (rlx_sum)((rlx_acc)1);
             }
             b3[r] = (double)(a0);
             b4[r] = (double)(a1);
@@ -154,11 +158,11 @@ RLX_KERNEL void rlx_c0_1(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_1)
@@ -173,11 +177,11 @@ RLX_KERNEL void rlx_c0_2(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_2)
@@ -192,11 +196,11 @@ RLX_KERNEL void rlx_c0_3(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_3)
@@ -204,7 +208,7 @@ RLX_HOST_LAUNCHER(rlx_c0_3)
 /* phase 0 (batch), pass 4 (stage 0): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -228,7 +232,7 @@ RLX_KERNEL void rlx_p0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a0 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -238,10 +242,10 @@ RLX_KERNEL void rlx_p0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 const rlx_acc v70 = ((rlx_acc)(t - ts));
                 const rlx_acc v71 = (v63 * v70);
                 const rlx_acc v72 = (v17 + v71);
-                a0 = a0 + v72;
+                a0 = a0 + (rlx_sum)(v72);
             }
         }
-        const rlx_acc r0 = rlx_block_reduce(a0, 0, rlx_red);
+        const rlx_sum r0 = rlx_block_reduce(a0, 0, rlx_red);
         if (tid == 0) b31[g] = (double)(r0);
     }
 }
@@ -257,11 +261,11 @@ RLX_KERNEL void rlx_c0_5(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_5)
@@ -303,9 +307,9 @@ RLX_KERNEL void rlx_p0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v20 = ((rlx_acc)b7[g]);
         const rlx_acc v21 = (v20 > v10 ? v20 : v10);
         const rlx_acc v22 = (v19 / v21);
-        rlx_acc a0 = (rlx_acc)0;
-        rlx_acc a1 = (rlx_acc)0;
-        rlx_acc a2 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
+        rlx_sum a1 = (rlx_sum)0;
+        rlx_sum a2 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -319,9 +323,9 @@ RLX_KERNEL void rlx_p0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const rlx_acc v14 = ((rlx_acc)b5[r]);
             const rlx_acc v23 = (v14 - v22);
             const rlx_acc v24 = (v23 * v23);
-            a0 = a0 + v24;
-            a1 = a1 + v13;
-            a2 = a2 + v13;
+            a0 = a0 + (rlx_sum)(v24);
+            a1 = a1 + (rlx_sum)(v13);
+            a2 = a2 + (rlx_sum)(v13);
         }
         b8[g] = (double)(a0);
         b9[g] = (double)(a1);
@@ -340,11 +344,11 @@ RLX_KERNEL void rlx_c0_7(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_7)
@@ -383,7 +387,7 @@ RLX_KERNEL void rlx_p0_8(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v35 = ((rlx_acc)b10[g]);
         const rlx_acc v36 = (v35 > v10 ? v35 : v10);
         const rlx_acc v37 = (v34 / v36);
-        rlx_acc a0 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -396,7 +400,7 @@ RLX_KERNEL void rlx_p0_8(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const rlx_acc v13 = (v12 > v5 ? v12 : v5);
             const rlx_acc v38 = (v13 - v37);
             const rlx_acc v39 = (v38 * v38);
-            a0 = a0 + v39;
+            a0 = a0 + (rlx_sum)(v39);
         }
         b11[g] = (double)(a0);
     }
@@ -464,7 +468,7 @@ RLX_KERNEL void rlx_p0_9(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v43 = (v40 / v42);
         const rlx_acc v44 = sqrt(v43);
         const rlx_acc v45 = (v44 + v15);
-        rlx_acc a0 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -483,7 +487,7 @@ RLX_KERNEL void rlx_p0_9(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const rlx_acc v46 = (v38 / v45);
             const rlx_acc v47 = ((v18 != 0) ? v13 : v46);
             const rlx_acc v48 = (v33 + v47);
-            a0 = a0 + v48;
+            a0 = a0 + (rlx_sum)(v48);
             b22[r] = (double)(v48);
         }
         b12[g] = (double)(a0);
@@ -494,7 +498,7 @@ RLX_HOST_LAUNCHER(rlx_p0_9)
 /* phase 0 (batch), pass 10 (stage 4): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_10(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -587,8 +591,8 @@ RLX_KERNEL void rlx_p0_10(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v50 = ((rlx_acc)b13[g]);
         const rlx_acc v51 = (v50 > v10 ? v50 : v10);
         const rlx_acc v52 = (v49 / v51);
-        rlx_acc a0 = (rlx_acc)0;
-        rlx_acc a1 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
+        rlx_sum a1 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -673,14 +677,14 @@ RLX_KERNEL void rlx_p0_10(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 const rlx_acc v149 = ((v147 != v26) ? (rlx_acc)1 : (rlx_acc)0);
                 const rlx_acc v150 = ((v149 != 0) ? v148 : v26);
                 const rlx_acc v151 = (v122 + v150);
-                a0 = a0 + v68;
-                a1 = a1 + v91;
+                a0 = a0 + (rlx_sum)(v68);
+                a1 = a1 + (rlx_sum)(v91);
                 b27[t] = (float)(v151);
             }
         }
-        const rlx_acc r0 = rlx_block_reduce(a0, 0, rlx_red);
+        const rlx_sum r0 = rlx_block_reduce(a0, 0, rlx_red);
         if (tid == 0) b33[g] = (double)(r0);
-        const rlx_acc r1 = rlx_block_reduce(a1, 0, rlx_red);
+        const rlx_sum r1 = rlx_block_reduce(a1, 0, rlx_red);
         if (tid == 0) b34[g] = (double)(r1);
     }
 }
@@ -696,11 +700,11 @@ RLX_KERNEL void rlx_c0_11(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_11)
@@ -715,11 +719,11 @@ RLX_KERNEL void rlx_c0_12(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_12)

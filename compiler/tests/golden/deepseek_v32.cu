@@ -10,10 +10,14 @@ RLX_DEVICE double rlx_inf(void) { return __longlong_as_double(0x7ff0000000000000
 RLX_DEVICE double rlx_nan(void) { return __longlong_as_double(0x7ff8000000000000LL); }
 #endif
 typedef double rlx_acc;
+typedef double rlx_sum;
 #define RLX_MAX_BLOCK 1024
 /* f64::max / f64::min: a NaN operand is ignored; ties keep the first operand. */
 RLX_DEVICE double rlx_max(double a, double b) { return a != a ? b : (b > a ? b : a); }
 RLX_DEVICE double rlx_min(double a, double b) { return a != a ? b : (b < a ? b : a); }
+/* The same on the accumulators of reductions, rlx_sum (double in either precision). */
+RLX_DEVICE rlx_sum rlx_sum_max(rlx_sum a, rlx_sum b) { return a != a ? b : (b > a ? b : a); }
+RLX_DEVICE rlx_sum rlx_sum_min(rlx_sum a, rlx_sum b) { return a != a ? b : (b < a ? b : a); }
 /* The interpreter's stable forms (rlx_compiler::ir). */
 RLX_DEVICE double rlx_sigmoid(double x) {
     if (x >= 0) return 1 / (1 + exp(-x));
@@ -47,18 +51,18 @@ RLX_DEVICE double rlx_lgamma64(double x) {
 RLX_DEVICE double rlx_lgamma(double x) { return (double)rlx_lgamma64((double)x); }
 /* A block-wide reduction in a fixed order: a pairwise tree over the thread index (any block size).
    op: 0 sum, 1 max, 2 min. Every thread of the block must call it; every thread gets the result. */
-RLX_DEVICE double rlx_block_reduce(double v, int op, double* red) {
+RLX_DEVICE rlx_sum rlx_block_reduce(rlx_sum v, int op, rlx_sum* red) {
     unsigned tid = threadIdx.x, nth = blockDim.x;
     red[tid] = v;
     __syncthreads();
     for (unsigned s = 1; s < nth; s <<= 1) {
         if (tid % (2 * s) == 0 && tid + s < nth) {
-            double a = red[tid], b = red[tid + s];
-            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_max(a, b) : rlx_min(a, b));
+            rlx_sum a = red[tid], b = red[tid + s];
+            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_sum_max(a, b) : rlx_sum_min(a, b));
         }
         __syncthreads();
     }
-    double out = red[0];
+    rlx_sum out = red[0];
     __syncthreads();
     return out;
 }
@@ -66,7 +70,7 @@ RLX_DEVICE double rlx_block_reduce(double v, int op, double* red) {
 /* phase 0 (batch), pass 0 (stage 0): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -101,25 +105,25 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a0 = (rlx_acc)0;
-        rlx_acc a1 = (rlx_acc)0;
-        rlx_acc a4 = (rlx_acc)0;
-        rlx_acc a5 = (rlx_acc)0;
-        rlx_acc a6 = (rlx_acc)0;
-        rlx_acc a7 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
+        rlx_sum a1 = (rlx_sum)0;
+        rlx_sum a4 = (rlx_sum)0;
+        rlx_sum a5 = (rlx_sum)0;
+        rlx_sum a6 = (rlx_sum)0;
+        rlx_sum a7 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
             const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             const rlx_acc v0 = ((rlx_acc)b0[r]);
-            rlx_acc a2 = (rlx_acc)0;
-            rlx_acc a3 = (rlx_acc)0;
-            a0 = a0 + v0;
-            a1 = a1 + (rlx_acc)1;
-            a5 = a5 + (rlx_acc)1;
-            a6 = a6 + v0;
-            a7 = a7 + (rlx_acc)1;
+            rlx_sum a2 = (rlx_sum)0;
+            rlx_sum a3 = (rlx_sum)0;
+            a0 = a0 + (rlx_sum)(v0);
+            a1 = a1 + (rlx_sum)((rlx_acc)1);
+            a5 = a5 + (rlx_sum)((rlx_acc)1);
+            a6 = a6 + (rlx_sum)(v0);
+            a7 = a7 + (rlx_sum)((rlx_acc)1);
             if (tid == 0) b18[r] = (double)(v0);
             for (long long t = ts + tid; t < te; t += nth) {
                 const rlx_acc v16 = ((rlx_acc)b4[t]);
@@ -131,18 +135,18 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 const rlx_acc v25 = ((rlx_acc)(t - ts));
                 const rlx_acc v26 = (v24 * v25);
                 const rlx_acc v27 = (v19 + v26);
-                a2 = a2 + v22;
-                a3 = a3 + v27;
-                a4 = a4 + v27;
+                a2 = a2 + (rlx_sum)(v22);
+                a3 = a3 + (rlx_sum)(v27);
+                a4 = a4 + (rlx_sum)(v27);
             }
-            const rlx_acc r2 = rlx_block_reduce(a2, 0, rlx_red);
+            const rlx_sum r2 = rlx_block_reduce(a2, 0, rlx_red);
             if (tid == 0) b7[r] = (double)(r2);
-            const rlx_acc r3 = rlx_block_reduce(a3, 0, rlx_red);
+            const rlx_sum r3 = rlx_block_reduce(a3, 0, rlx_red);
             if (tid == 0) b8[r] = (double)(r3);
         }
         if (tid == 0) b1[g] = (double)(a0);
         if (tid == 0) b2[g] = (double)(a1);
-        const rlx_acc r4 = rlx_block_reduce(a4, 0, rlx_red);
+        const rlx_sum r4 = rlx_block_reduce(a4, 0, rlx_red);
         if (tid == 0) b25[g] = (double)(r4);
         if (tid == 0) b26[g] = (double)(a5);
         if (tid == 0) b27[g] = (double)(a6);
@@ -161,11 +165,11 @@ RLX_KERNEL void rlx_c0_1(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_1)
@@ -180,11 +184,11 @@ RLX_KERNEL void rlx_c0_2(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_2)
@@ -199,11 +203,11 @@ RLX_KERNEL void rlx_c0_3(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_3)
@@ -218,11 +222,11 @@ RLX_KERNEL void rlx_c0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_4)
@@ -259,7 +263,7 @@ RLX_KERNEL void rlx_p0_5(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v3 = ((rlx_acc)b2[g]);
         const rlx_acc v5 = (v3 > v4 ? v3 : v4);
         const rlx_acc v6 = (v2 / v5);
-        rlx_acc a0 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -268,7 +272,7 @@ RLX_KERNEL void rlx_p0_5(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const rlx_acc v0 = ((rlx_acc)b0[r]);
             const rlx_acc v7 = (v0 - v6);
             const rlx_acc v8 = (v7 * v7);
-            a0 = a0 + v8;
+            a0 = a0 + (rlx_sum)(v8);
         }
         b3[g] = (double)(a0);
     }
@@ -278,7 +282,7 @@ RLX_HOST_LAUNCHER(rlx_p0_5)
 /* phase 0 (batch), pass 6 (stage 2): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -340,9 +344,9 @@ RLX_KERNEL void rlx_p0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v12 = (v9 / v11);
         const rlx_acc v13 = sqrt(v12);
         const rlx_acc v14 = (v13 + v1);
-        rlx_acc a0 = (rlx_acc)0;
-        rlx_acc a1 = (rlx_acc)0;
-        rlx_acc a2 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
+        rlx_sum a1 = (rlx_sum)0;
+        rlx_sum a2 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -360,7 +364,7 @@ RLX_KERNEL void rlx_p0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const rlx_acc v34 = (((v32 != 0) || (v33 != 0)) ? (rlx_acc)1 : (rlx_acc)0);
             const rlx_acc v44 = (-v15);
             const rlx_acc v62 = ((!(v34 != 0)) ? (rlx_acc)1 : (rlx_acc)0);
-            a1 = a1 + v62;
+            a1 = a1 + (rlx_sum)(v62);
             if (tid == 0) b19[r] = (double)(v15);
             for (long long t = ts + tid; t < te; t += nth) {
                 const rlx_acc v16 = ((rlx_acc)b4[t]);
@@ -422,15 +426,15 @@ RLX_KERNEL void rlx_p0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 const rlx_acc v113 = ((v103 != v74) ? (rlx_acc)1 : (rlx_acc)0);
                 const rlx_acc v114 = ((v113 != 0) ? v112 : v74);
                 const rlx_acc v115 = (v111 + v114);
-                a0 = a0 + v56;
-                a2 = a2 + v67;
+                a0 = a0 + (rlx_sum)(v56);
+                a2 = a2 + (rlx_sum)(v67);
                 b24[t] = (float)(v115);
             }
         }
-        const rlx_acc r0 = rlx_block_reduce(a0, 0, rlx_red);
+        const rlx_sum r0 = rlx_block_reduce(a0, 0, rlx_red);
         if (tid == 0) b29[g] = (double)(r0);
         if (tid == 0) b30[g] = (double)(a1);
-        const rlx_acc r2 = rlx_block_reduce(a2, 0, rlx_red);
+        const rlx_sum r2 = rlx_block_reduce(a2, 0, rlx_red);
         if (tid == 0) b31[g] = (double)(r2);
     }
 }
@@ -446,11 +450,11 @@ RLX_KERNEL void rlx_c0_7(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_7)
@@ -465,11 +469,11 @@ RLX_KERNEL void rlx_c0_8(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_8)
@@ -484,11 +488,11 @@ RLX_KERNEL void rlx_c0_9(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_9)

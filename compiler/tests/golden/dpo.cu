@@ -10,10 +10,14 @@ RLX_DEVICE double rlx_inf(void) { return __longlong_as_double(0x7ff0000000000000
 RLX_DEVICE double rlx_nan(void) { return __longlong_as_double(0x7ff8000000000000LL); }
 #endif
 typedef double rlx_acc;
+typedef double rlx_sum;
 #define RLX_MAX_BLOCK 1024
 /* f64::max / f64::min: a NaN operand is ignored; ties keep the first operand. */
 RLX_DEVICE double rlx_max(double a, double b) { return a != a ? b : (b > a ? b : a); }
 RLX_DEVICE double rlx_min(double a, double b) { return a != a ? b : (b < a ? b : a); }
+/* The same on the accumulators of reductions, rlx_sum (double in either precision). */
+RLX_DEVICE rlx_sum rlx_sum_max(rlx_sum a, rlx_sum b) { return a != a ? b : (b > a ? b : a); }
+RLX_DEVICE rlx_sum rlx_sum_min(rlx_sum a, rlx_sum b) { return a != a ? b : (b < a ? b : a); }
 /* The interpreter's stable forms (rlx_compiler::ir). */
 RLX_DEVICE double rlx_sigmoid(double x) {
     if (x >= 0) return 1 / (1 + exp(-x));
@@ -47,18 +51,18 @@ RLX_DEVICE double rlx_lgamma64(double x) {
 RLX_DEVICE double rlx_lgamma(double x) { return (double)rlx_lgamma64((double)x); }
 /* A block-wide reduction in a fixed order: a pairwise tree over the thread index (any block size).
    op: 0 sum, 1 max, 2 min. Every thread of the block must call it; every thread gets the result. */
-RLX_DEVICE double rlx_block_reduce(double v, int op, double* red) {
+RLX_DEVICE rlx_sum rlx_block_reduce(rlx_sum v, int op, rlx_sum* red) {
     unsigned tid = threadIdx.x, nth = blockDim.x;
     red[tid] = v;
     __syncthreads();
     for (unsigned s = 1; s < nth; s <<= 1) {
         if (tid % (2 * s) == 0 && tid + s < nth) {
-            double a = red[tid], b = red[tid + s];
-            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_max(a, b) : rlx_min(a, b));
+            rlx_sum a = red[tid], b = red[tid + s];
+            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_sum_max(a, b) : rlx_sum_min(a, b));
         }
         __syncthreads();
     }
-    double out = red[0];
+    rlx_sum out = red[0];
     __syncthreads();
     return out;
 }
@@ -66,7 +70,7 @@ RLX_DEVICE double rlx_block_reduce(double v, int op, double* red) {
 /* phase 0 (batch), pass 0 (stage 0): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -96,16 +100,16 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const long long ts = (long long)to[r];
             const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
-            rlx_acc a0 = (rlx_acc)0;
+            rlx_sum a0 = (rlx_sum)0;
             for (long long t = ts + tid; t < te; t += nth) {
                 const rlx_acc v0 = ((rlx_acc)b0[t]);
                 const rlx_acc v1 = ((rlx_acc)b1[t]);
                 const rlx_acc v2 = ((rlx_acc)b2[t]);
                 const rlx_acc v3 = (v0 - v1);
                 const rlx_acc v4 = (v3 * v2);
-                a0 = a0 + v4;
+                a0 = a0 + (rlx_sum)(v4);
             }
-            const rlx_acc r0 = rlx_block_reduce(a0, 0, rlx_red);
+            const rlx_sum r0 = rlx_block_reduce(a0, 0, rlx_red);
             if (tid == 0) b3[r] = (double)(r0);
         }
     }
@@ -142,7 +146,7 @@ RLX_KERNEL void rlx_p0_1(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const long long ts = (long long)to[r];
             const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
-            rlx_acc a0 = (rlx_acc)0;
+            rlx_sum a0 = (rlx_sum)0;
             for (long long j = gs; j < (gs + n); j++) {
                 if (j == r) continue;
                 const long long lj = (j - gs);
@@ -150,7 +154,7 @@ RLX_KERNEL void rlx_p0_1(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 (void)lj; (void)p;
                 const rlx_acc v10 = ((rlx_acc)b5[j]);
                 const rlx_acc v29 = ((!(v10 != 0)) ? (rlx_acc)1 : (rlx_acc)0);
-                a0 = a0 + v29;
+                a0 = a0 + (rlx_sum)(v29);
             }
             b8[r] = (double)(a0);
         }
@@ -191,7 +195,7 @@ RLX_KERNEL void rlx_p0_2(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a2 = (rlx_acc)0;
+        rlx_sum a2 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -202,9 +206,9 @@ RLX_KERNEL void rlx_p0_2(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const rlx_acc v8 = ((rlx_acc)b5[r]);
             const rlx_acc v30 = ((rlx_acc)b8[r]);
             const rlx_acc v31 = ((v8 != 0) ? v30 : v11);
-            rlx_acc a1 = (rlx_acc)0;
+            rlx_sum a1 = (rlx_sum)0;
             b4[r] = (double)(v7);
-            a2 = a2 + v31;
+            a2 = a2 + (rlx_sum)(v31);
             for (long long j = gs; j < (gs + n); j++) {
                 if (j == r) continue;
                 const long long lj = (j - gs);
@@ -223,7 +227,7 @@ RLX_KERNEL void rlx_p0_2(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 const rlx_acc v23 = (v9 * v19);
                 const rlx_acc v24 = (v22 + v23);
                 const rlx_acc v25 = ((v10 != 0) ? v11 : v24);
-                a1 = a1 + v25;
+                a1 = a1 + (rlx_sum)(v25);
             }
             b6[r] = (double)(a1);
         }
@@ -242,11 +246,11 @@ RLX_KERNEL void rlx_c0_3(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_3)
@@ -293,7 +297,7 @@ RLX_KERNEL void rlx_p0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a0 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -306,10 +310,10 @@ RLX_KERNEL void rlx_p0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const rlx_acc v27 = ((v8 != 0) ? v26 : v11);
             const rlx_acc v50 = ((v8 != 0) ? v49 : v9);
             const rlx_acc v51 = v50;
-            rlx_acc a1 = (rlx_acc)0;
-            rlx_acc a2 = (rlx_acc)0;
-            rlx_acc a3 = (rlx_acc)0;
-            a0 = a0 + v27;
+            rlx_sum a1 = (rlx_sum)0;
+            rlx_sum a2 = (rlx_sum)0;
+            rlx_sum a3 = (rlx_sum)0;
+            a0 = a0 + (rlx_sum)(v27);
             for (long long j = gs; j < (gs + n); j++) {
                 if (j == r) continue;
                 const long long lj = (j - gs);
@@ -349,10 +353,10 @@ RLX_KERNEL void rlx_p0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 const rlx_acc v72 = ((v70 != v9) ? (rlx_acc)1 : (rlx_acc)0);
                 const rlx_acc v73 = ((v72 != 0) ? v71 : v9);
                 const rlx_acc v75 = (-v73);
-                a1 = a1 + v37;
-                a2 = a2 + v43;
-                a3 = a3 + v73;
-                b15[j] = (double)(((rlx_acc)b15[j]) + v75);
+                a1 = a1 + (rlx_sum)(v37);
+                a2 = a2 + (rlx_sum)(v43);
+                a3 = a3 + (rlx_sum)(v73);
+                b15[j] = (double)(((rlx_sum)b15[j]) + (rlx_sum)(v75));
             }
             b10[r] = (double)(a1);
             b12[r] = (double)(a2);
@@ -373,11 +377,11 @@ RLX_KERNEL void rlx_c0_5(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_5)
@@ -385,7 +389,7 @@ RLX_HOST_LAUNCHER(rlx_c0_5)
 /* phase 0 (batch), pass 6 (stage 3): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -417,8 +421,8 @@ RLX_KERNEL void rlx_p0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a0 = (rlx_acc)0;
-        rlx_acc a1 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
+        rlx_sum a1 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -434,8 +438,8 @@ RLX_KERNEL void rlx_p0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const rlx_acc v77 = (v74 + v76);
             const rlx_acc v78 = v77;
             const rlx_acc v80 = ((v78 != v9) ? (rlx_acc)1 : (rlx_acc)0);
-            a0 = a0 + v39;
-            a1 = a1 + v45;
+            a0 = a0 + (rlx_sum)(v39);
+            a1 = a1 + (rlx_sum)(v45);
             for (long long t = ts + tid; t < te; t += nth) {
                 const rlx_acc v2 = ((rlx_acc)b2[t]);
                 const rlx_acc v79 = (v78 * v2);
@@ -459,11 +463,11 @@ RLX_KERNEL void rlx_c0_7(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_7)
@@ -478,11 +482,11 @@ RLX_KERNEL void rlx_c0_8(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_8)

@@ -10,10 +10,14 @@ RLX_DEVICE double rlx_inf(void) { return __longlong_as_double(0x7ff0000000000000
 RLX_DEVICE double rlx_nan(void) { return __longlong_as_double(0x7ff8000000000000LL); }
 #endif
 typedef double rlx_acc;
+typedef double rlx_sum;
 #define RLX_MAX_BLOCK 1024
 /* f64::max / f64::min: a NaN operand is ignored; ties keep the first operand. */
 RLX_DEVICE double rlx_max(double a, double b) { return a != a ? b : (b > a ? b : a); }
 RLX_DEVICE double rlx_min(double a, double b) { return a != a ? b : (b < a ? b : a); }
+/* The same on the accumulators of reductions, rlx_sum (double in either precision). */
+RLX_DEVICE rlx_sum rlx_sum_max(rlx_sum a, rlx_sum b) { return a != a ? b : (b > a ? b : a); }
+RLX_DEVICE rlx_sum rlx_sum_min(rlx_sum a, rlx_sum b) { return a != a ? b : (b < a ? b : a); }
 /* The interpreter's stable forms (rlx_compiler::ir). */
 RLX_DEVICE double rlx_sigmoid(double x) {
     if (x >= 0) return 1 / (1 + exp(-x));
@@ -47,18 +51,18 @@ RLX_DEVICE double rlx_lgamma64(double x) {
 RLX_DEVICE double rlx_lgamma(double x) { return (double)rlx_lgamma64((double)x); }
 /* A block-wide reduction in a fixed order: a pairwise tree over the thread index (any block size).
    op: 0 sum, 1 max, 2 min. Every thread of the block must call it; every thread gets the result. */
-RLX_DEVICE double rlx_block_reduce(double v, int op, double* red) {
+RLX_DEVICE rlx_sum rlx_block_reduce(rlx_sum v, int op, rlx_sum* red) {
     unsigned tid = threadIdx.x, nth = blockDim.x;
     red[tid] = v;
     __syncthreads();
     for (unsigned s = 1; s < nth; s <<= 1) {
         if (tid % (2 * s) == 0 && tid + s < nth) {
-            double a = red[tid], b = red[tid + s];
-            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_max(a, b) : rlx_min(a, b));
+            rlx_sum a = red[tid], b = red[tid + s];
+            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_sum_max(a, b) : rlx_sum_min(a, b));
         }
         __syncthreads();
     }
-    double out = red[0];
+    rlx_sum out = red[0];
     __syncthreads();
     return out;
 }
@@ -66,7 +70,7 @@ RLX_DEVICE double rlx_block_reduce(double v, int op, double* red) {
 /* phase 0 (batch), pass 0 (stage 0): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -96,30 +100,30 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a0 = (rlx_acc)0;
-        rlx_acc a1 = (rlx_acc)0;
-        rlx_acc a3 = (rlx_acc)0;
-        rlx_acc a4 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
+        rlx_sum a1 = (rlx_sum)0;
+        rlx_sum a3 = (rlx_sum)0;
+        rlx_sum a4 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
             const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             const rlx_acc v0 = ((rlx_acc)b0[r]);
-            rlx_acc a2 = (rlx_acc)0;
-            a0 = a0 + v0;
-            a1 = a1 + (rlx_acc)1;
-            a3 = a3 + v0;
-            a4 = a4 + (rlx_acc)1;
+            rlx_sum a2 = (rlx_sum)0;
+            a0 = a0 + (rlx_sum)(v0);
+            a1 = a1 + (rlx_sum)((rlx_acc)1);
+            a3 = a3 + (rlx_sum)(v0);
+            a4 = a4 + (rlx_sum)((rlx_acc)1);
             if (tid == 0) b18[r] = (double)(v0);
             for (long long t = ts + tid; t < te; t += nth) {
                 const rlx_acc v53 = ((rlx_acc)b5[t]);
                 const rlx_acc v57 = ((rlx_acc)(t - ts));
                 const rlx_acc v58 = (v15 * v57);
                 const rlx_acc v59 = (v53 + v58);
-                a2 = a2 + v59;
+                a2 = a2 + (rlx_sum)(v59);
             }
-            const rlx_acc r2 = rlx_block_reduce(a2, 0, rlx_red);
+            const rlx_sum r2 = rlx_block_reduce(a2, 0, rlx_red);
             if (tid == 0) b8[r] = (double)(r2);
         }
         if (tid == 0) b1[g] = (double)(a0);
@@ -140,11 +144,11 @@ RLX_KERNEL void rlx_c0_1(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_1)
@@ -159,11 +163,11 @@ RLX_KERNEL void rlx_c0_2(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_2)
@@ -171,7 +175,7 @@ RLX_HOST_LAUNCHER(rlx_c0_2)
 /* phase 0 (batch), pass 3 (stage 1): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_3(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -218,7 +222,7 @@ RLX_KERNEL void rlx_p0_3(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v2 = ((rlx_acc)b2[g]);
         const rlx_acc v4 = (v2 > v3 ? v2 : v3);
         const rlx_acc v5 = (v1 / v4);
-        rlx_acc a1 = (rlx_acc)0;
+        rlx_sum a1 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -231,9 +235,9 @@ RLX_KERNEL void rlx_p0_3(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const rlx_acc v19 = ((v6 <= v15) ? (rlx_acc)1 : (rlx_acc)0);
             const rlx_acc v60 = ((rlx_acc)b8[r]);
             const rlx_acc v61 = ((v60 > v15) ? (rlx_acc)1 : (rlx_acc)0);
-            rlx_acc a0 = (rlx_acc)0;
-            rlx_acc a2 = (rlx_acc)0;
-            a1 = a1 + v61;
+            rlx_sum a0 = (rlx_sum)0;
+            rlx_sum a2 = (rlx_sum)0;
+            a1 = a1 + (rlx_sum)(v61);
             if (tid == 0) b19[r] = (double)(v6);
             for (long long t = ts + tid; t < te; t += nth) {
                 const rlx_acc v7 = ((rlx_acc)b3[t]);
@@ -271,12 +275,12 @@ RLX_KERNEL void rlx_p0_3(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 const rlx_acc v53 = ((rlx_acc)b5[t]);
                 const rlx_acc v54 = (v43 * v53);
                 const rlx_acc v66 = (v51 * v53);
-                a0 = a0 + v54;
-                a2 = a2 + v66;
+                a0 = a0 + (rlx_sum)(v54);
+                a2 = a2 + (rlx_sum)(v66);
             }
-            const rlx_acc r0 = rlx_block_reduce(a0, 0, rlx_red);
+            const rlx_sum r0 = rlx_block_reduce(a0, 0, rlx_red);
             if (tid == 0) b6[r] = (double)(r0);
-            const rlx_acc r2 = rlx_block_reduce(a2, 0, rlx_red);
+            const rlx_sum r2 = rlx_block_reduce(a2, 0, rlx_red);
             if (tid == 0) b10[r] = (double)(r2);
         }
         if (tid == 0) b29[g] = (double)(a1);
@@ -294,11 +298,11 @@ RLX_KERNEL void rlx_c0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_4)
@@ -306,7 +310,7 @@ RLX_HOST_LAUNCHER(rlx_c0_4)
 /* phase 0 (batch), pass 5 (stage 2): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_5(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -366,12 +370,12 @@ RLX_KERNEL void rlx_p0_5(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v2 = ((rlx_acc)b2[g]);
         const rlx_acc v4 = (v2 > v3 ? v2 : v3);
         const rlx_acc v5 = (v1 / v4);
-        rlx_acc a0 = (rlx_acc)0;
-        rlx_acc a1 = (rlx_acc)0;
-        rlx_acc a2 = (rlx_acc)0;
-        rlx_acc a3 = (rlx_acc)0;
-        rlx_acc a4 = (rlx_acc)0;
-        rlx_acc a5 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
+        rlx_sum a1 = (rlx_sum)0;
+        rlx_sum a2 = (rlx_sum)0;
+        rlx_sum a3 = (rlx_sum)0;
+        rlx_sum a4 = (rlx_sum)0;
+        rlx_sum a5 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -384,8 +388,8 @@ RLX_KERNEL void rlx_p0_5(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const rlx_acc v19 = ((v6 <= v15) ? (rlx_acc)1 : (rlx_acc)0);
             const rlx_acc v55 = ((rlx_acc)b6[r]);
             const rlx_acc v67 = ((rlx_acc)b10[r]);
-            a0 = a0 + v55;
-            a1 = a1 + v67;
+            a0 = a0 + (rlx_sum)(v55);
+            a1 = a1 + (rlx_sum)(v67);
             for (long long t = ts + tid; t < te; t += nth) {
                 const rlx_acc v7 = ((rlx_acc)b3[t]);
                 const rlx_acc v8 = ((rlx_acc)b4[t]);
@@ -436,22 +440,22 @@ RLX_KERNEL void rlx_p0_5(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 const rlx_acc v114 = ((v102 != v91) ? (rlx_acc)1 : (rlx_acc)0);
                 const rlx_acc v115 = ((v114 != 0) ? v113 : v91);
                 const rlx_acc v116 = (v112 + v115);
-                a2 = a2 + v72;
-                a3 = a3 + v59;
-                a4 = a4 + v80;
-                a5 = a5 + v84;
+                a2 = a2 + (rlx_sum)(v72);
+                a3 = a3 + (rlx_sum)(v59);
+                a4 = a4 + (rlx_sum)(v80);
+                a5 = a5 + (rlx_sum)(v84);
                 b26[t] = (float)(v116);
             }
         }
         if (tid == 0) b30[g] = (double)(a0);
         if (tid == 0) b31[g] = (double)(a1);
-        const rlx_acc r2 = rlx_block_reduce(a2, 0, rlx_red);
+        const rlx_sum r2 = rlx_block_reduce(a2, 0, rlx_red);
         if (tid == 0) b32[g] = (double)(r2);
-        const rlx_acc r3 = rlx_block_reduce(a3, 0, rlx_red);
+        const rlx_sum r3 = rlx_block_reduce(a3, 0, rlx_red);
         if (tid == 0) b33[g] = (double)(r3);
-        const rlx_acc r4 = rlx_block_reduce(a4, 0, rlx_red);
+        const rlx_sum r4 = rlx_block_reduce(a4, 0, rlx_red);
         if (tid == 0) b34[g] = (double)(r4);
-        const rlx_acc r5 = rlx_block_reduce(a5, 0, rlx_red);
+        const rlx_sum r5 = rlx_block_reduce(a5, 0, rlx_red);
         if (tid == 0) b35[g] = (double)(r5);
     }
 }
@@ -467,11 +471,11 @@ RLX_KERNEL void rlx_c0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_6)
@@ -486,11 +490,11 @@ RLX_KERNEL void rlx_c0_7(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_7)
@@ -505,11 +509,11 @@ RLX_KERNEL void rlx_c0_8(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_8)
@@ -524,11 +528,11 @@ RLX_KERNEL void rlx_c0_9(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_9)
@@ -543,11 +547,11 @@ RLX_KERNEL void rlx_c0_10(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_10)
@@ -562,11 +566,11 @@ RLX_KERNEL void rlx_c0_11(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_11)

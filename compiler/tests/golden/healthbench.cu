@@ -10,10 +10,14 @@ RLX_DEVICE double rlx_inf(void) { return __longlong_as_double(0x7ff0000000000000
 RLX_DEVICE double rlx_nan(void) { return __longlong_as_double(0x7ff8000000000000LL); }
 #endif
 typedef double rlx_acc;
+typedef double rlx_sum;
 #define RLX_MAX_BLOCK 1024
 /* f64::max / f64::min: a NaN operand is ignored; ties keep the first operand. */
 RLX_DEVICE double rlx_max(double a, double b) { return a != a ? b : (b > a ? b : a); }
 RLX_DEVICE double rlx_min(double a, double b) { return a != a ? b : (b < a ? b : a); }
+/* The same on the accumulators of reductions, rlx_sum (double in either precision). */
+RLX_DEVICE rlx_sum rlx_sum_max(rlx_sum a, rlx_sum b) { return a != a ? b : (b > a ? b : a); }
+RLX_DEVICE rlx_sum rlx_sum_min(rlx_sum a, rlx_sum b) { return a != a ? b : (b < a ? b : a); }
 /* The interpreter's stable forms (rlx_compiler::ir). */
 RLX_DEVICE double rlx_sigmoid(double x) {
     if (x >= 0) return 1 / (1 + exp(-x));
@@ -47,18 +51,18 @@ RLX_DEVICE double rlx_lgamma64(double x) {
 RLX_DEVICE double rlx_lgamma(double x) { return (double)rlx_lgamma64((double)x); }
 /* A block-wide reduction in a fixed order: a pairwise tree over the thread index (any block size).
    op: 0 sum, 1 max, 2 min. Every thread of the block must call it; every thread gets the result. */
-RLX_DEVICE double rlx_block_reduce(double v, int op, double* red) {
+RLX_DEVICE rlx_sum rlx_block_reduce(rlx_sum v, int op, rlx_sum* red) {
     unsigned tid = threadIdx.x, nth = blockDim.x;
     red[tid] = v;
     __syncthreads();
     for (unsigned s = 1; s < nth; s <<= 1) {
         if (tid % (2 * s) == 0 && tid + s < nth) {
-            double a = red[tid], b = red[tid + s];
-            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_max(a, b) : rlx_min(a, b));
+            rlx_sum a = red[tid], b = red[tid + s];
+            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_sum_max(a, b) : rlx_sum_min(a, b));
         }
         __syncthreads();
     }
-    double out = red[0];
+    rlx_sum out = red[0];
     __syncthreads();
     return out;
 }
@@ -89,11 +93,11 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a0 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
         for (long long f = 0LL; f < cn; f++) {
             const rlx_acc v1 = ((rlx_acc)b1[(cs + f)]);
             const rlx_acc v3 = (v1 > v2 ? v1 : v2);
-            a0 = a0 + v3;
+            a0 = a0 + (rlx_sum)(v3);
         }
         b2[g] = (double)(a0);
     }
@@ -130,25 +134,25 @@ RLX_KERNEL void rlx_p0_1(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a1 = (rlx_acc)0;
-        rlx_acc a4 = (rlx_acc)0;
+        rlx_sum a1 = (rlx_sum)0;
+        rlx_sum a4 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
             const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
-            rlx_acc a0 = (rlx_acc)0;
-            rlx_acc a2 = (rlx_acc)0;
-            rlx_acc a3 = (rlx_acc)0;
-            a1 = a1 + (rlx_acc)1;
-            a4 = a4 + (rlx_acc)1;
+            rlx_sum a0 = (rlx_sum)0;
+            rlx_sum a2 = (rlx_sum)0;
+            rlx_sum a3 = (rlx_sum)0;
+            a1 = a1 + (rlx_sum)((rlx_acc)1);
+            a4 = a4 + (rlx_sum)((rlx_acc)1);
             for (long long f = 0LL; f < cn; f++) {
                 const rlx_acc v0 = ((rlx_acc)b0[(rcb + li * cn + f)]);
                 const rlx_acc v1 = ((rlx_acc)b1[(cs + f)]);
                 const rlx_acc v6 = (v1 * v0);
-                a0 = a0 + v6;
-                a2 = a2 + v0;
-                a3 = a3 + (rlx_acc)1;
+                a0 = a0 + (rlx_sum)(v6);
+                a2 = a2 + (rlx_sum)(v0);
+                a3 = a3 + (rlx_sum)((rlx_acc)1);
             }
             b3[r] = (double)(a0);
             b8[r] = (double)(a2);
@@ -170,11 +174,11 @@ RLX_KERNEL void rlx_c0_2(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_2)
@@ -189,11 +193,11 @@ RLX_KERNEL void rlx_c0_3(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_3)
@@ -239,10 +243,10 @@ RLX_KERNEL void rlx_p0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v9 = (v4 > v8 ? v4 : v8);
         const rlx_acc v14 = ((rlx_acc)n);
         const rlx_acc v15 = ((v5 != 0) ? v14 : v2);
-        rlx_acc a0 = (rlx_acc)0;
-        rlx_acc a2 = (rlx_acc)0;
-        rlx_acc a3 = (rlx_acc)0;
-        b19[g] = (double)(((rlx_acc)b19[g]) + v15);
+        rlx_sum a0 = (rlx_sum)0;
+        rlx_sum a2 = (rlx_sum)0;
+        rlx_sum a3 = (rlx_sum)0;
+        b19[g] = (double)(((rlx_sum)b19[g]) + (rlx_sum)(v15));
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -258,9 +262,9 @@ RLX_KERNEL void rlx_p0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const rlx_acc v30 = ((rlx_acc)b9[r]);
             const rlx_acc v31 = (v30 > v26 ? v30 : v26);
             const rlx_acc v32 = (v29 / v31);
-            a0 = a0 + v12;
-            a2 = a2 + v23;
-            a3 = a3 + v32;
+            a0 = a0 + (rlx_sum)(v12);
+            a2 = a2 + (rlx_sum)(v23);
+            a3 = a3 + (rlx_sum)(v32);
             b12[r] = (double)(v11);
         }
         b18[g] = (double)(a0);
@@ -280,11 +284,11 @@ RLX_KERNEL void rlx_c0_5(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_5)
@@ -299,11 +303,11 @@ RLX_KERNEL void rlx_c0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_6)
@@ -318,11 +322,11 @@ RLX_KERNEL void rlx_c0_7(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_7)
@@ -337,11 +341,11 @@ RLX_KERNEL void rlx_c0_8(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_8)

@@ -10,10 +10,14 @@ RLX_DEVICE double rlx_inf(void) { return __longlong_as_double(0x7ff0000000000000
 RLX_DEVICE double rlx_nan(void) { return __longlong_as_double(0x7ff8000000000000LL); }
 #endif
 typedef double rlx_acc;
+typedef double rlx_sum;
 #define RLX_MAX_BLOCK 1024
 /* f64::max / f64::min: a NaN operand is ignored; ties keep the first operand. */
 RLX_DEVICE double rlx_max(double a, double b) { return a != a ? b : (b > a ? b : a); }
 RLX_DEVICE double rlx_min(double a, double b) { return a != a ? b : (b < a ? b : a); }
+/* The same on the accumulators of reductions, rlx_sum (double in either precision). */
+RLX_DEVICE rlx_sum rlx_sum_max(rlx_sum a, rlx_sum b) { return a != a ? b : (b > a ? b : a); }
+RLX_DEVICE rlx_sum rlx_sum_min(rlx_sum a, rlx_sum b) { return a != a ? b : (b < a ? b : a); }
 /* The interpreter's stable forms (rlx_compiler::ir). */
 RLX_DEVICE double rlx_sigmoid(double x) {
     if (x >= 0) return 1 / (1 + exp(-x));
@@ -47,18 +51,18 @@ RLX_DEVICE double rlx_lgamma64(double x) {
 RLX_DEVICE double rlx_lgamma(double x) { return (double)rlx_lgamma64((double)x); }
 /* A block-wide reduction in a fixed order: a pairwise tree over the thread index (any block size).
    op: 0 sum, 1 max, 2 min. Every thread of the block must call it; every thread gets the result. */
-RLX_DEVICE double rlx_block_reduce(double v, int op, double* red) {
+RLX_DEVICE rlx_sum rlx_block_reduce(rlx_sum v, int op, rlx_sum* red) {
     unsigned tid = threadIdx.x, nth = blockDim.x;
     red[tid] = v;
     __syncthreads();
     for (unsigned s = 1; s < nth; s <<= 1) {
         if (tid % (2 * s) == 0 && tid + s < nth) {
-            double a = red[tid], b = red[tid + s];
-            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_max(a, b) : rlx_min(a, b));
+            rlx_sum a = red[tid], b = red[tid + s];
+            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_sum_max(a, b) : rlx_sum_min(a, b));
         }
         __syncthreads();
     }
-    double out = red[0];
+    rlx_sum out = red[0];
     __syncthreads();
     return out;
 }
@@ -66,7 +70,7 @@ RLX_DEVICE double rlx_block_reduce(double v, int op, double* red) {
 /* phase 0 (batch), pass 0 (stage 0): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -96,35 +100,35 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a1 = (rlx_acc)0;
-        rlx_acc a2 = (rlx_acc)0;
-        rlx_acc a3 = (rlx_acc)0;
-        rlx_acc a4 = (rlx_acc)0;
-        rlx_acc a5 = (rlx_acc)0;
+        rlx_sum a1 = (rlx_sum)0;
+        rlx_sum a2 = (rlx_sum)0;
+        rlx_sum a3 = (rlx_sum)0;
+        rlx_sum a4 = (rlx_sum)0;
+        rlx_sum a5 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
             const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             const rlx_acc v6 = ((rlx_acc)b2[r]);
-            rlx_acc a0 = (rlx_acc)0;
-            a1 = a1 + v6;
-            a3 = a3 + v6;
-            a4 = a4 + (rlx_acc)1;
-            a5 = a5 + (rlx_acc)1;
+            rlx_sum a0 = (rlx_sum)0;
+            a1 = a1 + (rlx_sum)(v6);
+            a3 = a3 + (rlx_sum)(v6);
+            a4 = a4 + (rlx_sum)((rlx_acc)1);
+            a5 = a5 + (rlx_sum)((rlx_acc)1);
             for (long long t = ts + tid; t < te; t += nth) {
                 const rlx_acc v0 = ((rlx_acc)b0[t]);
                 const rlx_acc v2 = ((rlx_acc)(t - ts));
                 const rlx_acc v3 = (v1 * v2);
                 const rlx_acc v4 = (v0 + v3);
-                a0 = a0 + v4;
-                a2 = a2 + v4;
+                a0 = a0 + (rlx_sum)(v4);
+                a2 = a2 + (rlx_sum)(v4);
             }
-            const rlx_acc r0 = rlx_block_reduce(a0, 0, rlx_red);
+            const rlx_sum r0 = rlx_block_reduce(a0, 0, rlx_red);
             if (tid == 0) b1[r] = (double)(r0);
         }
         if (tid == 0) b3[g] = (double)(a1);
-        const rlx_acc r2 = rlx_block_reduce(a2, 0, rlx_red);
+        const rlx_sum r2 = rlx_block_reduce(a2, 0, rlx_red);
         if (tid == 0) b26[g] = (double)(r2);
         if (tid == 0) b27[g] = (double)(a3);
         if (tid == 0) b28[g] = (double)(a4);
@@ -143,11 +147,11 @@ RLX_KERNEL void rlx_c0_1(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_1)
@@ -162,11 +166,11 @@ RLX_KERNEL void rlx_c0_2(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_2)
@@ -181,11 +185,11 @@ RLX_KERNEL void rlx_c0_3(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_3)
@@ -200,11 +204,11 @@ RLX_KERNEL void rlx_c0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_4)
@@ -238,13 +242,13 @@ RLX_KERNEL void rlx_p0_5(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const long long ts = (long long)to[r];
             const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
-            rlx_acc a0 = (rlx_acc)0;
+            rlx_sum a0 = (rlx_sum)0;
             for (long long j = gs; j < (gs + n); j++) {
                 if (j == r) continue;
                 const long long lj = (j - gs);
                 const long long p = (pb + li * (n - 1LL) + (lj - (lj > li ? 1LL : 0LL)));
                 (void)lj; (void)p;
-                a0 = a0 + (rlx_acc)1;
+                a0 = a0 + (rlx_sum)((rlx_acc)1);
             }
             b12[r] = (double)(a0);
         }
@@ -286,12 +290,12 @@ RLX_KERNEL void rlx_p0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a0 = (rlx_acc)0;
-        rlx_acc a1 = rlx_nan();
-        rlx_acc n1 = (rlx_acc)0;
-        rlx_acc a2 = rlx_nan();
-        rlx_acc n2 = (rlx_acc)0;
-        rlx_acc a3 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
+        rlx_sum a1 = rlx_nan();
+        rlx_sum n1 = (rlx_sum)0;
+        rlx_sum a2 = rlx_nan();
+        rlx_sum n2 = (rlx_sum)0;
+        rlx_sum a3 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -302,12 +306,12 @@ RLX_KERNEL void rlx_p0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const rlx_acc v11 = ((v6 != 0) ? v5 : v1);
             const rlx_acc v23 = ((v6 != 0) ? v5 : v22);
             const rlx_acc v25 = ((v6 != 0) ? v5 : v21);
-            a0 = a0 + v11;
-            a1 = rlx_max(a1, v23);
-            n1 += (rlx_acc)1;
-            a2 = rlx_min(a2, v25);
-            n2 += (rlx_acc)1;
-            a3 = a3 + v5;
+            a0 = a0 + (rlx_sum)(v11);
+            a1 = rlx_sum_max(a1, (rlx_sum)(v23));
+            n1 += (rlx_sum)1;
+            a2 = rlx_sum_min(a2, (rlx_sum)(v25));
+            n2 += (rlx_sum)1;
+            a3 = a3 + (rlx_sum)(v5);
         }
         b4[g] = (double)(a0);
         b6[g] = (double)(a1);
@@ -329,11 +333,11 @@ RLX_KERNEL void rlx_c0_7(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_7)
@@ -373,7 +377,7 @@ RLX_KERNEL void rlx_p0_8(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v10 = (v8 > v9 ? v8 : v9);
         const rlx_acc v12 = ((rlx_acc)b4[g]);
         const rlx_acc v13 = (v12 / v10);
-        rlx_acc a0 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -384,7 +388,7 @@ RLX_KERNEL void rlx_p0_8(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const rlx_acc v14 = (v5 - v13);
             const rlx_acc v16 = pow(v14, v15);
             const rlx_acc v17 = ((v6 != 0) ? v16 : v1);
-            a0 = a0 + v17;
+            a0 = a0 + (rlx_sum)(v17);
         }
         b5[g] = (double)(a0);
     }
@@ -487,14 +491,14 @@ RLX_KERNEL void rlx_p0_10(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const long long ts = (long long)to[r];
             const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
-            rlx_acc a0 = (rlx_acc)0;
+            rlx_sum a0 = (rlx_sum)0;
             for (long long j = gs; j < (gs + n); j++) {
                 if (j == r) continue;
                 const long long lj = (j - gs);
                 const long long p = (pb + li * (n - 1LL) + (lj - (lj > li ? 1LL : 0LL)));
                 (void)lj; (void)p;
                 const rlx_acc v34 = ((rlx_acc)b10[j]);
-                a0 = a0 + v34;
+                a0 = a0 + (rlx_sum)(v34);
             }
             b11[r] = (double)(a0);
         }
@@ -505,7 +509,7 @@ RLX_HOST_LAUNCHER(rlx_p0_10)
 /* phase 0 (batch), pass 11 (stage 5): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_11(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -550,7 +554,7 @@ RLX_KERNEL void rlx_p0_11(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a0 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -611,11 +615,11 @@ RLX_KERNEL void rlx_p0_11(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 const rlx_acc v106 = ((v105 != 0) ? v104 : v76);
                 const rlx_acc v107 = ((v43 >= v45) ? (rlx_acc)1 : (rlx_acc)0);
                 const rlx_acc v108 = ((v107 != 0) ? v106 : v76);
-                a0 = a0 + v62;
+                a0 = a0 + (rlx_sum)(v62);
                 b25[t] = (float)(v108);
             }
         }
-        const rlx_acc r0 = rlx_block_reduce(a0, 0, rlx_red);
+        const rlx_sum r0 = rlx_block_reduce(a0, 0, rlx_red);
         if (tid == 0) b31[g] = (double)(r0);
     }
 }
@@ -631,11 +635,11 @@ RLX_KERNEL void rlx_c0_12(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_12)

@@ -10,10 +10,14 @@ RLX_DEVICE double rlx_inf(void) { return __longlong_as_double(0x7ff0000000000000
 RLX_DEVICE double rlx_nan(void) { return __longlong_as_double(0x7ff8000000000000LL); }
 #endif
 typedef double rlx_acc;
+typedef double rlx_sum;
 #define RLX_MAX_BLOCK 1024
 /* f64::max / f64::min: a NaN operand is ignored; ties keep the first operand. */
 RLX_DEVICE double rlx_max(double a, double b) { return a != a ? b : (b > a ? b : a); }
 RLX_DEVICE double rlx_min(double a, double b) { return a != a ? b : (b < a ? b : a); }
+/* The same on the accumulators of reductions, rlx_sum (double in either precision). */
+RLX_DEVICE rlx_sum rlx_sum_max(rlx_sum a, rlx_sum b) { return a != a ? b : (b > a ? b : a); }
+RLX_DEVICE rlx_sum rlx_sum_min(rlx_sum a, rlx_sum b) { return a != a ? b : (b < a ? b : a); }
 /* The interpreter's stable forms (rlx_compiler::ir). */
 RLX_DEVICE double rlx_sigmoid(double x) {
     if (x >= 0) return 1 / (1 + exp(-x));
@@ -47,18 +51,18 @@ RLX_DEVICE double rlx_lgamma64(double x) {
 RLX_DEVICE double rlx_lgamma(double x) { return (double)rlx_lgamma64((double)x); }
 /* A block-wide reduction in a fixed order: a pairwise tree over the thread index (any block size).
    op: 0 sum, 1 max, 2 min. Every thread of the block must call it; every thread gets the result. */
-RLX_DEVICE double rlx_block_reduce(double v, int op, double* red) {
+RLX_DEVICE rlx_sum rlx_block_reduce(rlx_sum v, int op, rlx_sum* red) {
     unsigned tid = threadIdx.x, nth = blockDim.x;
     red[tid] = v;
     __syncthreads();
     for (unsigned s = 1; s < nth; s <<= 1) {
         if (tid % (2 * s) == 0 && tid + s < nth) {
-            double a = red[tid], b = red[tid + s];
-            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_max(a, b) : rlx_min(a, b));
+            rlx_sum a = red[tid], b = red[tid + s];
+            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_sum_max(a, b) : rlx_sum_min(a, b));
         }
         __syncthreads();
     }
-    double out = red[0];
+    rlx_sum out = red[0];
     __syncthreads();
     return out;
 }
@@ -106,12 +110,12 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v10 = (v7 * v9);
         const rlx_acc v11 = (v5 + v10);
         const rlx_acc v13 = (v10 + v8);
-        rlx_acc a2 = (rlx_acc)0;
-        rlx_acc a3 = (rlx_acc)0;
-        rlx_acc a4 = (rlx_acc)0;
-        rlx_acc a5 = (rlx_acc)0;
-        rlx_acc a6 = (rlx_acc)0;
-        rlx_acc a7 = (rlx_acc)0;
+        rlx_sum a2 = (rlx_sum)0;
+        rlx_sum a3 = (rlx_sum)0;
+        rlx_sum a4 = (rlx_sum)0;
+        rlx_sum a5 = (rlx_sum)0;
+        rlx_sum a6 = (rlx_sum)0;
+        rlx_sum a7 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -122,26 +126,26 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const rlx_acc v14 = (v12 / v13);
             const rlx_acc v15 = tanh(v14);
             const rlx_acc v16 = ((v4 >= v11) ? (rlx_acc)1 : (rlx_acc)0);
-            a2 = a2 + (rlx_acc)1;
-            a3 = a3 + v16;
-            a4 = a4 + (rlx_acc)1;
-            a5 = a5 + (rlx_acc)1;
-            a6 = a6 + v15;
-            a7 = a7 + (rlx_acc)1;
+            a2 = a2 + (rlx_sum)((rlx_acc)1);
+            a3 = a3 + (rlx_sum)(v16);
+            a4 = a4 + (rlx_sum)((rlx_acc)1);
+            a5 = a5 + (rlx_sum)((rlx_acc)1);
+            a6 = a6 + (rlx_sum)(v15);
+            a7 = a7 + (rlx_sum)((rlx_acc)1);
             for (long long j = gs; j < (gs + n); j++) {
                 if (j == r) continue;
                 const long long lj = (j - gs);
                 const long long p = (pb + li * (n - 1LL) + (lj - (lj > li ? 1LL : 0LL)));
                 (void)lj; (void)p;
-                rlx_acc a0 = (rlx_acc)0;
-                rlx_acc a1 = (rlx_acc)0;
+                rlx_sum a0 = (rlx_sum)0;
+                rlx_sum a1 = (rlx_sum)0;
                 for (long long f = 0LL; f < dim; f++) {
                     const rlx_acc v17 = ((rlx_acc)b5[(r * dim + f)]);
                     const rlx_acc v19 = ((rlx_acc)b5[(j * dim + f)]);
                     const rlx_acc v20 = (v17 * v19);
                     const rlx_acc v23 = (v19 * v19);
-                    a0 = a0 + v20;
-                    a1 = a1 + v23;
+                    a0 = a0 + (rlx_sum)(v20);
+                    a1 = a1 + (rlx_sum)(v23);
                 }
                 b6[p] = (double)(a0);
                 b8[p] = (double)(a1);
@@ -167,11 +171,11 @@ RLX_KERNEL void rlx_c0_1(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_1)
@@ -186,11 +190,11 @@ RLX_KERNEL void rlx_c0_2(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_2)
@@ -205,11 +209,11 @@ RLX_KERNEL void rlx_c0_3(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_3)
@@ -224,11 +228,11 @@ RLX_KERNEL void rlx_c0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_4)
@@ -243,11 +247,11 @@ RLX_KERNEL void rlx_c0_5(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_5)
@@ -282,11 +286,11 @@ RLX_KERNEL void rlx_p0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const long long ts = (long long)to[r];
             const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
-            rlx_acc a0 = (rlx_acc)0;
+            rlx_sum a0 = (rlx_sum)0;
             for (long long f = 0LL; f < dim; f++) {
                 const rlx_acc v17 = ((rlx_acc)b5[(r * dim + f)]);
                 const rlx_acc v22 = (v17 * v17);
-                a0 = a0 + v22;
+                a0 = a0 + (rlx_sum)(v22);
             }
             b7[r] = (double)(a0);
         }
@@ -297,7 +301,7 @@ RLX_HOST_LAUNCHER(rlx_p0_6)
 /* phase 0 (batch), pass 7 (stage 0): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_7(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -321,7 +325,7 @@ RLX_KERNEL void rlx_p0_7(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a0 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -331,10 +335,10 @@ RLX_KERNEL void rlx_p0_7(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 const rlx_acc v86 = ((rlx_acc)(t - ts));
                 const rlx_acc v87 = (v33 * v86);
                 const rlx_acc v88 = (v18 + v87);
-                a0 = a0 + v88;
+                a0 = a0 + (rlx_sum)(v88);
             }
         }
-        const rlx_acc r0 = rlx_block_reduce(a0, 0, rlx_red);
+        const rlx_sum r0 = rlx_block_reduce(a0, 0, rlx_red);
         if (tid == 0) b38[g] = (double)(r0);
     }
 }
@@ -350,11 +354,11 @@ RLX_KERNEL void rlx_c0_8(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_8)
@@ -395,8 +399,8 @@ RLX_KERNEL void rlx_p0_9(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
             const rlx_acc v24 = ((rlx_acc)b7[r]);
-            rlx_acc a0 = rlx_nan();
-            rlx_acc n0 = (rlx_acc)0;
+            rlx_sum a0 = rlx_nan();
+            rlx_sum n0 = (rlx_sum)0;
             for (long long j = gs; j < (gs + n); j++) {
                 if (j == r) continue;
                 const long long lj = (j - gs);
@@ -409,8 +413,8 @@ RLX_KERNEL void rlx_p0_9(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 const rlx_acc v29 = (v27 > v28 ? v27 : v28);
                 const rlx_acc v30 = (v21 / v29);
                 const rlx_acc v31 = (v18 - v30);
-                a0 = rlx_min(a0, v31);
-                n0 += (rlx_acc)1;
+                a0 = rlx_sum_min(a0, (rlx_sum)(v31));
+                n0 += (rlx_sum)1;
             }
             b9[r] = (double)(a0);
             b10[r] = (double)(n0);
@@ -466,8 +470,8 @@ RLX_KERNEL void rlx_p0_10(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v10 = (v7 * v9);
         const rlx_acc v11 = (v5 + v10);
         const rlx_acc v13 = (v10 + v8);
-        rlx_acc a0 = (rlx_acc)0;
-        rlx_acc a1 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
+        rlx_sum a1 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -497,8 +501,8 @@ RLX_KERNEL void rlx_p0_10(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const rlx_acc v53 = (v52 * v35);
             const rlx_acc v54 = (v15 + v53);
             const rlx_acc v55 = (v54 + v51);
-            a0 = a0 + v55;
-            a1 = a1 + v35;
+            a0 = a0 + (rlx_sum)(v55);
+            a1 = a1 + (rlx_sum)(v35);
             b26[r] = (double)(v55);
         }
         b13[g] = (double)(a0);
@@ -517,11 +521,11 @@ RLX_KERNEL void rlx_c0_11(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_11)
@@ -577,7 +581,7 @@ RLX_KERNEL void rlx_p0_12(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v57 = ((rlx_acc)b14[g]);
         const rlx_acc v58 = (v57 > v38 ? v57 : v38);
         const rlx_acc v59 = (v56 / v58);
-        rlx_acc a0 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -609,7 +613,7 @@ RLX_KERNEL void rlx_p0_12(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const rlx_acc v55 = (v54 + v51);
             const rlx_acc v60 = (v55 - v59);
             const rlx_acc v61 = (v60 * v60);
-            a0 = a0 + v61;
+            a0 = a0 + (rlx_sum)(v61);
         }
         b15[g] = (double)(a0);
     }
@@ -619,7 +623,7 @@ RLX_HOST_LAUNCHER(rlx_p0_12)
 /* phase 0 (batch), pass 13 (stage 4): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_13(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -704,8 +708,8 @@ RLX_KERNEL void rlx_p0_13(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const rlx_acc v65 = (v62 / v64);
         const rlx_acc v66 = sqrt(v65);
         const rlx_acc v67 = (v66 + v8);
-        rlx_acc a0 = (rlx_acc)0;
-        rlx_acc a1 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
+        rlx_sum a1 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -803,14 +807,14 @@ RLX_KERNEL void rlx_p0_13(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 const rlx_acc v169 = ((v167 != v69) ? (rlx_acc)1 : (rlx_acc)0);
                 const rlx_acc v170 = ((v169 != 0) ? v168 : v69);
                 const rlx_acc v171 = (v142 + v170);
-                a0 = a0 + v84;
-                a1 = a1 + v107;
+                a0 = a0 + (rlx_sum)(v84);
+                a1 = a1 + (rlx_sum)(v107);
                 b32[t] = (float)(v171);
             }
         }
-        const rlx_acc r0 = rlx_block_reduce(a0, 0, rlx_red);
+        const rlx_sum r0 = rlx_block_reduce(a0, 0, rlx_red);
         if (tid == 0) b40[g] = (double)(r0);
-        const rlx_acc r1 = rlx_block_reduce(a1, 0, rlx_red);
+        const rlx_sum r1 = rlx_block_reduce(a1, 0, rlx_red);
         if (tid == 0) b41[g] = (double)(r1);
     }
 }
@@ -826,11 +830,11 @@ RLX_KERNEL void rlx_c0_14(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_14)
@@ -845,11 +849,11 @@ RLX_KERNEL void rlx_c0_15(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_15)

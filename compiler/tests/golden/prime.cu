@@ -10,10 +10,14 @@ RLX_DEVICE double rlx_inf(void) { return __longlong_as_double(0x7ff0000000000000
 RLX_DEVICE double rlx_nan(void) { return __longlong_as_double(0x7ff8000000000000LL); }
 #endif
 typedef double rlx_acc;
+typedef double rlx_sum;
 #define RLX_MAX_BLOCK 1024
 /* f64::max / f64::min: a NaN operand is ignored; ties keep the first operand. */
 RLX_DEVICE double rlx_max(double a, double b) { return a != a ? b : (b > a ? b : a); }
 RLX_DEVICE double rlx_min(double a, double b) { return a != a ? b : (b < a ? b : a); }
+/* The same on the accumulators of reductions, rlx_sum (double in either precision). */
+RLX_DEVICE rlx_sum rlx_sum_max(rlx_sum a, rlx_sum b) { return a != a ? b : (b > a ? b : a); }
+RLX_DEVICE rlx_sum rlx_sum_min(rlx_sum a, rlx_sum b) { return a != a ? b : (b < a ? b : a); }
 /* The interpreter's stable forms (rlx_compiler::ir). */
 RLX_DEVICE double rlx_sigmoid(double x) {
     if (x >= 0) return 1 / (1 + exp(-x));
@@ -47,18 +51,18 @@ RLX_DEVICE double rlx_lgamma64(double x) {
 RLX_DEVICE double rlx_lgamma(double x) { return (double)rlx_lgamma64((double)x); }
 /* A block-wide reduction in a fixed order: a pairwise tree over the thread index (any block size).
    op: 0 sum, 1 max, 2 min. Every thread of the block must call it; every thread gets the result. */
-RLX_DEVICE double rlx_block_reduce(double v, int op, double* red) {
+RLX_DEVICE rlx_sum rlx_block_reduce(rlx_sum v, int op, rlx_sum* red) {
     unsigned tid = threadIdx.x, nth = blockDim.x;
     red[tid] = v;
     __syncthreads();
     for (unsigned s = 1; s < nth; s <<= 1) {
         if (tid % (2 * s) == 0 && tid + s < nth) {
-            double a = red[tid], b = red[tid + s];
-            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_max(a, b) : rlx_min(a, b));
+            rlx_sum a = red[tid], b = red[tid + s];
+            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_sum_max(a, b) : rlx_sum_min(a, b));
         }
         __syncthreads();
     }
-    double out = red[0];
+    rlx_sum out = red[0];
     __syncthreads();
     return out;
 }
@@ -66,7 +70,7 @@ RLX_DEVICE double rlx_block_reduce(double v, int op, double* red) {
 /* phase 0 (batch), pass 0 (stage 0): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -103,8 +107,8 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a4 = (rlx_acc)0;
-        rlx_acc a5 = (rlx_acc)0;
+        rlx_sum a4 = (rlx_sum)0;
+        rlx_sum a5 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -113,12 +117,12 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const rlx_acc v7 = ((rlx_acc)(te - ts));
             const rlx_acc v9 = (v7 - v8);
             const rlx_acc v36 = ((rlx_acc)b6[r]);
-            rlx_acc a0 = (rlx_acc)0;
-            rlx_acc a1 = (rlx_acc)0;
-            rlx_acc a2 = (rlx_acc)0;
-            rlx_acc a3 = (rlx_acc)0;
-            a4 = a4 + v36;
-            a5 = a5 + (rlx_acc)1;
+            rlx_sum a0 = (rlx_sum)0;
+            rlx_sum a1 = (rlx_sum)0;
+            rlx_sum a2 = (rlx_sum)0;
+            rlx_sum a3 = (rlx_sum)0;
+            a4 = a4 + (rlx_sum)(v36);
+            a5 = a5 + (rlx_sum)((rlx_acc)1);
             if (tid == 0) b21[r] = (double)(v36);
             for (long long t = ts + tid; t < te; t += nth) {
                 const rlx_acc v0 = ((rlx_acc)b0[t]);
@@ -136,18 +140,18 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 const rlx_acc v37 = ((v10 != 0) ? v36 : v18);
                 const rlx_acc v38 = (v37 * v13);
                 const rlx_acc v40 = (v13 + v19);
-                a0 = a0 + v16;
-                a1 = a1 + v20;
-                a2 = a2 + v38;
-                a3 = a3 + v40;
+                a0 = a0 + (rlx_sum)(v16);
+                a1 = a1 + (rlx_sum)(v20);
+                a2 = a2 + (rlx_sum)(v38);
+                a3 = a3 + (rlx_sum)(v40);
             }
-            const rlx_acc r0 = rlx_block_reduce(a0, 0, rlx_red);
+            const rlx_sum r0 = rlx_block_reduce(a0, 0, rlx_red);
             if (tid == 0) b3[r] = (double)(r0);
-            const rlx_acc r1 = rlx_block_reduce(a1, 0, rlx_red);
+            const rlx_sum r1 = rlx_block_reduce(a1, 0, rlx_red);
             if (tid == 0) b4[r] = (double)(r1);
-            const rlx_acc r2 = rlx_block_reduce(a2, 0, rlx_red);
+            const rlx_sum r2 = rlx_block_reduce(a2, 0, rlx_red);
             if (tid == 0) b7[r] = (double)(r2);
-            const rlx_acc r3 = rlx_block_reduce(a3, 0, rlx_red);
+            const rlx_sum r3 = rlx_block_reduce(a3, 0, rlx_red);
             if (tid == 0) b8[r] = (double)(r3);
         }
         if (tid == 0) b27[g] = (double)(a4);
@@ -166,11 +170,11 @@ RLX_KERNEL void rlx_c0_1(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_1)
@@ -185,11 +189,11 @@ RLX_KERNEL void rlx_c0_2(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_2)
@@ -224,8 +228,8 @@ RLX_KERNEL void rlx_p0_3(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a0 = (rlx_acc)0;
-        rlx_acc a1 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
+        rlx_sum a1 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -239,8 +243,8 @@ RLX_KERNEL void rlx_p0_3(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const rlx_acc v41 = ((rlx_acc)b8[r]);
             const rlx_acc v42 = (v41 > v22 ? v41 : v22);
             const rlx_acc v43 = (v39 / v42);
-            a0 = a0 + v24;
-            a1 = a1 + v43;
+            a0 = a0 + (rlx_sum)(v24);
+            a1 = a1 + (rlx_sum)(v43);
         }
         b5[g] = (double)(a0);
         b9[g] = (double)(a1);
@@ -339,7 +343,7 @@ RLX_HOST_LAUNCHER(rlx_p0_4)
 /* phase 0 (batch), pass 5 (stage 3): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_5(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -365,8 +369,8 @@ RLX_KERNEL void rlx_p0_5(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a0 = (rlx_acc)0;
-        rlx_acc a1 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
+        rlx_sum a1 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -379,13 +383,13 @@ RLX_KERNEL void rlx_p0_5(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 const rlx_acc v20 = (v15 + v19);
                 const rlx_acc v54 = ((rlx_acc)b10[t]);
                 const rlx_acc v56 = (v20 * v54);
-                a0 = a0 + v20;
-                a1 = a1 + v56;
+                a0 = a0 + (rlx_sum)(v20);
+                a1 = a1 + (rlx_sum)(v56);
             }
         }
-        const rlx_acc r0 = rlx_block_reduce(a0, 0, rlx_red);
+        const rlx_sum r0 = rlx_block_reduce(a0, 0, rlx_red);
         if (tid == 0) b29[g] = (double)(r0);
-        const rlx_acc r1 = rlx_block_reduce(a1, 0, rlx_red);
+        const rlx_sum r1 = rlx_block_reduce(a1, 0, rlx_red);
         if (tid == 0) b30[g] = (double)(r1);
     }
 }
@@ -401,11 +405,11 @@ RLX_KERNEL void rlx_c0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_6)
@@ -420,11 +424,11 @@ RLX_KERNEL void rlx_c0_7(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_7)
@@ -432,7 +436,7 @@ RLX_HOST_LAUNCHER(rlx_c0_7)
 /* phase 0 (batch), pass 8 (stage 4): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_8(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -465,7 +469,7 @@ RLX_KERNEL void rlx_p0_8(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a0 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -480,10 +484,10 @@ RLX_KERNEL void rlx_p0_8(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 const rlx_acc v60 = (v54 - v59);
                 const rlx_acc v62 = pow(v60, v61);
                 const rlx_acc v63 = (v20 * v62);
-                a0 = a0 + v63;
+                a0 = a0 + (rlx_sum)(v63);
             }
         }
-        const rlx_acc r0 = rlx_block_reduce(a0, 0, rlx_red);
+        const rlx_sum r0 = rlx_block_reduce(a0, 0, rlx_red);
         if (tid == 0) b31[g] = (double)(r0);
     }
 }
@@ -499,11 +503,11 @@ RLX_KERNEL void rlx_c0_9(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_9)
@@ -511,7 +515,7 @@ RLX_HOST_LAUNCHER(rlx_c0_9)
 /* phase 0 (batch), pass 10 (stage 5): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_10(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -572,9 +576,9 @@ RLX_KERNEL void rlx_p0_10(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a0 = (rlx_acc)0;
-        rlx_acc a1 = (rlx_acc)0;
-        rlx_acc a2 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
+        rlx_sum a1 = (rlx_sum)0;
+        rlx_sum a2 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -639,17 +643,17 @@ RLX_KERNEL void rlx_p0_10(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 const rlx_acc v137 = ((v136 != 0) ? v135 : v12);
                 const rlx_acc v138 = ((v75 >= v77) ? (rlx_acc)1 : (rlx_acc)0);
                 const rlx_acc v139 = ((v138 != 0) ? v137 : v12);
-                a0 = a0 + v94;
-                a1 = a1 + v16;
-                a2 = a2 + v101;
+                a0 = a0 + (rlx_sum)(v94);
+                a1 = a1 + (rlx_sum)(v16);
+                a2 = a2 + (rlx_sum)(v101);
                 b26[t] = (float)(v139);
             }
         }
-        const rlx_acc r0 = rlx_block_reduce(a0, 0, rlx_red);
+        const rlx_sum r0 = rlx_block_reduce(a0, 0, rlx_red);
         if (tid == 0) b32[g] = (double)(r0);
-        const rlx_acc r1 = rlx_block_reduce(a1, 0, rlx_red);
+        const rlx_sum r1 = rlx_block_reduce(a1, 0, rlx_red);
         if (tid == 0) b33[g] = (double)(r1);
-        const rlx_acc r2 = rlx_block_reduce(a2, 0, rlx_red);
+        const rlx_sum r2 = rlx_block_reduce(a2, 0, rlx_red);
         if (tid == 0) b34[g] = (double)(r2);
     }
 }
@@ -665,11 +669,11 @@ RLX_KERNEL void rlx_c0_11(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_11)
@@ -684,11 +688,11 @@ RLX_KERNEL void rlx_c0_12(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_12)
@@ -703,11 +707,11 @@ RLX_KERNEL void rlx_c0_13(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_13)

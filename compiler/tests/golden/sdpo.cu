@@ -10,10 +10,14 @@ RLX_DEVICE double rlx_inf(void) { return __longlong_as_double(0x7ff0000000000000
 RLX_DEVICE double rlx_nan(void) { return __longlong_as_double(0x7ff8000000000000LL); }
 #endif
 typedef double rlx_acc;
+typedef double rlx_sum;
 #define RLX_MAX_BLOCK 1024
 /* f64::max / f64::min: a NaN operand is ignored; ties keep the first operand. */
 RLX_DEVICE double rlx_max(double a, double b) { return a != a ? b : (b > a ? b : a); }
 RLX_DEVICE double rlx_min(double a, double b) { return a != a ? b : (b < a ? b : a); }
+/* The same on the accumulators of reductions, rlx_sum (double in either precision). */
+RLX_DEVICE rlx_sum rlx_sum_max(rlx_sum a, rlx_sum b) { return a != a ? b : (b > a ? b : a); }
+RLX_DEVICE rlx_sum rlx_sum_min(rlx_sum a, rlx_sum b) { return a != a ? b : (b < a ? b : a); }
 /* The interpreter's stable forms (rlx_compiler::ir). */
 RLX_DEVICE double rlx_sigmoid(double x) {
     if (x >= 0) return 1 / (1 + exp(-x));
@@ -47,18 +51,18 @@ RLX_DEVICE double rlx_lgamma64(double x) {
 RLX_DEVICE double rlx_lgamma(double x) { return (double)rlx_lgamma64((double)x); }
 /* A block-wide reduction in a fixed order: a pairwise tree over the thread index (any block size).
    op: 0 sum, 1 max, 2 min. Every thread of the block must call it; every thread gets the result. */
-RLX_DEVICE double rlx_block_reduce(double v, int op, double* red) {
+RLX_DEVICE rlx_sum rlx_block_reduce(rlx_sum v, int op, rlx_sum* red) {
     unsigned tid = threadIdx.x, nth = blockDim.x;
     red[tid] = v;
     __syncthreads();
     for (unsigned s = 1; s < nth; s <<= 1) {
         if (tid % (2 * s) == 0 && tid + s < nth) {
-            double a = red[tid], b = red[tid + s];
-            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_max(a, b) : rlx_min(a, b));
+            rlx_sum a = red[tid], b = red[tid + s];
+            red[tid] = op == 0 ? a + b : (op == 1 ? rlx_sum_max(a, b) : rlx_sum_min(a, b));
         }
         __syncthreads();
     }
-    double out = red[0];
+    rlx_sum out = red[0];
     __syncthreads();
     return out;
 }
@@ -66,7 +70,7 @@ RLX_DEVICE double rlx_block_reduce(double v, int op, double* red) {
 /* phase 0 (batch), pass 0 (stage 0): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -96,16 +100,16 @@ RLX_KERNEL void rlx_p0_0(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const long long ts = (long long)to[r];
             const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
-            rlx_acc a0 = (rlx_acc)0;
+            rlx_sum a0 = (rlx_sum)0;
             for (long long t = ts + tid; t < te; t += nth) {
                 const rlx_acc v1 = ((rlx_acc)b0[t]);
                 const rlx_acc v2 = ((rlx_acc)b1[t]);
                 const rlx_acc v3 = ((rlx_acc)b2[t]);
                 const rlx_acc v4 = (v1 - v2);
                 const rlx_acc v5 = (v4 * v3);
-                a0 = a0 + v5;
+                a0 = a0 + (rlx_sum)(v5);
             }
-            const rlx_acc r0 = rlx_block_reduce(a0, 0, rlx_red);
+            const rlx_sum r0 = rlx_block_reduce(a0, 0, rlx_red);
             if (tid == 0) b3[r] = (double)(r0);
         }
     }
@@ -142,7 +146,7 @@ RLX_KERNEL void rlx_p0_1(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const long long ts = (long long)to[r];
             const long long te = (long long)to[(r + 1LL)];
             (void)li; (void)ts; (void)te;
-            rlx_acc a0 = (rlx_acc)0;
+            rlx_sum a0 = (rlx_sum)0;
             for (long long j = gs; j < (gs + n); j++) {
                 if (j == r) continue;
                 const long long lj = (j - gs);
@@ -150,7 +154,7 @@ RLX_KERNEL void rlx_p0_1(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 (void)lj; (void)p;
                 const rlx_acc v10 = ((rlx_acc)b5[j]);
                 const rlx_acc v27 = ((!(v10 != 0)) ? (rlx_acc)1 : (rlx_acc)0);
-                a0 = a0 + v27;
+                a0 = a0 + (rlx_sum)(v27);
             }
             b8[r] = (double)(a0);
         }
@@ -190,7 +194,7 @@ RLX_KERNEL void rlx_p0_2(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a2 = (rlx_acc)0;
+        rlx_sum a2 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -201,9 +205,9 @@ RLX_KERNEL void rlx_p0_2(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const rlx_acc v8 = ((rlx_acc)b5[r]);
             const rlx_acc v28 = ((rlx_acc)b8[r]);
             const rlx_acc v29 = ((v8 != 0) ? v28 : v9);
-            rlx_acc a1 = (rlx_acc)0;
+            rlx_sum a1 = (rlx_sum)0;
             b4[r] = (double)(v7);
-            a2 = a2 + v29;
+            a2 = a2 + (rlx_sum)(v29);
             for (long long j = gs; j < (gs + n); j++) {
                 if (j == r) continue;
                 const long long lj = (j - gs);
@@ -222,7 +226,7 @@ RLX_KERNEL void rlx_p0_2(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 const rlx_acc v21 = (v9 * v18);
                 const rlx_acc v22 = (v20 + v21);
                 const rlx_acc v23 = ((v10 != 0) ? v9 : v22);
-                a1 = a1 + v23;
+                a1 = a1 + (rlx_sum)(v23);
             }
             b6[r] = (double)(a1);
         }
@@ -241,11 +245,11 @@ RLX_KERNEL void rlx_c0_3(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_3)
@@ -291,7 +295,7 @@ RLX_KERNEL void rlx_p0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a0 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -304,9 +308,9 @@ RLX_KERNEL void rlx_p0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const rlx_acc v25 = ((v8 != 0) ? v24 : v9);
             const rlx_acc v44 = ((v8 != 0) ? v43 : v41);
             const rlx_acc v45 = v44;
-            rlx_acc a1 = (rlx_acc)0;
-            rlx_acc a2 = (rlx_acc)0;
-            a0 = a0 + v25;
+            rlx_sum a1 = (rlx_sum)0;
+            rlx_sum a2 = (rlx_sum)0;
+            a0 = a0 + (rlx_sum)(v25);
             for (long long j = gs; j < (gs + n); j++) {
                 if (j == r) continue;
                 const long long lj = (j - gs);
@@ -344,9 +348,9 @@ RLX_KERNEL void rlx_p0_4(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
                 const rlx_acc v66 = ((v64 != v41) ? (rlx_acc)1 : (rlx_acc)0);
                 const rlx_acc v67 = ((v66 != 0) ? v65 : v41);
                 const rlx_acc v69 = (-v67);
-                a1 = a1 + v35;
-                a2 = a2 + v67;
-                b13[j] = (double)(((rlx_acc)b13[j]) + v69);
+                a1 = a1 + (rlx_sum)(v35);
+                a2 = a2 + (rlx_sum)(v67);
+                b13[j] = (double)(((rlx_sum)b13[j]) + (rlx_sum)(v69));
             }
             b10[r] = (double)(a1);
             b12[r] = (double)(a2);
@@ -366,11 +370,11 @@ RLX_KERNEL void rlx_c0_5(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_5)
@@ -378,7 +382,7 @@ RLX_HOST_LAUNCHER(rlx_c0_5)
 /* phase 0 (batch), pass 6 (stage 3): loop group > resp > tok; a block per group, threads over tokens. */
 RLX_KERNEL void rlx_p0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     const long long tid = (long long)threadIdx.x, nth = (long long)blockDim.x;
-    __shared__ rlx_acc rlx_red[RLX_MAX_BLOCK];
+    __shared__ rlx_sum rlx_red[RLX_MAX_BLOCK];
     const rlx_u64* go = (const rlx_u64*)table[0];
     const rlx_u64* to = (const rlx_u64*)table[1];
     const rlx_u64* co = (const rlx_u64*)table[2];
@@ -408,7 +412,7 @@ RLX_KERNEL void rlx_p0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
         const long long pb = (long long)po[g];
         const long long pcb = (long long)pcb_t[g];
         (void)gs; (void)n; (void)cs; (void)cn; (void)rcb; (void)pb; (void)pcb;
-        rlx_acc a0 = (rlx_acc)0;
+        rlx_sum a0 = (rlx_sum)0;
         for (long long r = gs; r < (gs + n); r++) {
             const long long li = (r - gs);
             const long long ts = (long long)to[r];
@@ -422,7 +426,7 @@ RLX_KERNEL void rlx_p0_6(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
             const rlx_acc v71 = (v68 + v70);
             const rlx_acc v72 = v71;
             const rlx_acc v74 = ((v72 != v41) ? (rlx_acc)1 : (rlx_acc)0);
-            a0 = a0 + v37;
+            a0 = a0 + (rlx_sum)(v37);
             for (long long t = ts + tid; t < te; t += nth) {
                 const rlx_acc v3 = ((rlx_acc)b2[t]);
                 const rlx_acc v73 = (v72 * v3);
@@ -445,11 +449,11 @@ RLX_KERNEL void rlx_c0_7(void* const* table, rlx_u64 g_begin, rlx_u64 g_end) {
     for (long long f = 0; f < width; f++) {
         for (long long s = 1; s < groups; s <<= 1) {
             for (long long i = 0; i + s < groups; i += 2 * s) {
-                rlx_acc a = (rlx_acc)p[i * width + f], b = (rlx_acc)p[(i + s) * width + f];
+                rlx_sum a = (rlx_sum)p[i * width + f], b = (rlx_sum)p[(i + s) * width + f];
                 p[i * width + f] = a + b;
             }
         }
-        v[f] = groups > 0 ? (rlx_acc)p[f] : (rlx_acc)0;
+        v[f] = groups > 0 ? (rlx_sum)p[f] : (rlx_sum)0;
     }
 }
 RLX_HOST_LAUNCHER(rlx_c0_7)

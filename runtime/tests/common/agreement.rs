@@ -11,9 +11,9 @@ use rlx_runtime::{Batch, Outcome};
 
 /// f64 accumulation: |backend − interp| ≤ 1e-5 · max(|backend|, |interp|) + 1e-9.
 pub const F64_TOLERANCE: (f64, f64) = (1e-5, 1e-9);
-/// f32 accumulation (registers, reductions and the kernel's buffers in f32): 1e-3 relative + 1e-5
-/// absolute. Measured on these batches: everything passes at 1e-4 + 1e-6; the worst case is a loss that
-/// cancels to ~3e-4 (SAPO), where f32 sums lose the 4th digit.
+/// f32 arithmetic (registers and the kernel's buffers of values in f32; sums in f64, `plan::SUMS`):
+/// 1e-3 relative + 1e-5 absolute. Measured on these batches: everything passes at 1e-4 + 1e-6 (as it
+/// did when the sums were f32 too; the f32 rounding of element-wise values dominates at this size).
 pub const F32_TOLERANCE: (f64, f64) = (1e-3, 1e-5);
 
 /// Every `.rlx` in recipes/ and tests/gradients/, read now (recipes may be added while the suite
