@@ -6,13 +6,14 @@ groups dynamic sampling keeps, then torch autograd), on the same float32 batch: 
 × T tokens (every response T tokens long, padded layout with a full `response_mask`, as verl holds it).
 
 Each measurement is one training step's objective: forward and backward (∂loss/∂log_prob), median
-(and minimum) of `--runs`, the three variants interleaved, after one warm-up: rlx with f64
-accumulation (the default), rlx with f32 accumulation (`Recipe.torch(accumulate="f32")`), verl. Both sides run on one thread (`torch.set_num_threads(1)`,
+(and minimum) of `--runs`, the three variants interleaved, after one warm-up: rlx as
+`Recipe.torch()` gives it (float32 tensors: f32 element-wise arithmetic, as verl computes, with
+f64 sums), rlx with f64 arithmetic (`Recipe.torch(accumulate="f64")`), verl. Both sides run on one thread (`torch.set_num_threads(1)`,
 RAYON_NUM_THREADS=1 for rlx's kernel). The losses and gradients are checked to agree. Each run is
 timed twice: wall-clock (`*_ms`) and the process's CPU time (`*_cpu_ms`, `time.process_time`: what
 the step itself computed, which other work on a shared machine inflates less); `load` is the load
 average (1 minute) before and after. A fourth variant, `rlx_packed_run_*`, is the kernel without torch:
-`Recipe.run` on the same values as packed float32 NumPy arrays with `lengths` (the binding's checks,
+`Recipe.run(accumulate="f32")` on the same values as packed float32 NumPy arrays with `lengths` (the binding's checks,
 the kernel and its outputs; no autograd), so that the rest of `rlx_*` is the torch side's cost.
 
 With `--ragged` each response has between T/2 and T real tokens (uniform), the rest of its row
@@ -76,7 +77,7 @@ def verl_step(logp, old_logp, score, index, mask, n):
     reward = score + torch.clamp(-(length - (20480 - 4096)) / 4096 * 1.0, max=0.0)
     kept = (reward.view(-1, n).std(dim=1) > 0).repeat_interleave(n)
     rows = kept.nonzero().squeeze(-1)
-    token_level_rewards = torch.zeros(B, T)
+    token_level_rewards = torch.zeros(B, T, dtype=logp.dtype)
     token_level_rewards[:, -1] = reward
     advantages, _ = core_algos.compute_grpo_outcome_advantage(token_level_rewards[rows], mask[rows], index[rows.numpy()])
     loss, _metrics = core_algos.compute_policy_loss_vanilla(
@@ -127,7 +128,10 @@ def main():
     assert torch.allclose(ours[0], theirs[0], rtol=1e-4, atol=1e-6), (float(ours[0]), float(theirs[0]))
     assert torch.allclose(ours[1], theirs[1], rtol=1e-3, atol=1e-9), "the gradients differ"
 
-    fast = rlx.Recipe(os.path.join(ROOT, "recipes", "dapo.rlx")).torch(accumulate="f32")
+    precise = rlx.Recipe(os.path.join(ROOT, "recipes", "dapo.rlx")).torch(accumulate="f64")
+    ours_f64 = rlx_step(precise, *batch)
+    assert torch.allclose(ours_f64[0], theirs[0], rtol=1e-4, atol=1e-6), (float(ours_f64[0]), float(theirs[0]))
+    assert torch.allclose(ours_f64[1], theirs[1], rtol=1e-3, atol=1e-9), "the f64 gradients differ"
     logp, old_logp, score, index, mask = batch
     real = mask.numpy() > 0
     packed = dict(
@@ -138,12 +142,12 @@ def main():
         lengths=real.sum(axis=1).astype(np.int64),
     )
     load_before = os.getloadavg()[0]
-    (rlx_ms, rlx_min, rlx_cpu), (fast_ms, fast_min, fast_cpu), (verl_ms, verl_min, verl_cpu), (run_ms, _, run_cpu) = timed(
+    (rlx_ms, rlx_min, rlx_cpu), (f64_ms, f64_min, f64_cpu), (verl_ms, verl_min, verl_cpu), (run_ms, _, run_cpu) = timed(
         [
             lambda: rlx_step(fn, *batch),
-            lambda: rlx_step(fast, *batch),
+            lambda: rlx_step(precise, *batch),
             lambda: verl_step(*batch, args.n),
-            lambda: fn.recipe.run(**packed),
+            lambda: fn.recipe.run(accumulate="f32", **packed),
         ],
         args.runs,
     )
@@ -157,18 +161,18 @@ def main():
         "real_tokens": tokens,
         "rlx_ms": round(rlx_ms, 2),
         "rlx_min_ms": round(rlx_min, 2),
-        "rlx_f32_accumulate_ms": round(fast_ms, 2),
-        "rlx_f32_accumulate_min_ms": round(fast_min, 2),
+        "rlx_f64_ms": round(f64_ms, 2),
+        "rlx_f64_min_ms": round(f64_min, 2),
         "verl_ms": round(verl_ms, 2),
         "verl_min_ms": round(verl_min, 2),
         "speedup": round(verl_ms / rlx_ms, 2),
         "speedup_min": round(verl_min / rlx_min, 2),
-        "speedup_f32_accumulate": round(verl_ms / fast_ms, 2),
+        "speedup_f64": round(verl_ms / f64_ms, 2),
         "rlx_cpu_ms": round(rlx_cpu, 2),
-        "rlx_f32_accumulate_cpu_ms": round(fast_cpu, 2),
+        "rlx_f64_cpu_ms": round(f64_cpu, 2),
         "verl_cpu_ms": round(verl_cpu, 2),
         "speedup_cpu": round(verl_cpu / rlx_cpu, 2),
-        "speedup_f32_accumulate_cpu": round(verl_cpu / fast_cpu, 2),
+        "speedup_f64_cpu": round(verl_cpu / f64_cpu, 2),
         "rlx_packed_run_ms": round(run_ms, 2),
         "rlx_packed_run_cpu_ms": round(run_cpu, 2),
         "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],

@@ -295,7 +295,8 @@ class Recipe:
     def run(self, *, storage: str = "f32", accumulate: str = "f64", step: float = 0.0, progress: float = 0.0, **arrays) -> dict:
         """Run the fused kernel on arrays (as `score(**arrays)` takes them), `f32` inputs held in
         `storage` ("f32" or "f64"; arrays already in that dtype and in the packed layout are read in
-        place; `accumulate` "f64" or "f32", the kernel's arithmetic, docs/kernels.md): a dict of `loss`, `metrics`, `reward`, `advantage` (per response, NumPy),
+        place; `accumulate` "f64" or "f32", the kernel's element-wise arithmetic: its sums are f64 either
+        way, docs/kernels.md): a dict of `loss`, `metrics`, `reward`, `advantage` (per response, NumPy),
         `kept` (bool per response) and `grad` (each differentiable input's gradient, shaped like its
         array)."""
         prepared, _ = self._prepare(arrays)
@@ -325,11 +326,13 @@ class Recipe:
         text = self._compiled.synthetic_rows(groups, responses, tokens, seed, ragged, singleton)
         return [json.loads(line) for line in text.splitlines() if line]
 
-    def torch(self, *, accumulate: str = "f64"):
+    def torch(self, *, accumulate: Optional[str] = None):
         """The recipe as a torch callable: `loss, metrics = f(**tensors)` runs the fused kernel on the
         tensors (CPU tensors in place where already in its layout) and attaches the kernel's own
         gradient to the loss through a `torch.autograd.Function` (docs/python.md). `accumulate`:
-        the kernel's arithmetic and reductions, "f64" (default) or "f32" (faster, less exact)."""
+        the kernel's element-wise arithmetic, "f32" or "f64"; by default the precision of the
+        policy tensors, as torch computes (f64 for float64 ones, else f32). Sums are accumulated
+        in f64 either way (docs/kernels.md)."""
         from ._torch import TorchRecipe
 
         return TorchRecipe(self, accumulate)

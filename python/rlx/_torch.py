@@ -61,9 +61,9 @@ class TorchRecipe:
     or `group_sizes`, and `response_mask` [B, T] or `lengths` [B] for padded token inputs (`lengths`
     for packed [N] ones); `step` and `progress` as numbers."""
 
-    def __init__(self, recipe, accumulate="f64"):
-        if accumulate not in ("f64", "f32"):
-            raise ValueError(f"accumulate `{accumulate}`: \"f64\" or \"f32\"")
+    def __init__(self, recipe, accumulate=None):
+        if accumulate not in (None, "f64", "f32"):
+            raise ValueError(f"accumulate `{accumulate}`: \"f64\", \"f32\" or None (the tensors' precision)")
         self.accumulate = accumulate
         self.recipe = recipe
         self._compiled = recipe._compiled
@@ -128,7 +128,9 @@ class TorchRecipe:
                     and value.dtype == dtype
                     and value.is_contiguous()
                 }
-            out = self._compiled.run(arrays, storage, step, progress, ordinal, self.accumulate, addresses)
+            # The arithmetic of the tensors' precision unless asked otherwise (sums are f64 either way).
+            accumulate = self.accumulate or storage
+            out = self._compiled.run(arrays, storage, step, progress, ordinal, accumulate, addresses)
             holder["out"] = out
             if out["loss"] is None:
                 raise ValueError(f"recipe `{self.recipe.name}` has no loss section: use Recipe.score for its rewards")

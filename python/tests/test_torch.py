@@ -110,6 +110,35 @@ def test_float32_packed_tensors_and_a_scaled_backward():
     assert math.isclose(float(loss), expected["loss"], rel_tol=1e-4)
 
 
+def test_the_default_arithmetic_follows_the_policy_tensors():
+    """float32 tensors run the f32 kernel (element-wise f32, sums in f64), float64 ones the f64
+    kernel: the same bits as asking for it; an unknown precision is a ValueError."""
+    torch = need("torch")
+    recipe = rlx.Recipe(ROOT / "recipes/dapo.rlx")
+    rows = recipe.synthetic_rows(groups=4, responses=3, tokens=9, seed=3)
+    lengths = torch.tensor([row["length"] for row in rows])
+
+    def call(fn, dtype):
+        batch = {name: torch.tensor([t for row in rows for t in row[name]], dtype=dtype) for name in ("logp", "old_logp", "mask")}
+        batch["logp"].requires_grad_(True)
+        batch.update(score=torch.tensor([row["score"] for row in rows]), index=torch.tensor([row["group"] for row in rows]), lengths=lengths)
+        loss, metrics = fn(batch)
+        loss.backward()
+        return loss.detach(), metrics, batch["logp"].grad
+
+    for dtype, name in ((torch.float32, "f32"), (torch.float64, "f64")):
+        default = call(recipe.torch(), dtype)
+        chosen = call(recipe.torch(accumulate=name), dtype)
+        assert default[0].dtype == dtype
+        assert torch.equal(default[0], chosen[0]) and default[1] == chosen[1], name
+        assert torch.equal(default[2], chosen[2]), name
+    f32 = call(recipe.torch(accumulate="f32"), torch.float64)
+    f64 = call(recipe.torch(accumulate="f64"), torch.float64)
+    assert math.isclose(float(f32[0]), float(f64[0]), rel_tol=1e-5)
+    with pytest.raises(ValueError, match="accumulate `f16`"):
+        recipe.torch(accumulate="f16")
+
+
 def test_given_advantage_equals_the_modules_trl_path():
     torch = need("torch")
     import tempfile, pathlib
