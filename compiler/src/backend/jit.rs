@@ -1709,19 +1709,39 @@ impl Gen<'_, '_> {
                 }
             }
         }
+        let mut widened: Vec<(usize, ClifValue)> = Vec::new();
         for k in 0..copies.len() {
             in_copy(self, k, &mut |gen| {
-                gen.vector_actions(body, lane_accumulators)
+                gen.vector_actions(body, lane_accumulators, &mut widened)
             })?;
+        }
+        // The f32×4 operands of each f64×2 sum, one per copy: added in f32 (one rounding, as an
+        // element-wise value has), then widened once, in two halves, into the accumulator.
+        for (acc, _, accumulator) in lane_accumulators {
+            let mut operands = widened.iter().filter(|(a, _)| a == acc).map(|(_, x)| *x);
+            let Some(first) = operands.next() else {
+                continue;
+            };
+            let x = operands.fold(first, |total, x| self.b.ins().fadd(total, x));
+            let low = self.b.ins().fvpromote_low(x);
+            let high = self.shuffle_halves(x, x, true);
+            let high = self.b.ins().fvpromote_low(high);
+            let halves = self.b.ins().fadd(low, high);
+            let old = self.b.use_var(accumulator.value);
+            let new = self.b.ins().fadd(old, halves);
+            self.b.def_var(accumulator.value, new);
         }
         Ok(())
     }
 
     /// The stores and accumulations of one vector of tokens.
+    /// The operand of a sum of f32×4 lanes into an f64×2 accumulator is left in `widened` for
+    /// `vector_body`.
     fn vector_actions(
         &mut self,
         body: &[Stmt],
         lane_accumulators: &[(usize, Reduction, Accumulator)],
+        widened: &mut Vec<(usize, ClifValue)>,
     ) -> GenResult<()> {
         for stmt in body {
             match stmt {
@@ -1737,19 +1757,12 @@ impl Gen<'_, '_> {
                         .find(|(p, _, _)| p == acc)
                         .ok_or("internal: no lane accumulator")?;
                     let old = self.b.use_var(accumulator.value);
-                    let x = if self.type_of(old) == types::F64X2 && self.type_of(x) == types::F32X4
-                    {
-                        // The four f32 lanes as two f64×2 halves, added lane-wise (exact but
-                        // for one f64 rounding), then into the f64×2 accumulator.
-                        let low = self.b.ins().fvpromote_low(x);
-                        let high = self.shuffle_halves(x, x, true);
-                        let high = self.b.ins().fvpromote_low(high);
-                        self.b.ins().fadd(low, high)
+                    if self.type_of(old) == types::F64X2 && self.type_of(x) == types::F32X4 {
+                        widened.push((*acc, x));
                     } else {
-                        x
-                    };
-                    let new = self.accumulate(*op, old, x);
-                    self.b.def_var(accumulator.value, new);
+                        let new = self.accumulate(*op, old, x);
+                        self.b.def_var(accumulator.value, new);
+                    }
                     if let Some(count) = accumulator.count {
                         let old = self.b.use_var(count);
                         let one = self.fconst(1.0);
