@@ -773,7 +773,7 @@ fn inline_exp_matches_libm_in_vector_lanes() {
     exp_in_vector_lanes(
         "input x : f32[tok] policy\nloss = sum(exp(x) over tok, batch)",
         1e300,
-        120,
+        (120, 2),
     );
 }
 
@@ -785,13 +785,26 @@ fn inline_exp_of_a_clamped_argument_matches_libm() {
     exp_in_vector_lanes(
         "input x : f32[tok] policy\nloss = sum(exp(clamp(x, -700, 700)) over tok, batch)",
         700.0,
-        5,
+        (5, 2),
+    );
+}
+
+/// Clamped to [−80, 80] (std/loss's `ratio` clamps to [−20, 20]): in f32 arithmetic the exp is then
+/// computed in f32 (`Gen::exp_f32`: no f64 halves), within 1 ulp of `expf` but not correctly
+/// rounded — measured: 630 of 6,676 values differ from glibc's `expf` by 1 ulp (as a float32 `exp`
+/// of torch's vectorised kernels may); f64 takes the table form (7 of 6,676 differ).
+#[test]
+fn inline_exp_in_f32_arithmetic_matches_libm() {
+    exp_in_vector_lanes(
+        "input x : f32[tok] policy\nloss = sum(exp(clamp(x, -80, 80)) over tok, batch)",
+        80.0,
+        (5, 150),
     );
 }
 
 /// Check exp of token values `|x| ≤ within` (and the non-finite specials when unbounded): within 1 ulp
-/// of libm, and in f64 at most `f64_per_mille` of them not equal to it.
-fn exp_in_vector_lanes(source: &str, within: f64, f64_per_mille: usize) {
+/// of libm, and at most `per_mille` (f64, f32) of them not equal to it.
+fn exp_in_vector_lanes(source: &str, within: f64, per_mille: (usize, usize)) {
     let graph = graph_of_source("exp_tok", source);
     let mut rng = synthetic::Rng::new(9);
     let mut xs: Vec<f64> = vec![
@@ -907,9 +920,9 @@ fn exp_in_vector_lanes(source: &str, within: f64, f64_per_mille: usize) {
             eprintln!("{accumulate:?}: {differing} of {checked} differ from libm by 1 ulp");
         }
         let per_mille = if accumulate == Precision::F64 {
-            f64_per_mille
+            per_mille.0
         } else {
-            2
+            per_mille.1
         };
         assert!(
             differing * 1000 <= checked * per_mille,

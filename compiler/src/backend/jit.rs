@@ -972,6 +972,62 @@ impl Gen<'_, '_> {
         self.b.ins().fadd(scale, product)
     }
 
+    /// eˣ in f32 arithmetic (f32 or f32×4) of an argument within ±`EXP_F32_RANGE`, where eˣ and
+    /// every 2ᵏ below are normal f32 (no range handling): k = round(x/ln 2) (by `MAGIC_F32`), r = x −
+    /// k·ln 2 in two parts (Cody and Waite: `LN2_HI_F32` has 9 significant bits, so k·LN2_HI_F32 and x
+    /// minus it are exact; |r| ≤ 0.347), p(r) = eʳ − 1 = r + r²·q(r), q the Taylor polynomial
+    /// 1/2 + r/6 + … + r⁵/5040 by Estrin's scheme (the next term is below 5.3e-9, 0.05 ulp), and eˣ = s +
+    /// s·p with s = 2ᵏ from the bits of k + `MAGIC_F32`. Within 1 ulp of eˣ (r is exact, r²·q is below
+    /// 0.075 so its rounding is below 0.1 ulp of the result, the two last roundings 0.5 ulp each at most).
+    fn exp_f32(&mut self, x: ClifValue) -> ClifValue {
+        let ty = self.type_of(x);
+        let int_ty = if ty.is_vector() {
+            types::I32X4
+        } else {
+            types::I32
+        };
+        let c = |gen: &mut Self, v: f64| gen.const_of(ty, v);
+        let inv_ln2 = c(self, INV_LN2);
+        let scaled = self.b.ins().fmul(x, inv_ln2);
+        let magic = c(self, MAGIC_F32);
+        let biased = self.b.ins().fadd(scaled, magic);
+        let k = self.b.ins().fsub(biased, magic);
+        let ln2_hi = c(self, LN2_HI_F32);
+        let ln2_lo = c(self, LN2_LO_F32);
+        let k_hi = self.b.ins().fmul(k, ln2_hi);
+        let hi = self.b.ins().fsub(x, k_hi);
+        let k_lo = self.b.ins().fmul(k, ln2_lo);
+        let r = self.b.ins().fsub(hi, k_lo);
+        // q = (1/2 + r/6) + r²·(1/24 + r/120) + r⁴·(1/720 + r/5040).
+        let pair = |gen: &mut Self, a: f64, b: f64| {
+            let b = c(gen, 1.0 / b);
+            let a = c(gen, 1.0 / a);
+            let br = gen.b.ins().fmul(b, r);
+            gen.b.ins().fadd(a, br)
+        };
+        let q0 = pair(self, 2.0, 6.0);
+        let q1 = pair(self, 24.0, 120.0);
+        let q2 = pair(self, 720.0, 5040.0);
+        let r2 = self.b.ins().fmul(r, r);
+        let r4 = self.b.ins().fmul(r2, r2);
+        let q1 = self.b.ins().fmul(r2, q1);
+        let q2 = self.b.ins().fmul(r4, q2);
+        let q01 = self.b.ins().fadd(q0, q1);
+        let q = self.b.ins().fadd(q01, q2);
+        let terms = self.b.ins().fmul(r2, q);
+        let p = self.b.ins().fadd(r, terms);
+        // k + MAGIC_F32 holds k in its low mantissa bits (two's complement); shifted into the exponent
+        // field (MAGIC_F32's own bits shift out) and added to 1.0's bits, they make 2ᵏ.
+        let bits = self.b.ins().bitcast(int_ty, lanes_flags(), biased);
+        let exponent = self.b.ins().ishl_imm_u(bits, 23);
+        let one = self.const_of(ty, 1.0);
+        let one = self.b.ins().bitcast(int_ty, lanes_flags(), one);
+        let scale = self.b.ins().iadd(exponent, one);
+        let scale = self.b.ins().bitcast(ty, lanes_flags(), scale);
+        let product = self.b.ins().fmul(scale, p);
+        self.b.ins().fadd(scale, product)
+    }
+
     /// An integer constant of `ty` (`I64`, or splatted to `I64X2`).
     fn int_const(&mut self, ty: Type, value: i64) -> ClifValue {
         let scalar = self.b.ins().iconst(I64, value);
@@ -1243,6 +1299,10 @@ impl Gen<'_, '_> {
                 // (A NaN argument gives NaN either way.)
                 let r = range(graph, node.args[0], 0);
                 let bounded = r.low >= -EXP_FAST_RANGE && r.high <= EXP_FAST_RANGE;
+                let within_f32 = r.low >= -EXP_F32_RANGE && r.high <= EXP_F32_RANGE;
+                if within_f32 && self.type_of(a).lane_type() == types::F32 {
+                    return Ok(self.exp_f32(a));
+                }
                 self.exp(a, bounded)
             }
             Op::Sqrt => {
@@ -1867,6 +1927,17 @@ const TOKENS_PER_STEP: i64 = 8;
 
 /// Below this magnitude `exp` needs no range handling (`Gen::exp_f64`).
 const EXP_FAST_RANGE: f64 = 700.0;
+
+/// Below this magnitude an f32 `exp` is computed in f32 (`Gen::exp_f32`): e^±80 and every 2ᵏ for
+/// |k| ≤ 116 are normal f32 (the smallest is 2⁻¹²⁶, the largest below 2¹²⁸).
+const EXP_F32_RANGE: f64 = 80.0;
+/// 1.5·2²³: for |k| < 2²², k + MAGIC_F32 in f32 is exact after rounding k to an integer, and its bits
+/// are MAGIC_F32's bits + k.
+const MAGIC_F32: f64 = 12_582_912.0;
+/// ln 2 in two f32 parts (Cephes's `expf`): 0.693359375 = 355/512 (9 significant bits), so
+/// k·LN2_HI_F32 is exact for |k| < 2¹⁵; LN2_LO_F32 = ln 2 − LN2_HI_F32 (rounded to f32 where used).
+const LN2_HI_F32: f64 = 0.693_359_375;
+const LN2_LO_F32: f64 = std::f64::consts::LN_2 - LN2_HI_F32;
 
 /// What is known of a value: its non-NaN values lie in `[low, high]`; `nan`: it may be NaN.
 #[derive(Clone, Copy, Debug, PartialEq)]
