@@ -336,6 +336,15 @@ struct Accumulator {
     count: Option<Variable>,
 }
 
+/// An exp's argument reduced by ln 2 (`Gen::reduce`).
+struct Reduced {
+    biased: ClifValue,
+    k: ClifValue,
+    hi: ClifValue,
+    lo: ClifValue,
+    r: ClifValue,
+}
+
 /// Instruction selection for one loop function of the loop IR.
 struct Gen<'a, 'b> {
     b: FunctionBuilder<'b>,
@@ -819,61 +828,15 @@ impl Gen<'_, '_> {
         let clamped = self.pick(below, low, x);
         let above = self.b.ins().fcmp(FloatCC::GreaterThan, clamped, high);
         let clamped = self.pick(above, high, clamped);
-        let inv_ln2 = c(self, INV_LN2);
-        let scaled = self.b.ins().fmul(clamped, inv_ln2);
         let magic = c(self, MAGIC);
-        let biased = self.b.ins().fadd(scaled, magic);
-        let k = self.b.ins().fsub(biased, magic);
-        let ln2_hi = c(self, LN2_HI);
-        let ln2_lo = c(self, LN2_LO);
-        let k_hi = self.b.ins().fmul(k, ln2_hi);
-        let hi = self.b.ins().fsub(clamped, k_hi);
-        let lo = self.b.ins().fmul(k, ln2_lo);
-        let r = self.b.ins().fsub(hi, lo);
+        let Reduced { k, hi, lo, r, .. } = self.reduce(clamped, INV_LN2, magic, LN2_HI, LN2_LO);
         // e^r = 1 + r + r²·Q(r), Q(r) = Σ_{j=0}^{m} r^j/(j+2)!, the Taylor series to r^(m+2): to r¹³
         // for an f64 result (the next term is below 5e-18 for |r| ≤ ln 2/2), to r⁸ when the result
         // is rounded to f32 (`for_f32`; the next term is below 2.1e-10, 0.004 of an f32 ulp, so the
         // f32 result is the correctly rounded one to within that). Q by Estrin's scheme: a short
         // dependency chain and no division. With r = hi − lo: 1 + (hi + (r²·Q − lo)).
-        let terms = if for_f32 { 7 } else { 12 };
-        let mut factorial = 2.0;
-        let mut coefficients = Vec::with_capacity(terms);
-        for j in 0..terms {
-            coefficients.push(1.0 / factorial);
-            factorial *= (j + 3) as f64;
-        }
         let r2 = self.b.ins().fmul(r, r);
-        let mut level = Vec::with_capacity(terms.div_ceil(2));
-        for pair in coefficients.chunks(2) {
-            let a = c(self, pair[0]);
-            level.push(match pair.get(1) {
-                Some(&b) => {
-                    let b = c(self, b);
-                    let br = self.b.ins().fmul(b, r);
-                    self.b.ins().fadd(a, br)
-                }
-                None => a,
-            });
-        }
-        // Level by level: pairs (a, b) become a + b·r^(2^k), r², r⁴, r⁸, ….
-        let mut power = r2;
-        while level.len() > 1 {
-            let mut next = Vec::with_capacity(level.len().div_ceil(2));
-            for pair in level.chunks(2) {
-                next.push(match pair.get(1) {
-                    Some(&high) => {
-                        let high = self.b.ins().fmul(high, power);
-                        self.b.ins().fadd(pair[0], high)
-                    }
-                    None => pair[0],
-                });
-            }
-            level = next;
-            if level.len() > 1 {
-                power = self.b.ins().fmul(power, power);
-            }
-        }
-        let q = level[0];
+        let q = self.taylor_tail(r, r2, if for_f32 { 7 } else { 12 });
         let q = self.b.ins().fmul(r2, q);
         let q = self.b.ins().fsub(q, lo);
         let s = self.b.ins().fadd(hi, q);
@@ -927,18 +890,9 @@ impl Gen<'_, '_> {
         let int_ty = if ty.is_vector() { types::I64X2 } else { I64 };
         let c = |gen: &mut Self, v: f64| gen.const_of(ty, v);
         let n = EXP_TABLE_SIZE as f64;
-        let scaled = c(self, INV_LN2 * n);
-        let scaled = self.b.ins().fmul(x, scaled);
         let magic = c(self, MAGIC);
-        let biased = self.b.ins().fadd(scaled, magic);
-        let k = self.b.ins().fsub(biased, magic);
         // k·(LN2_HI/128) is exact (LN2_HI has 32 trailing zero bits, |k| < 2¹⁷), so is x minus it.
-        let ln2_hi = c(self, LN2_HI / n);
-        let ln2_lo = c(self, LN2_LO / n);
-        let k_hi = self.b.ins().fmul(k, ln2_hi);
-        let hi = self.b.ins().fsub(x, k_hi);
-        let k_lo = self.b.ins().fmul(k, ln2_lo);
-        let r = self.b.ins().fsub(hi, k_lo);
+        let Reduced { biased, r, .. } = self.reduce(x, INV_LN2 * n, magic, LN2_HI / n, LN2_LO / n);
         // p = eʳ − 1 = r + r²·(1/2 + r/6) [+ r⁴·(1/24 + r/120)].
         let r2 = self.b.ins().fmul(r, r);
         let c2 = c(self, 0.5);
@@ -986,34 +940,11 @@ impl Gen<'_, '_> {
         } else {
             types::I32
         };
-        let c = |gen: &mut Self, v: f64| gen.const_of(ty, v);
-        let inv_ln2 = c(self, INV_LN2);
-        let scaled = self.b.ins().fmul(x, inv_ln2);
-        let magic = c(self, MAGIC_F32);
-        let biased = self.b.ins().fadd(scaled, magic);
-        let k = self.b.ins().fsub(biased, magic);
-        let ln2_hi = c(self, LN2_HI_F32);
-        let ln2_lo = c(self, LN2_LO_F32);
-        let k_hi = self.b.ins().fmul(k, ln2_hi);
-        let hi = self.b.ins().fsub(x, k_hi);
-        let k_lo = self.b.ins().fmul(k, ln2_lo);
-        let r = self.b.ins().fsub(hi, k_lo);
+        let magic = self.const_of(ty, MAGIC_F32);
+        let Reduced { biased, r, .. } = self.reduce(x, INV_LN2, magic, LN2_HI_F32, LN2_LO_F32);
         // q = (1/2 + r/6) + r²·(1/24 + r/120) + r⁴·(1/720 + r/5040).
-        let pair = |gen: &mut Self, a: f64, b: f64| {
-            let b = c(gen, 1.0 / b);
-            let a = c(gen, 1.0 / a);
-            let br = gen.b.ins().fmul(b, r);
-            gen.b.ins().fadd(a, br)
-        };
-        let q0 = pair(self, 2.0, 6.0);
-        let q1 = pair(self, 24.0, 120.0);
-        let q2 = pair(self, 720.0, 5040.0);
         let r2 = self.b.ins().fmul(r, r);
-        let r4 = self.b.ins().fmul(r2, r2);
-        let q1 = self.b.ins().fmul(r2, q1);
-        let q2 = self.b.ins().fmul(r4, q2);
-        let q01 = self.b.ins().fadd(q0, q1);
-        let q = self.b.ins().fadd(q01, q2);
+        let q = self.taylor_tail(r, r2, 6);
         let terms = self.b.ins().fmul(r2, q);
         let p = self.b.ins().fadd(r, terms);
         // k + MAGIC_F32 holds k in its low mantissa bits (two's complement); shifted into the exponent
@@ -1026,6 +957,81 @@ impl Gen<'_, '_> {
         let scale = self.b.ins().bitcast(ty, lanes_flags(), scale);
         let product = self.b.ins().fmul(scale, p);
         self.b.ins().fadd(scale, product)
+    }
+
+    /// The reduction of an exp's argument `x` (Cody and Waite): k = round(x·`per_ln2`) by adding and
+    /// subtracting `magic` (1.5·2^mantissa bits of the type), then r = x − k/`per_ln2` with 1/`per_ln2`
+    /// = `ln2_hi` + `ln2_lo`: `hi` = x − k·ln2_hi (exact where ln2_hi has enough trailing zero bits),
+    /// `lo` = k·ln2_lo, r = hi − lo. `biased` = k + magic holds k in its low mantissa bits.
+    fn reduce(
+        &mut self,
+        x: ClifValue,
+        per_ln2: f64,
+        magic: ClifValue,
+        ln2_hi: f64,
+        ln2_lo: f64,
+    ) -> Reduced {
+        let ty = self.type_of(x);
+        let per_ln2 = self.const_of(ty, per_ln2);
+        let scaled = self.b.ins().fmul(x, per_ln2);
+        let biased = self.b.ins().fadd(scaled, magic);
+        let k = self.b.ins().fsub(biased, magic);
+        let ln2_hi = self.const_of(ty, ln2_hi);
+        let ln2_lo = self.const_of(ty, ln2_lo);
+        let k_hi = self.b.ins().fmul(k, ln2_hi);
+        let hi = self.b.ins().fsub(x, k_hi);
+        let lo = self.b.ins().fmul(k, ln2_lo);
+        let r = self.b.ins().fsub(hi, lo);
+        Reduced {
+            biased,
+            k,
+            hi,
+            lo,
+            r,
+        }
+    }
+
+    /// Q(r) = Σ_{j<terms} r^j/(j+2)! (eʳ = 1 + r + r²·Q(r) to r^(terms+1)) by Estrin's scheme: a
+    /// short dependency chain and no division. `r2` = r².
+    fn taylor_tail(&mut self, r: ClifValue, r2: ClifValue, terms: usize) -> ClifValue {
+        let ty = self.type_of(r);
+        let mut factorial = 2.0;
+        let mut coefficients = Vec::with_capacity(terms);
+        for j in 0..terms {
+            coefficients.push(1.0 / factorial);
+            factorial *= (j + 3) as f64;
+        }
+        let mut level = Vec::with_capacity(terms.div_ceil(2));
+        for pair in coefficients.chunks(2) {
+            let a = self.const_of(ty, pair[0]);
+            level.push(match pair.get(1) {
+                Some(&b) => {
+                    let b = self.const_of(ty, b);
+                    let br = self.b.ins().fmul(b, r);
+                    self.b.ins().fadd(a, br)
+                }
+                None => a,
+            });
+        }
+        // Level by level: pairs (a, b) become a + b·r^(2^k), r², r⁴, r⁸, ….
+        let mut power = r2;
+        while level.len() > 1 {
+            let mut next = Vec::with_capacity(level.len().div_ceil(2));
+            for pair in level.chunks(2) {
+                next.push(match pair.get(1) {
+                    Some(&high) => {
+                        let high = self.b.ins().fmul(high, power);
+                        self.b.ins().fadd(pair[0], high)
+                    }
+                    None => pair[0],
+                });
+            }
+            level = next;
+            if level.len() > 1 {
+                power = self.b.ins().fmul(power, power);
+            }
+        }
+        level[0]
     }
 
     /// An integer constant of `ty` (`I64`, or splatted to `I64X2`).
