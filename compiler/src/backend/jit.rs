@@ -1389,13 +1389,17 @@ impl Gen<'_, '_> {
                 x,
                 ..
             } => {
-                // In the buffer's precision (`plan::SUMS` for a reduction's buffers).
+                // In the wider of the buffer's precision (`plan::SUMS` for a reduction's buffers)
+                // and the registers'.
                 let x = self.operand(x)?;
                 let index = self.index(index)?;
                 let (address, ty) = self.address(*buffer, index)?;
+                let wide = if ty == types::F64 { ty } else { self.ft };
                 let old = self.b.ins().load(ty, flags(), address, 0);
-                let x = self.convert(x, self.ft, ty);
+                let old = self.convert(old, ty, wide);
+                let x = self.convert(x, self.ft, wide);
                 let new = self.accumulate(*op, old, x);
+                let new = self.convert(new, wide, ty);
                 self.b.ins().store(flags(), new, address, 0);
                 if let Some(count) = count {
                     let (address, ty) = self.address(*count, index)?;
