@@ -9,7 +9,10 @@ use rlx_compiler::hir::Recipe;
 
 use crate::checkpoint;
 use crate::config::{config_keys, Config, TrainDevice, DEFAULT_CONFIG};
-use crate::train::{plan, plan_graph, unused_rollout_settings, Plan, RunOptions};
+use crate::progress::Event;
+use crate::train::{
+    plan, plan_graph, run_with, unused_rollout_settings, Plan, RunOptions, Summary,
+};
 
 /// The command line of `rlx run`, parsed by the binary.
 #[derive(Clone, Debug, Default)]
@@ -99,6 +102,11 @@ impl Prepared {
     /// gives where the config leaves them to it (`n = 0`, `temperature < 0`, `top_p = 0`).
     pub fn resolved_config(&self) -> Config {
         self.plan.resolve(&self.config)
+    }
+
+    /// Train as prepared: `train::run_with` on its plan, config, output folder and options.
+    pub fn run(self, progress: impl FnMut(&Event)) -> Result<Summary, String> {
+        run_with(self.plan, &self.config, &self.out, &self.options, progress)
     }
 }
 

@@ -90,14 +90,7 @@ fn the_head_benchmark_agrees_with_torchs_materialised_head() {
 fn run_grpo(args: &RunArgs) {
     let checked = rlx_compiler::check_path(&root().join("recipes/grpo.rlx")).unwrap();
     let prepared = prepare(&checked.recipe.unwrap(), args).unwrap();
-    rlx_trainer::train::run_with(
-        prepared.plan,
-        &prepared.config,
-        &prepared.out,
-        &prepared.options,
-        |_| {},
-    )
-    .unwrap();
+    prepared.run(|_| {}).unwrap();
 }
 
 fn run(out: &Path, steps: usize) {

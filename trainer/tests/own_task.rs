@@ -16,7 +16,7 @@ use serde_json::{Map, Value};
 use rlx_trainer::cli::{prepare, RunArgs};
 use rlx_trainer::hf::{self, TokenIds};
 use rlx_trainer::model::{Model, ModelConfig};
-use rlx_trainer::train::{run_with, Summary, TIMING_KEYS};
+use rlx_trainer::train::{Summary, TIMING_KEYS};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -142,13 +142,7 @@ fn run(config: Option<&str>, out: &Path, resume: bool) -> Result<Summary, String
         ..Default::default()
     };
     let prepared = prepare(&recipe, &args)?;
-    run_with(
-        prepared.plan,
-        &prepared.config,
-        &prepared.out,
-        &prepared.options,
-        |_| {},
-    )
+    prepared.run(|_| {})
 }
 
 fn lines(path: &Path) -> Vec<Map<String, Value>> {

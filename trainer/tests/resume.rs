@@ -71,14 +71,7 @@ fn a_killed_run_resumed_from_its_checkpoint_matches_an_uninterrupted_run() {
     let hir = recipe();
     let whole = out_dir("whole");
     let prepared = prepare(&hir, &args(&whole, None)).unwrap();
-    let uninterrupted = run_with(
-        prepared.plan,
-        &prepared.config,
-        &prepared.out,
-        &prepared.options,
-        |_| {},
-    )
-    .unwrap();
+    let uninterrupted = prepared.run(|_| {}).unwrap();
     assert_eq!(uninterrupted.steps_done, 7);
 
     // Killed after 5 steps: the last checkpoint is after step 4; metrics.jsonl has 5 lines.
@@ -110,14 +103,7 @@ fn a_killed_run_resumed_from_its_checkpoint_matches_an_uninterrupted_run() {
     let mut events = Vec::new();
     let prepared = prepare(&hir, &args(&killed, Some(killed.clone()))).unwrap();
     assert_eq!(prepared.out, killed);
-    let resumed = run_with(
-        prepared.plan,
-        &prepared.config,
-        &prepared.out,
-        &prepared.options,
-        |e| events.push(e.to_string()),
-    )
-    .unwrap();
+    let resumed = prepared.run(|e| events.push(e.to_string())).unwrap();
     assert!(events[0].starts_with("resumed from "), "{events:?}");
     assert!(events[0].ends_with("at step 4/7"), "{events:?}");
     assert_eq!(resumed.steps_done, 7);
@@ -181,15 +167,7 @@ fn resume_errors_are_explained() {
     other_param.sets = vec!["beta=0.5".into()];
     other_param.steps = Some(2);
     let prepared = prepare(&hir, &other_param).unwrap();
-    let message = run_with(
-        prepared.plan,
-        &prepared.config,
-        &prepared.out,
-        &prepared.options,
-        |_| {},
-    )
-    .err()
-    .unwrap();
+    let message = prepared.run(|_| {}).err().unwrap();
     assert!(
         message.contains("differ from the checkpoint's") && message.contains("(\"beta\", 0.5)"),
         "{message}"
@@ -249,14 +227,7 @@ fn a_stateful_recipe_is_carried_checkpointed_and_resumed_bit_exact() {
     };
     let whole = out_dir("state-whole");
     let prepared = prepare(&hir, &run_args(&whole, None)).unwrap();
-    run_with(
-        prepared.plan,
-        &prepared.config,
-        &prepared.out,
-        &prepared.options,
-        |_| {},
-    )
-    .unwrap();
+    prepared.run(|_| {}).unwrap();
     let uninterrupted = lines(&whole);
     assert_eq!(uninterrupted.len(), 5);
     for (step, line) in uninterrupted.iter().enumerate() {
@@ -318,14 +289,7 @@ fn a_stateful_recipe_is_carried_checkpointed_and_resumed_bit_exact() {
         ])
     );
     let prepared = prepare(&hir, &run_args(&killed, Some(killed.clone()))).unwrap();
-    run_with(
-        prepared.plan,
-        &prepared.config,
-        &prepared.out,
-        &prepared.options,
-        |_| {},
-    )
-    .unwrap();
+    prepared.run(|_| {}).unwrap();
     assert_eq!(lines(&killed), uninterrupted);
     for out in [whole, killed] {
         let _ = std::fs::remove_dir_all(out);

@@ -80,13 +80,7 @@ fn args(out: &Path, resume: bool, file: RecipeFile) -> RunArgs {
 fn run(args: &RunArgs) -> Result<rlx_trainer::train::Summary, String> {
     let checked = rlx_compiler::check_path(&root().join("recipes/grpo.rlx")).unwrap();
     let prepared = prepare(checked.recipe.as_ref().unwrap(), args)?;
-    rlx_trainer::train::run_with(
-        prepared.plan,
-        &prepared.config,
-        &prepared.out,
-        &prepared.options,
-        |_| {},
-    )
+    prepared.run(|_| {})
 }
 
 #[test]
